@@ -1,0 +1,74 @@
+"""The contract every attention backend follows.
+
+A backend maps ``q, k: (B, H, T, d_k)`` and ``v: (B, H, T, d_v)`` to ``out: (B, H, T, d_v)``.
+Keys and values may carry fewer heads than queries (``H_kv`` dividing ``H``: multi-query /
+grouped attention) where the backend supports it. The backend applies **no** scaling to ``q·kᵀ``:
+blocks scale ``q`` and ``k`` themselves.
+
+``forward(q, k, v, state=None) -> (out, state, aux)``:
+- ``state`` is ``None`` (a fresh sequence) or what the previous call returned; continuing with it
+  equals running the concatenated sequence in one call (values; the carried state is detached).
+- ``aux`` is a dict of tensors: losses under keys ending in ``_loss`` (added to the objective by
+  the model) and detached metrics under other keys (logged).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+State = dict[str, Any]
+Aux = dict[str, Tensor]
+
+
+class AttentionBackend(nn.Module):
+    """Base class: shape checks and the shared fields ``d_k, d_v, heads, causal``."""
+
+    supports_kv_groups: bool = True
+
+    def __init__(self, d_k: int, d_v: int, heads: int = 1, causal: bool = True, kv_heads: int | None = None) -> None:
+        super().__init__()
+        kv_heads = heads if kv_heads is None else kv_heads
+        for name, value in (("d_k", d_k), ("d_v", d_v), ("heads", heads), ("kv_heads", kv_heads)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"attention {name} must be a positive integer, got {value!r}")
+        if heads % kv_heads:
+            raise ValueError(f"attention kv_heads={kv_heads} must divide heads={heads}")
+        if kv_heads != heads and not self.supports_kv_groups:
+            raise ValueError(f"{type(self).__name__} does not support grouped key/value heads (kv_heads={kv_heads})")
+        self.d_k, self.d_v, self.heads, self.kv_heads, self.causal = d_k, d_v, heads, kv_heads, causal
+
+    def check_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> None:
+        """Validate ``q, k, v`` shapes against the backend's configuration."""
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        b, h, t, dk = q.shape
+        if h != self.heads or dk != self.d_k:
+            raise ValueError(f"q has shape {tuple(q.shape)}; expected (B, {self.heads}, T, {self.d_k})")
+        if k.shape[0] != b or k.shape[2] != t or k.shape[3] != dk or v.shape[:3] != k.shape[:3]:
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not match q {tuple(q.shape)}")
+        if v.shape[-1] != self.d_v:
+            raise ValueError(f"v has d_v={v.shape[-1]}; expected {self.d_v}")
+        if k.shape[1] != self.kv_heads:
+            raise ValueError(f"k has {k.shape[1]} heads; expected kv_heads={self.kv_heads}")
+
+
+def repeat_kv(x: Tensor, heads: int) -> Tensor:
+    """Expand grouped key/value heads ``(B, H_kv, T, d)`` to ``(B, heads, T, d)``."""
+    if x.shape[1] == heads:
+        return x
+    return x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def causal_mask(t_q: int, t_k: int, offset: int, device: torch.device) -> Tensor:
+    """Boolean ``(t_q, t_k)``: True where key ``j`` is visible to query ``i`` (``j <= i + offset``)."""
+    i = torch.arange(t_q, device=device)[:, None] + offset
+    j = torch.arange(t_k, device=device)[None, :]
+    return j <= i
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for half-precision inputs (autocast), else the input's own dtype (fp32 / fp64)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -1,0 +1,36 @@
+"""What every block shares: attention construction, positions and the carried state layout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.nn.position import apply_rope
+
+AttentionFactory = Callable[..., AttentionBackend]
+POSITIONS = ("xl", "rope", "none")
+
+
+def check_position(position: str) -> str:
+    if position not in POSITIONS:
+        raise ValueError(f"block position must be one of {POSITIONS}, got {position!r}")
+    return position
+
+
+def build_block_attention(
+    attention: AttentionFactory, position: str, d_k: int, d_v: int, heads: int, **extra: Any
+) -> AttentionBackend:
+    """Call the attention factory; the XL window bias is on exactly when ``position == 'xl'``."""
+    return attention(d_k=d_k, d_v=d_v, heads=heads, window_bias=position == "xl", **extra)
+
+
+def rotate(q: Tensor, k: Tensor, t0: int, position: str) -> tuple[Tensor, Tensor]:
+    """Apply RoPE at absolute positions ``t0..t0+T-1`` when ``position == 'rope'``."""
+    if position != "rope":
+        return q, k
+    pos = t0 + torch.arange(q.shape[2], device=q.device)
+    return apply_rope(q, pos), apply_rope(k, pos)

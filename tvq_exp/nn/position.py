@@ -1,0 +1,90 @@
+"""Positional schemes: Transformer-XL relative bias (windowed) and rotary embeddings."""
+
+from __future__ import annotations
+
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoid_table(n: int, dim: int, base: float = 1e5) -> Tensor:
+    """Sinusoidal embeddings of the integers ``0..n-1``: ``(n, dim)`` (dim even), fp32."""
+    if dim % 2:
+        raise ValueError(f"sinusoid dim must be even, got {dim}")
+    pos = torch.arange(n, dtype=torch.float64)[:, None]
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    ang = pos * inv[None, :]
+    return torch.cat([ang.sin(), ang.cos()], dim=-1).float()
+
+
+class XLRelativeBias(nn.Module):
+    """Transformer-XL relative position bias, applied only inside a window of ``max_distance``.
+
+    The attention logit between query ``i`` and key ``j`` becomes
+    ``(q_i + u)·k_j + (q_i + v)·r_{i-j}`` where ``r_d = W_r · sinusoid(d)`` and the second term is
+    zero unless ``0 <= i - j <= max_distance``.
+
+    Shapes: ``u, v: (H, d_k)``; :meth:`rel` is ``(H, max_distance + 1, d_k)``.
+    """
+
+    def __init__(self, heads: int, d_k: int, max_distance: int, base: float = 1e5) -> None:
+        super().__init__()
+        if max_distance < 0:
+            raise ValueError(f"max_distance must be >= 0, got {max_distance}")
+        self.heads, self.d_k, self.max_distance = heads, d_k, max_distance
+        self.u = nn.Parameter(torch.zeros(heads, d_k))
+        self.v = nn.Parameter(torch.zeros(heads, d_k))
+        d_sin = d_k + (d_k % 2)
+        self.proj = nn.Linear(d_sin, heads * d_k, bias=False)
+        nn.init.normal_(self.proj.weight, std=d_sin**-0.5)
+        self.register_buffer("table", sinusoid_table(max_distance + 1, d_sin, base), persistent=False)
+
+    def rel(self) -> Tensor:
+        """Projected relative embeddings ``(H, M + 1, d_k)`` for distances ``0..M``."""
+        r = self.proj(self.table.to(self.proj.weight.dtype))
+        return r.view(self.max_distance + 1, self.heads, self.d_k).transpose(0, 1)
+
+    def content_query(self, q: Tensor) -> Tensor:
+        """``q + u`` for ``q: (B, H, ..., d_k)``."""
+        return q + self.u.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
+
+    def distance_logits(self, q: Tensor) -> Tensor:
+        """``(q + v)·r_d`` for all window distances: ``(B, H, ..., M + 1)``."""
+        qv = q + self.v.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
+        rel = self.rel().to(q.dtype)  # (H, M+1, d_k)
+        shape = qv.shape
+        out = torch.matmul(qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0))
+        return out.view(*shape[:-1], self.max_distance + 1)
+
+    def bias(self, q: Tensor, distance: Tensor) -> Tensor:
+        """Bias for queries ``q: (B, H, ..., Tq, d_k)`` against keys at ``distance: (Tq, Tk)``
+        (query position minus key position): ``(B, H, ..., Tq, Tk)``, zero outside ``[0, M]``."""
+        dl = self.distance_logits(q)
+        inside = (distance >= 0) & (distance <= self.max_distance)
+        idx = distance.clamp(0, self.max_distance).expand(*dl.shape[:-1], distance.shape[-1])
+        return dl.gather(-1, idx).masked_fill(~inside, 0.0)
+
+
+def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding of ``x: (B, H, T, d)`` at integer ``positions: (T,)`` (d even)."""
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {d}")
+    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    ang = positions.to(torch.float32)[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def window_distances(block_len: int, device: torch.device | None = None) -> Tensor:
+    """Distances (query minus key) inside a VQ window of two blocks: ``(L, 2L)``.
+
+    Queries sit at window positions ``L..2L-1``, keys at ``0..2L-1``.
+    """
+    q = torch.arange(block_len, 2 * block_len, device=device)
+    k = torch.arange(2 * block_len, device=device)
+    return q[:, None] - k[None, :]
+
+
+__all__ = ["XLRelativeBias", "apply_rope", "sinusoid_table", "window_distances"]
