@@ -107,7 +107,7 @@ class VectorQuantizer(nn.Module):
         self.pending_count += counts
         if self.strategy == "ema":
             idx = codes.transpose(0, 1).reshape(h, n)
-            self.pending_sum.scatter_add_(1, idx[..., None].expand(h, n, d), flat)
+            self.pending_sum.scatter_add_(1, idx[..., None].expand(h, n, d), flat.to(self.pending_sum.dtype))
         if self.dead_code_threshold > 0:
             take = torch.randperm(n, device=flat.device)[: self.sample_keys]
             self.recent_keys = flat[:, take]

@@ -18,14 +18,13 @@ def nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
 def kmeans(x: Tensor, num_codes: int, iters: int = 10, generator: torch.Generator | None = None) -> Tensor:
     """k-means of ``x: (H, N, d)`` into ``(H, num_codes, d)`` centroids (fp32).
 
-    Initial centroids are sampled from rank 0's points (with replacement when ``N < num_codes``) and
-    broadcast; each Lloyd step all-reduces per-code sums and counts, so every rank ends with the
-    same centroids. Empty clusters keep their previous centroid.
+    Initial centroids are chosen by k-means++ (D² sampling) from rank 0's points and broadcast;
+    each Lloyd step all-reduces per-code sums and counts, so every rank ends with the same
+    centroids. Empty clusters keep their previous centroid.
     """
     h, n, d = x.shape
     x = x.float()
-    idx = torch.randint(0, n, (h, num_codes), generator=generator, device="cpu").to(x.device)
-    centroids = broadcast_from_rank0(torch.gather(x, 1, idx[..., None].expand(h, num_codes, d)).contiguous())
+    centroids = broadcast_from_rank0(kmeans_plus_plus(x, num_codes, generator))
     for _ in range(iters):
         codes = nearest_code(x, centroids)
         sums = torch.zeros_like(centroids).scatter_add_(1, codes[..., None].expand(h, n, d), x)
@@ -34,3 +33,22 @@ def kmeans(x: Tensor, num_codes: int, iters: int = 10, generator: torch.Generato
         all_reduce_sum(counts)
         centroids = torch.where(counts[..., None] > 0, sums / counts.clamp_min(1)[..., None], centroids)
     return centroids
+
+
+def kmeans_plus_plus(x: Tensor, num_codes: int, generator: torch.Generator | None = None) -> Tensor:
+    """k-means++ seeding per head: ``x (H, N, d)`` -> ``(H, num_codes, d)``.
+
+    Each new centroid is a point drawn with probability proportional to its squared distance to the
+    nearest centroid so far (uniformly when all points are already covered).
+    """
+    h, n, d = x.shape
+    rows = torch.arange(h, device=x.device)
+    first = torch.randint(0, n, (h,), generator=generator).to(x.device)
+    chosen = [x[rows, first]]
+    best = ((x - chosen[0][:, None]) ** 2).sum(-1)  # (H, N)
+    for _ in range(1, num_codes):
+        weights = torch.where(best.sum(-1, keepdim=True) > 0, best, torch.ones_like(best))
+        pick = torch.multinomial(weights.cpu(), 1, generator=generator).squeeze(-1).to(x.device)
+        chosen.append(x[rows, pick])
+        best = torch.minimum(best, ((x - chosen[-1][:, None]) ** 2).sum(-1))
+    return torch.stack(chosen, 1)

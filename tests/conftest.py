@@ -1,0 +1,29 @@
+"""Shared test settings: deterministic seeds, the shared data root, and small helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "datasets"
+
+if "TVQ_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
+    os.environ["TVQ_DATA_DIR"] = str(SHARED_DATA)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    """The shared real-data root (``TVQ_DATA_DIR``)."""
+    root = Path(os.environ.get("TVQ_DATA_DIR", SHARED_DATA))
+    if not root.is_dir():
+        pytest.fail(f"TVQ_DATA_DIR={root} does not exist: the real-data tests need ../shared/datasets")
+    return root

@@ -1,0 +1,143 @@
+"""Codebook strategies: EMA closed form, accumulation, dead-code reset, k-means init, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tvq_exp.quantize import VectorQuantizer, kmeans, nearest_code
+
+
+def keys(b: int = 4, h: int = 2, t: int = 32, d: int = 3) -> torch.Tensor:
+    return torch.randn(b, h, t, d)
+
+
+def test_quantiser_returns_nearest_codes_with_straight_through() -> None:
+    vq = VectorQuantizer(2, 8, 3)
+    k = keys().requires_grad_(True)
+    k_hat, codes, _ = vq(k)
+    d2 = ((k.detach()[..., None, :] - vq.codebook[None, :, None]) ** 2).sum(-1)  # (B,H,T,S)
+    assert torch.equal(codes, d2.argmin(-1))
+    assert torch.allclose(k_hat, torch.gather(vq.codebook, 1, codes.transpose(0, 1).reshape(2, -1, 1).expand(-1, -1, 3)).view(2, 4, 32, 3).transpose(0, 1))
+    (g,) = torch.autograd.grad(k_hat.sum() * 3.0, k)
+    assert torch.allclose(g, torch.full_like(g, 3.0))
+
+
+def test_ema_closed_form_after_k_steps() -> None:
+    decay, eps = 0.9, 1e-5
+    vq = VectorQuantizer(1, 4, 2, decay=decay, eps=eps)
+    c0 = vq.codebook.clone()
+    count, total = torch.ones(1, 4), c0.clone()
+    for _ in range(5):
+        k = torch.randn(2, 1, 16, 2)
+        _, codes, _ = vq(k)
+        onehot = torch.nn.functional.one_hot(codes.reshape(-1), 4).double()
+        n = onehot.sum(0)
+        s = onehot.T @ k.reshape(-1, 2).double()
+        count = decay * count + (1 - decay) * n
+        total = decay * total + (1 - decay) * s
+        vq.update()
+    assert torch.allclose(vq.ema_count.double(), count, atol=1e-6)
+    smoothed = (count + eps) / (count.sum() + 4 * eps) * count.sum()
+    assert torch.allclose(vq.codebook.double(), total / smoothed[..., None], atol=1e-5)
+
+
+def test_gradient_accumulation_matches_one_big_batch() -> None:
+    torch.manual_seed(3)
+    a, b = VectorQuantizer(2, 8, 3), VectorQuantizer(2, 8, 3)
+    b.load_state_dict(a.state_dict())
+    k = keys(b=6)
+    for part in k.split(2):  # three micro-batches, one optimiser step
+        a(part)
+    a.update()
+    b(k)
+    b.update()
+    assert torch.allclose(a.codebook, b.codebook, atol=1e-6) and torch.allclose(a.ema_count, b.ema_count)
+
+
+def test_statistics_only_accumulate_in_training_with_grad() -> None:
+    vq = VectorQuantizer(1, 4, 2)
+    vq.eval()
+    vq(keys(h=1, d=2))
+    assert vq.pending_count.sum() == 0
+    vq.train()
+    with torch.no_grad():
+        vq(keys(h=1, d=2))
+    assert vq.pending_count.sum() == 0
+    vq(keys(h=1, d=2))
+    assert vq.pending_count.sum() == 4 * 32
+
+
+def test_dead_code_reset_revives_a_collapsed_codebook() -> None:
+    torch.manual_seed(0)
+    vq = VectorQuantizer(1, 16, 4, decay=0.8, dead_code_threshold=0.5)
+    vq.embed.copy_(torch.full((1, 16, 4), 50.0))  # every code far away: collapsed onto one index
+    vq.embed[0, 0] = 0.0
+    vq.ema_sum.copy_(vq.embed)
+    k = torch.randn(8, 1, 64, 4)
+    before = float(vq(k)[2]["perplexity"])
+    for _ in range(10):
+        vq(k)
+        vq.update()
+    after = float(vq(k)[2]["perplexity"])
+    assert before == pytest.approx(1.0)
+    assert after > 4.0
+    assert int((vq.ema_count < 0.5).sum()) < 16
+
+
+def test_dead_code_reset_without_threshold_keeps_codes() -> None:
+    vq = VectorQuantizer(1, 16, 4, decay=0.8)
+    vq.embed.fill_(50.0)
+    vq.embed[0, 0] = 0.0
+    vq.ema_sum.copy_(vq.embed)
+    k = torch.randn(8, 1, 64, 4)
+    for _ in range(5):
+        vq(k)
+        vq.update()
+    assert float(vq(k)[2]["perplexity"]) == pytest.approx(1.0)
+
+
+def test_kmeans_init_lowers_quantisation_error() -> None:
+    torch.manual_seed(0)
+    centres = torch.randn(8, 4) * 5
+    k = (centres[torch.randint(0, 8, (2048,))] + 0.05 * torch.randn(2048, 4)).view(4, 1, 512, 4)
+    plain = VectorQuantizer(1, 8, 4)
+    init = VectorQuantizer(1, 8, 4, kmeans_init=True, kmeans_iters=20)
+    err_plain = float(plain(k)[2]["quant_error"])
+    err_init = float(init(k)[2]["quant_error"])
+    assert bool(init.initialized) and err_init < 0.05 * err_plain
+
+
+def test_kmeans_recovers_separated_clusters() -> None:
+    centres = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    x = (centres[torch.arange(300) % 3] + 0.1 * torch.randn(300, 2))[None]
+    c = kmeans(x, 3, iters=15, generator=torch.Generator().manual_seed(1))
+    assert torch.cdist(c[0], centres).min(0).values.max() < 0.2
+    assert nearest_code(x, c).unique().numel() == 3
+
+
+def test_gradient_strategy_trains_codebook_only_through_codebook_loss() -> None:
+    vq = VectorQuantizer(1, 4, 2, strategy="gradient")
+    k = torch.randn(2, 1, 8, 2, requires_grad=True)
+    k_hat, _, aux = vq(k)
+    (g_task,) = torch.autograd.grad(k_hat.sum(), vq.embed, allow_unused=True)
+    assert g_task is None  # the task loss never reaches the codebook
+    g_cb, g_k = torch.autograd.grad(aux["codebook_loss"] + aux["commit_loss"], (vq.embed, k))
+    assert g_cb.abs().sum() > 0 and g_k.abs().sum() > 0
+    assert isinstance(vq.embed, torch.nn.Parameter)
+
+
+def test_ema_codebook_is_not_a_parameter_and_has_no_nan_with_empty_codes() -> None:
+    vq = VectorQuantizer(1, 64, 2)
+    assert not list(vq.parameters())
+    for _ in range(300):  # almost every code empty for many steps
+        vq(torch.zeros(1, 1, 4, 2))
+        vq.update()
+    assert torch.isfinite(vq.codebook).all() and torch.isfinite(vq.ema_count).all()
+
+
+@pytest.mark.parametrize("kwargs,match", [({"strategy": "adam"}, "strategy"), ({"codebook_size": 1}, "codebook_size"), ({"decay": 1.0}, "decay")])
+def test_bad_codebook_options(kwargs: dict, match: str) -> None:
+    opts = {"heads": 1, "codebook_size": 4, "dim": 2} | kwargs
+    with pytest.raises(ValueError, match=match):
+        VectorQuantizer(**opts)
