@@ -22,12 +22,13 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.vq_bidirectional import vq_bidirectional
 from tvq_exp.nn.position import XLRelativeBias, window_distances
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
 class VQAttention(AttentionBackend):
-    """Transformer-VQ attention backend (causal).
+    """Transformer-VQ attention backend (``causal=False``: the encoder form of :mod:`.vq_bidirectional`).
 
     Args:
         d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
@@ -60,8 +61,6 @@ class VQAttention(AttentionBackend):
         codebook: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if not causal:
-            raise ValueError("vq attention: causal=False is not supported by this backend")
         if block_len < 1:
             raise ValueError(f"vq attention: block_len must be >= 1, got {block_len}")
         window_len = block_len if window_len is None else window_len
@@ -84,6 +83,8 @@ class VQAttention(AttentionBackend):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
+        if not self.causal:
+            return vq_bidirectional(self, q, k, v, state)
         k_hat, codes, aux = self.quantizer(k)
         state = state if state is not None else self.empty_state(k)
         t0, t_new = int(state["t"]), q.shape[2]
@@ -110,7 +111,13 @@ class VQAttention(AttentionBackend):
         }
 
     def _blocks(self, q: Tensor, k: Tensor, v: Tensor, codes: Tensor, state: State) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Attention for a key sequence starting at a block boundary. Returns ``(out, prefix stats)``."""
+        """Attention for a key sequence starting at a block boundary. Returns ``(out, prefix stats)``.
+
+        Each block's queries (all ``G`` query heads of a key head stacked) attend to one key matrix
+        ``[block r-1; block r; codebook]`` with one additive term ``[bias + causal mask; log n_s]``:
+        a fused ``baddbmm``, one fused softmax (its row max is the shared stop-gradient max) and one
+        matmul with ``[values r-1; values r; cache means]``.
+        """
         b, h, n, _ = q.shape
         hk, L = k.shape[1], self.block_len
         r = -(-n // L)
@@ -120,49 +127,52 @@ class VQAttention(AttentionBackend):
             q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
             codes = torch.nn.functional.pad(codes, (0, pad))
             valid = torch.nn.functional.pad(valid, (0, pad))
-        g = h // hk  # query heads per key head
-        qb = q.view(b, hk, g, r, L, -1)
-        kb, vb = k.view(b, hk, 1, r, L, -1), v.view(b, hk, 1, r, L, -1)
-        qc = qb if self.bias is None else self.bias.content_query(q).view_as(qb)
+        g, acc = h // hk, accumulation_dtype(q.dtype)
+        qc = q if self.bias is None else self.bias.content_query(q)
+        qc = qc.view(b, hk, g, r, L, -1).transpose(2, 3).reshape(b * hk * r, g * L, -1)
+        kb, vb = k.view(b, hk, r, L, -1), v.view(b, hk, r, L, -1)
+        keys, values = [_shift_blocks(kb), kb], [_shift_blocks(vb), vb]
+        add = [self._window_bias(q, (b, hk, g, r), acc)]  # (B, Hk, R, G, L, 2L)
 
-        # exact window: previous block + current block
-        k_win = torch.cat([_shift_blocks(kb), kb], dim=4)  # (B, Hk, 1, R, 2L, dk)
-        v_win = torch.cat([_shift_blocks(vb), vb], dim=4)
-        acc = accumulation_dtype(q.dtype)
-        s_win = (qc @ k_win.transpose(-1, -2)).to(acc)  # (B, Hk, G, R, L, 2L)
-        if self.bias is not None:
-            s_win = s_win + self._window_bias(q, qb.shape).to(acc)
-        visible = (self.dist >= 0).expand(r, L, 2 * L).clone()
-        visible[0, :, :L] = False
-        s_win = s_win.masked_fill(~visible, float("-inf"))
-
-        # compressive cache of blocks <= r-2
-        prefix_n, prefix_mu = self._prefix_stats(codes.view(b, hk, r, L), vb.squeeze(2), valid.view(r, L), state)
-        m = s_win.amax(-1, keepdim=True)
-        if self.use_cache:
+        prefix_n, prefix_mu = self._prefix_stats(codes.view(b, hk, r, L), vb, valid.view(r, L), state)
+        if self.use_cache:  # blocks <= r-2: prefix entry r-1
             idx = (torch.arange(r, device=q.device) - 1).clamp_min(0)
             cache_n, cache_mu = prefix_n[:, :, idx], prefix_mu[:, :, idx]  # (B, Hk, R, S[, dv])
-            c = self.quantizer.codebook.detach().to(qc.dtype)  # (Hk, S, dk)
-            s_cache = (qc @ c[None, :, None, None].transpose(-1, -2)).to(acc)  # (B, Hk, G, R, L, S)
-            s_cache = s_cache + cache_n.clamp_min(1e-30).log().unsqueeze(2).unsqueeze(-2)
-            s_cache = s_cache.masked_fill((cache_n == 0).unsqueeze(2).unsqueeze(-2), float("-inf"))
-            m = torch.maximum(m, s_cache.amax(-1, keepdim=True))
-        m = m.detach()
-        a_win = (s_win - m).exp()
-        num = a_win.to(v_win.dtype) @ v_win
-        den = a_win.sum(-1, keepdim=True)
-        if self.use_cache:
-            a_cache = (s_cache - m).exp()
-            mu = cache_mu if self.grad_through_cache else cache_mu.detach()
-            num = num.to(acc) + a_cache @ mu.to(acc).unsqueeze(2)
-            den = den + a_cache.sum(-1, keepdim=True)
-        out = (num.to(acc) / den).to(v.dtype).reshape(b, h, r * L, -1)
+            s = cache_n.shape[-1]
+            keys.append(self.quantizer.codebook.detach().to(qc.dtype)[None, :, None].expand(b, hk, r, s, -1))
+            values.append((cache_mu if self.grad_through_cache else cache_mu.detach()).to(v.dtype))
+            log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
+            add.append(log_n[:, :, :, None, None].expand(b, hk, r, g, L, s))
+        keys_t = torch.cat(keys, dim=3).view(b * hk * r, -1, qc.shape[-1]).transpose(1, 2)
+        bias = torch.cat(add, dim=-1)
+        bias[:, :, 0, :, :, :L] = float("-inf")  # block 0 has no previous block
+        bias = bias.view(b * hk * r, g * L, -1)
+        if qc.dtype == acc:
+            scores = torch.baddbmm(bias, qc, keys_t)
+        else:
+            scores = (qc @ keys_t).to(acc) + bias
+        p = torch.softmax(scores, dim=-1)
+        out = p.to(v.dtype) @ torch.cat(values, dim=3).view(b * hk * r, -1, v.shape[-1])
+        out = out.view(b, hk, r, g, L, -1).transpose(2, 3).reshape(b, h, r * L, -1)
         return out[:, :, :n], (prefix_n, prefix_mu)
 
-    def _window_bias(self, q: Tensor, block_shape: torch.Size) -> Tensor:
-        b, hk, g, r, L, dk = block_shape
-        qh = q.view(b, hk * g, r, L, dk)
-        return self.bias.bias(qh, self.dist).view(b, hk, g, r, L, 2 * L)
+    def _window_bias(self, q: Tensor, groups: tuple[int, int, int, int], acc: torch.dtype) -> Tensor:
+        """Additive window logits ``(B, Hk, R, G, L, 2L)``: causal mask (−inf) plus the XL bias.
+
+        With the bias, one gather from the distance logits extended by a zero column (visible but
+        beyond the window) and a −inf column (masked) builds bias and mask in one pass.
+        """
+        b, hk, g, r = groups
+        L = self.block_len
+        if self.bias is None:
+            mask = torch.zeros(L, 2 * L, dtype=acc, device=q.device).masked_fill_(self.dist < 0, float("-inf"))
+            return mask.expand(b, hk, r, g, L, 2 * L)
+        m = self.bias.max_distance
+        dl = self.bias.distance_logits(q).view(b, hk, g, r, L, m + 1).transpose(2, 3).to(acc)
+        edge = dl.new_tensor([0.0, float("-inf")]).expand(b, hk, r, g, L, 2)
+        table = torch.cat([dl, edge], dim=-1)  # (B, Hk, R, G, L, M + 3)
+        index = self.dist.clamp_max(m + 1).masked_fill(self.dist < 0, m + 2)
+        return table.gather(-1, index.expand(b, hk, r, g, L, 2 * L))
 
     def _prefix_stats(self, codes: Tensor, vb: Tensor, valid: Tensor, state: State) -> tuple[Tensor, Tensor]:
         """Running (count, mean) per code over ``[state cache, block 0, ..., block R-1]``.
@@ -183,9 +193,10 @@ class VQAttention(AttentionBackend):
         means = sums / counts.clamp_min(1)[..., None]
         n_run, mu_run = state["cache_n"].to(acc), state["cache_mu"].to(acc)
         out_n, out_mu = [n_run], [mu_run]
-        for i in range(r):
-            n_new = n_run + counts[:, :, i]
-            mu_run = mu_run + (counts[:, :, i] / n_new.clamp_min(1))[..., None] * (means[:, :, i] - mu_run)
+        # unbind once: per-block indexing would give each block an O(R) zero-filled gradient buffer
+        for count, mean in zip(counts.unbind(2), means.unbind(2), strict=True):
+            n_new = n_run + count
+            mu_run = mu_run + (count / n_new.clamp_min(1))[..., None] * (mean - mu_run)
             n_run = n_new
             out_n.append(n_run)
             out_mu.append(mu_run)
@@ -212,5 +223,5 @@ class VQAttention(AttentionBackend):
 
 
 def _shift_blocks(x: Tensor) -> Tensor:
-    """Block ``r`` gets block ``r-1`` (zeros for ``r = 0``) along dim 3 of ``(B, Hk, G, R, L, d)``."""
-    return torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0))[:, :, :, :-1]
+    """Block ``r`` gets block ``r-1`` (zeros for ``r = 0``) along dim -3 of ``(..., R, L, d)``."""
+    return torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0))[..., :-1, :, :]

@@ -1,0 +1,174 @@
+"""FLASH mixed chunk attention (Hua et al. 2022, "Transformer Quality in Linear Time").
+
+Positions are split into groups of ``G`` (aligned on absolute positions ``0, G, 2G, ...``). Query
+``i`` in group ``g`` combines
+- a quadratic term over its own group: causal ``relu(s_ij)²`` (or softmax) with
+  ``s_ij = (q_i [+ u])·k_j [+ XL bias]``;
+- a linear term ``q_iᵀ Σ_j k_j v_jᵀ`` over the **exclusive** prefix of earlier groups (encoder: all
+  other groups).
+Normalisation is per position, by the number of keys actually summed or by a fixed scale, never by
+the current total length: streaming and token-by-token decoding equal the parallel forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.vq_bidirectional import encoder_bias
+from tvq_exp.nn.position import XLRelativeBias
+
+SCORES = ("relu2", "softmax")
+NORMS = ("count", "fixed")
+
+
+class FlashChunkAttention(AttentionBackend):
+    """FLASH mixed chunk attention.
+
+    Args:
+        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
+        causal: decoder (True) or encoder (False).
+        kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
+        group_size: ``G``, positions per group.
+        score: ``relu2``: ``o_i = (Σ_quad relu(s_ij)² v_j + Σ_lin (q_i·k_j) v_j) / n_i``;
+            ``softmax``: ``o_i = softmax_quad(s_i)·v + Σ_lin (q_i·k_j) v_j / n_i``.
+        norm: ``count``: ``n_i`` is the number of keys summed by the normalised terms (at least 1);
+            ``fixed``: ``n_i = norm_scale``.
+        norm_scale: the fixed divisor (default ``group_size``).
+        window_bias: Transformer-XL relative bias inside the group (distances ``<= window_len``;
+            encoder: ``|i - j| <= window_len``).
+        window_len: the bias window (default ``group_size``).
+
+    Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
+    State: ``k, v`` of the current partial group ``(B, H_kv, t mod G, d)``, ``kv (B, H_kv, d_k, d_v)``
+    the sum of ``k_j v_jᵀ`` over all complete groups, their length ``n`` and the position ``t``.
+    """
+
+    def __init__(
+        self,
+        d_k: int,
+        d_v: int,
+        heads: int = 1,
+        causal: bool = True,
+        kv_heads: int | None = None,
+        group_size: int = 256,
+        score: str = "relu2",
+        norm: str = "count",
+        norm_scale: float | None = None,
+        window_bias: bool = False,
+        window_len: int | None = None,
+    ) -> None:
+        super().__init__(d_k, d_v, heads, causal, kv_heads)
+        if group_size < 1:
+            raise ValueError(f"flash_chunk attention: group_size must be >= 1, got {group_size}")
+        if score not in SCORES:
+            raise ValueError(f"flash_chunk attention: score must be one of {SCORES}, got {score!r}")
+        if norm not in NORMS:
+            raise ValueError(f"flash_chunk attention: norm must be one of {NORMS}, got {norm!r}")
+        window_len = group_size if window_len is None else window_len
+        self.group_size, self.score, self.norm = group_size, score, norm
+        self.norm_scale = float(group_size if norm_scale is None else norm_scale)
+        self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+    ) -> tuple[Tensor, State, Aux]:
+        self.check_inputs(q, k, v)
+        if not self.causal:
+            if state is not None:
+                raise ValueError(
+                    "flash_chunk attention: a carried state only makes sense for causal attention"
+                )
+            out, _ = self._groups(q, k, v, k.new_zeros(1, 1, 1, 1), 0)
+            return out, {"t": q.shape[2]}, {}
+        state = state if state is not None else self.empty_state(k)
+        n_buf, t_new = state["k"].shape[2], q.shape[2]
+        keys = torch.cat([state["k"].to(k.dtype), k], dim=2)
+        values = torch.cat([state["v"].to(v.dtype), v], dim=2)
+        queries = torch.cat([q.new_zeros(q.shape[0], q.shape[1], n_buf, q.shape[3]), q], dim=2)
+        out, kv_groups = self._groups(queries, keys, values, state["kv"], int(state["n"]))
+        done = keys.shape[2] // self.group_size  # complete groups in this call
+        new_state: State = {
+            "k": keys[:, :, done * self.group_size :].detach(),
+            "v": values[:, :, done * self.group_size :].detach(),
+            "kv": (state["kv"].to(kv_groups.dtype) + kv_groups[:, :, :done].sum(2)).detach(),
+            "n": int(state["n"]) + done * self.group_size,
+            "t": int(state["t"]) + t_new,
+        }
+        return out[:, :, n_buf:], new_state, {}
+
+    def empty_state(self, k: Tensor) -> State:
+        """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
+        b, h, _, dk = k.shape
+        acc = accumulation_dtype(k.dtype)
+        return {
+            "k": k.new_zeros(b, h, 0, dk),
+            "v": k.new_zeros(b, h, 0, self.d_v),
+            "kv": torch.zeros(b, h, dk, self.d_v, device=k.device, dtype=acc),
+            "n": 0,
+            "t": 0,
+        }
+
+    def _groups(self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: int) -> tuple[Tensor, Tensor]:
+        """All groups at once for a sequence starting at a group boundary.
+
+        ``kv0`` / ``n0``: linear state and length of the earlier (causal) context. Returns
+        ``out (B, H, T, d_v)`` and the per-group sums ``k_jᵀ v_j`` ``(B, H_kv, R, d_k, d_v)``.
+        """
+        b, h, t, dk = q.shape
+        hk, G = k.shape[1], self.group_size
+        r = -(-t // G)
+        pad = r * G - t
+        acc = accumulation_dtype(q.dtype)
+        valid = F.pad(torch.ones(t, dtype=torch.bool, device=q.device), (0, pad)).view(r, 1, G)
+        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+        qb = q.view(b, hk, h // hk, r, G, dk)
+        kb, vb = k.view(b, hk, 1, r, G, dk), v.view(b, hk, 1, r, G, -1)
+
+        dist = torch.arange(G, device=q.device)[:, None] - torch.arange(G, device=q.device)[None, :]
+        quad_mask = valid & (dist >= 0) if self.causal else valid  # (R, G, G)
+        logits = self._group_logits(q, qb, kb, dist).to(acc)
+
+        kv = (kb.transpose(-1, -2) @ vb).to(acc)  # (B, Hk, 1, R, dk, dv)
+        lin_kv, lin_n = self._context(kv, kv0.to(acc), n0, valid.view(r, G).sum(-1))
+        lin = qb.to(acc) @ lin_kv  # (B, Hk, G, R, G, dv)
+        vf = vb.to(acc)
+        if self.score == "relu2":
+            w = F.relu(logits).square().masked_fill(~quad_mask, 0.0)
+            n = quad_mask.sum(-1, keepdim=True) + lin_n.view(r, 1, 1)
+            out = (w @ vf + lin) / self._divisor(n)
+        else:
+            a = torch.softmax(logits.masked_fill(~quad_mask, float("-inf")), dim=-1)
+            out = a @ vf + lin / self._divisor(lin_n.view(r, 1, 1))
+        return out.to(v.dtype).reshape(b, h, r * G, -1)[:, :, :t], kv.squeeze(2)
+
+    def _group_logits(self, q: Tensor, qb: Tensor, kb: Tensor, dist: Tensor) -> Tensor:
+        """Quadratic scores inside each group ``(B, Hk, Gh, R, G, G)``, with the XL bias if any."""
+        if self.bias is None:
+            return qb @ kb.transpose(-1, -2)
+        b, hk, gh, r, G, dk = qb.shape
+        qc = self.bias.content_query(q).view_as(qb)
+        qh = q.view(b, hk * gh, r, G, dk)
+        bias = self.bias.bias(qh, dist) if self.causal else encoder_bias(self.bias, qh, dist)
+        return qc @ kb.transpose(-1, -2) + bias.view(b, hk, gh, r, G, G)
+
+    def _context(self, kv: Tensor, kv0: Tensor, n0: int, sizes: Tensor) -> tuple[Tensor, Tensor]:
+        """Linear context of every group: ``(Σ k vᵀ (B, Hk, 1, R, dk, dv), its length (R,))``.
+
+        Causal: ``kv0`` plus the groups before (an exclusive prefix). Encoder: every other group,
+        as exclusive prefix plus exclusive suffix (nothing subtracted).
+        """
+        zero = torch.zeros_like(kv[:, :, :, :1])
+        prefix = kv0.view(kv0.shape[0], kv0.shape[1], 1, 1, *kv0.shape[2:]) + torch.cat(
+            [zero, kv[:, :, :, :-1].cumsum(3)], dim=3
+        )
+        before = n0 + torch.cat([sizes.new_zeros(1), sizes[:-1].cumsum(0)])
+        if self.causal:
+            return prefix, before
+        suffix = torch.cat([kv[:, :, :, 1:].flip(3).cumsum(3).flip(3), zero], dim=3)
+        return prefix + suffix, sizes.sum() - sizes
+
+    def _divisor(self, n: Tensor) -> Tensor | float:
+        return n.clamp_min(1) if self.norm == "count" else self.norm_scale

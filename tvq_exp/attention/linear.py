@@ -1,0 +1,156 @@
+"""Kernelised linear attention (Katharopoulos et al. 2020; FAVOR+ of Choromanski et al. 2021).
+
+``o_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + ε)`` with ``S_i = Σ_{j<=i} φ(k_j) v_jᵀ`` and
+``z_i = Σ_{j<=i} φ(k_j)`` (encoder: sums over all ``j``). Computed chunk-wise: a masked quadratic
+inside each chunk plus the running state of the earlier chunks, so the chunk size never changes the
+result and single-token decoding is the same code path with ``T = 1``. Features, state and the
+normaliser are kept in the accumulation dtype (fp32 under autocast).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+
+FEATURE_MAPS = ("elu1", "relu", "favor")
+
+
+class LinearAttention(AttentionBackend):
+    """Causal (or encoder) linear attention with a positive feature map.
+
+    Args:
+        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
+        causal: decoder (True) or encoder (False).
+        kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
+        feature_map: ``elu1`` (``elu(x) + 1``), ``relu`` or ``favor`` (positive orthogonal random
+            features ``exp(ωᵀx - |x|²/2)/√m``; query features are rescaled per token by their max).
+        chunk_size: positions per chunk of the parallel form (any value gives the same result).
+        eps: added to the normaliser ``φ(q)ᵀz``.
+        num_features: ``m`` random features for ``favor`` (default ``d_k``).
+        seed: seed of the ``favor`` projection; :meth:`redraw` draws the next one.
+        window_bias: must be False: linear attention has no relative bias (use RoPE or no positions).
+
+    Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
+    State: ``S (B, H_kv, d_f, d_v)``, ``z (B, H_kv, d_f)`` (accumulation dtype) and the position ``t``.
+    """
+
+    def __init__(
+        self,
+        d_k: int,
+        d_v: int,
+        heads: int = 1,
+        causal: bool = True,
+        kv_heads: int | None = None,
+        feature_map: str = "elu1",
+        chunk_size: int = 64,
+        eps: float = 1e-6,
+        num_features: int | None = None,
+        seed: int = 0,
+        window_bias: bool = False,
+    ) -> None:
+        super().__init__(d_k, d_v, heads, causal, kv_heads)
+        if window_bias:
+            raise ValueError(
+                "linear attention has no relative position bias (the block asked for it with position=xl); "
+                "use block.position=rope or block.position=none"
+            )
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(
+                f"linear attention: feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}"
+            )
+        if chunk_size < 1:
+            raise ValueError(f"linear attention: chunk_size must be >= 1, got {chunk_size}")
+        self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
+        self.num_features = num_features or d_k
+        self.seed, self.draws = seed, 0
+        if feature_map == "favor":
+            self.register_buffer("projection", self._draw_projection())
+
+    @property
+    def d_f(self) -> int:
+        """Feature dimension ``d_f`` of ``φ``."""
+        return self.num_features if self.feature_map == "favor" else self.d_k
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        """Replace the ``favor`` projection by the next seeded draw (a carried state becomes stale)."""
+        if self.feature_map != "favor":
+            raise ValueError(
+                f"linear attention: redraw() needs feature_map='favor', not {self.feature_map!r}"
+            )
+        self.draws += 1
+        self.projection.copy_(self._draw_projection())
+
+    def _draw_projection(self) -> Tensor:
+        """Orthogonal Gaussian rows ``ω (m, d_k)`` with chi-distributed norms, from ``seed + draws``."""
+        gen = torch.Generator().manual_seed(self.seed + self.draws)
+        blocks, left = [], self.num_features
+        while left > 0:
+            q, _ = torch.linalg.qr(torch.randn(self.d_k, self.d_k, generator=gen, dtype=torch.float64))
+            blocks.append(q.T[:left])
+            left -= self.d_k
+        norms = torch.randn(self.num_features, self.d_k, generator=gen, dtype=torch.float64).norm(dim=1)
+        return (torch.cat(blocks) * norms[:, None]).float()
+
+    def features(self, x: Tensor, query: bool) -> Tensor:
+        """``φ(x)`` for ``x (B, H, T, d_k)`` -> ``(B, H, T, d_f)`` in the accumulation dtype."""
+        x = x.to(accumulation_dtype(x.dtype))
+        if self.feature_map == "elu1":
+            return F.elu(x) + 1.0
+        if self.feature_map == "relu":
+            return F.relu(x)
+        logits = x @ self.projection.to(x.dtype).T - x.pow(2).sum(-1, keepdim=True) / 2
+        if query:
+            logits = logits - logits.amax(-1, keepdim=True)
+        return logits.exp() / math.sqrt(self.num_features)
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+    ) -> tuple[Tensor, State, Aux]:
+        self.check_inputs(q, k, v)
+        b, h, t, _ = q.shape
+        hk = k.shape[1]
+        fq = self.features(q, query=True).view(b, hk, h // hk, t, self.d_f)
+        fk = self.features(k, query=False).unsqueeze(2)
+        vv = v.to(fk.dtype).unsqueeze(2)
+        if not self.causal:
+            if state is not None:
+                raise ValueError("linear attention: a carried state only makes sense for causal attention")
+            s, z = fk.transpose(-1, -2) @ vv, fk.sum(-2)
+            out = self._normalise(fq @ s, (fq * z.unsqueeze(-2)).sum(-1))
+            return out.reshape(b, h, t, self.d_v).to(v.dtype), {"t": t}, {}
+        s0 = fk.new_zeros(b, hk, 1, self.d_f, self.d_v) if state is None else state["S"].unsqueeze(2)
+        z0 = fk.new_zeros(b, hk, 1, self.d_f) if state is None else state["z"].unsqueeze(2)
+        out, s, z = self._chunks(fq, fk, vv, s0.to(fk.dtype), z0.to(fk.dtype))
+        t0 = 0 if state is None else int(state["t"])
+        new_state: State = {"S": s.squeeze(2).detach(), "z": z.squeeze(2).detach(), "t": t0 + t}
+        return out.reshape(b, h, t, self.d_v).to(v.dtype), new_state, {}
+
+    def _chunks(
+        self, fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor, z0: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Chunk-wise causal form. ``fq (B, Hk, G, T, d_f)``, ``fk (B, Hk, 1, T, d_f)``, ``v (B, Hk, 1, T, d_v)``,
+        state ``s0 (B, Hk, 1, d_f, d_v)``, ``z0 (B, Hk, 1, d_f)`` -> ``(out (B, Hk, G, T, d_v), S, z)``."""
+        t = fq.shape[3]
+        c = min(self.chunk_size, t)
+        n = -(-t // c)
+        pad = n * c - t
+        fq, fk, v = (F.pad(x, (0, 0, 0, pad)).unflatten(3, (n, c)) for x in (fq, fk, v))  # (..., N, C, d)
+        scores = (fq @ fk.transpose(-1, -2)).tril()  # (B, Hk, G, N, C, C)
+        kv = fk.transpose(-1, -2) @ v  # (B, Hk, 1, N, d_f, d_v)
+        kz = fk.sum(-2)  # (B, Hk, 1, N, d_f)
+        s_cum, z_cum = s0.unsqueeze(3) + kv.cumsum(3), z0.unsqueeze(3) + kz.cumsum(3)
+        s_prev = torch.cat([s0.unsqueeze(3), s_cum[:, :, :, :-1]], dim=3)
+        z_prev = torch.cat([z0.unsqueeze(3), z_cum[:, :, :, :-1]], dim=3)
+        num = scores @ v + fq @ s_prev
+        den = scores.sum(-1) + (fq * z_prev.unsqueeze(-2)).sum(-1)
+        out = self._normalise(num, den).flatten(3, 4)[:, :, :, :t]
+        return out, s_cum[:, :, :, -1], z_cum[:, :, :, -1]
+
+    def _normalise(self, num: Tensor, den: Tensor) -> Tensor:
+        return num / (den + self.eps).unsqueeze(-1)
