@@ -136,7 +136,7 @@ def check_attention(att: DictConfig, block: DictConfig, key: str = "model.attent
         _require(window is None or (isinstance(window, int) and 0 <= window <= att.block_len), f"{key}.window_len", window, f"must be null or in [0, block_len={att.block_len}]")
     if position == "xl" and "window_len" in att and name != "vq":
         _positive_int(att, key, "window_len")
-    if position == "xl" and "window_bias" not in inspect.signature(BACKENDS[name].__init__).parameters:
+    if position == "xl" and not BACKENDS[name].supports_window_bias:
         raise ConfigError("model.block.position", position, f"the {name} backend has no relative bias; use rope or none")
     for opt in ("talking_heads", "talking_heads_post"):
         if block.get(opt) or att.get(opt):

@@ -27,6 +27,7 @@ class AttentionBackend(nn.Module):
     """Base class: shape checks and the shared fields ``d_k, d_v, heads, causal``."""
 
     supports_kv_groups: bool = True
+    supports_window_bias: bool = True
 
     def __init__(self, d_k: int, d_v: int, heads: int = 1, causal: bool = True, kv_heads: int | None = None) -> None:
         super().__init__()

@@ -39,6 +39,8 @@ class LinearAttention(AttentionBackend):
     State: ``S (B, H_kv, d_f, d_v)``, ``z (B, H_kv, d_f)`` (accumulation dtype) and the position ``t``.
     """
 
+    supports_window_bias = False
+
     def __init__(
         self,
         d_k: int,

@@ -82,7 +82,7 @@ class VectorQuantizer(nn.Module):
             raise ValueError(f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})")
         flat = k.detach().float().transpose(0, 1).reshape(h, b * t, d)
         learning = self.training and torch.is_grad_enabled()
-        if learning and not bool(self.initialized):
+        if learning and self.kmeans_init and not bool(self.initialized):
             self.init_from_keys(flat)
         codes = nearest_code(flat, self.embed)  # (H, N)
         quant = torch.gather(self.embed, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
