@@ -1,0 +1,15 @@
+"""`python eval.py [key=value ...]`: see conf/eval.yaml and tvq_exp.cli.evaluate."""
+
+import hydra
+from omegaconf import DictConfig
+
+from tvq_exp.cli import evaluate
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

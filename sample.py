@@ -1,0 +1,15 @@
+"""`python sample.py [key=value ...]`: see conf/sample.yaml and tvq_exp.cli.sample."""
+
+import hydra
+from omegaconf import DictConfig
+
+from tvq_exp.cli import sample
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="sample")
+def main(cfg: DictConfig) -> None:
+    sample(cfg)
+
+
+if __name__ == "__main__":
+    main()
