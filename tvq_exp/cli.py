@@ -1,8 +1,8 @@
 """What ``train.py``, ``eval.py`` and ``sample.py`` do, as functions of a composed Hydra config.
 
 Importing this module registers the OmegaConf resolvers the config tree uses:
-``${tvq.uid:}`` (a short random id, unique per config), ``${tvq.eq:a,b}`` and ``${tvq.precision:}``
-(``bf16-mixed`` where CUDA is available, else ``32-true``).
+``${tvq.uid:}`` (a short random id, unique per config), ``${tvq.eq:a,b}``, ``${tvq.or:a,b}`` (``a`` unless it is
+null or empty, else ``b``) and ``${tvq.precision:}`` (``bf16-mixed`` where CUDA is available, else ``32-true``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,25 @@ import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from tvq_exp.config import validate
+from tvq_exp.checkpointing import (
+    CHECKPOINT_DIR,
+    AtomicCheckpointIO,
+    RngState,
+    finished_summary,
+    mark_finished,
+    newest_good_checkpoint,
+    read_checkpoint,
+)
+from tvq_exp.config import ConfigError, validate
 from tvq_exp.convert import init_from_dense
+from tvq_exp.guard import NumericsError, NumericsGuard
+from tvq_exp.images import sample_checkpoint_grid
 from tvq_exp.lit import LanguageModel
+from tvq_exp.preemption import Preemption
 from tvq_exp.sampling import generate
 
 TEXT_VOCAB = 256
@@ -48,6 +61,7 @@ def _register_resolvers() -> None:
     resolvers = {
         "tvq.uid": (lambda: secrets.token_hex(3), True),
         "tvq.eq": (lambda a, b: str(a) == str(b), False),
+        "tvq.or": (lambda a, b: b if a in (None, "") else a, False),
         "tvq.precision": (lambda: "bf16-mixed" if torch.cuda.is_available() else "32-true", False),
     }
     for name, (fn, cache) in resolvers.items():
@@ -107,7 +121,7 @@ def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 def load_checkpoint(path: str | Path) -> tuple[LanguageModel, dict[str, Any], dict[str, Any]]:
     """Rebuild the module stored at ``path`` -> ``(module, run config, raw checkpoint)`` (weights loaded)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = read_checkpoint(path)
     config = run_config(checkpoint)
     module = build_module(config)
     module.load_state_dict(checkpoint["state_dict"])
@@ -125,21 +139,63 @@ def resume_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
     return cfg
 
 
+def check_run_options(cfg: DictConfig) -> None:
+    """Check ``resume``, ``run_name``, ``ckpt_path`` and ``guard`` (see docs/reliability.md)."""
+    resume = cfg.get("resume")
+    if resume not in (None, "auto"):
+        raise ConfigError("resume", resume, "must be null or auto")
+    if resume == "auto" and not cfg.get("run_name"):
+        raise ConfigError("resume", resume, "needs run_name=<name>: the fixed run directory a relaunch finds again")
+    if resume == "auto" and cfg.get("ckpt_path"):
+        raise ConfigError("ckpt_path", cfg.ckpt_path, "set either ckpt_path or resume=auto, not both")
+    bad_steps = cfg.guard.max_bad_steps
+    if not isinstance(bad_steps, int) or isinstance(bad_steps, bool) or bad_steps < 1:
+        raise ConfigError("guard.max_bad_steps", bad_steps, "must be a positive integer")
+
+
+def auto_resume(cfg: DictConfig) -> DictConfig | dict[str, Any]:
+    """``resume=auto``: the summary of a finished run (skip it), else ``cfg`` with ``ckpt_path`` set to the
+    newest good checkpoint of the run directory (unchanged when it has none yet)."""
+    run_dir = Path(cfg.paths.output_dir)
+    summary = finished_summary(run_dir)
+    if summary is not None and summary["global_step"] >= cfg.trainer.max_steps:
+        say(f"run dir {run_dir}: finished at step {summary['global_step']}; skipped (resume=auto)")
+        return summary
+    checkpoint, refused = newest_good_checkpoint(run_dir / CHECKPOINT_DIR)
+    for reason in refused:
+        say(f"skipped: {reason}")
+    if checkpoint is None:
+        say(f"run dir {run_dir}: no checkpoint yet, starting from scratch (resume=auto)")
+        return cfg
+    say(f"resuming from {checkpoint} (resume=auto)")
+    cfg = cfg.copy()
+    cfg.ckpt_path = str(checkpoint)
+    return cfg
+
+
 # --------------------------------------------------------------------------------------------- train
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train (or resume with ``ckpt_path``) as configured.
+    """Train (or resume with ``ckpt_path`` or ``resume=auto``) as configured.
 
-    Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir``. Returns
+    Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir`` (checkpoints
+    atomically, with RNG states); ``finished.json`` when the last step is reached. SIGTERM/SIGUSR1 save
+    ``last.ckpt`` and return early; the numerics guard raises :class:`NumericsError` after
+    ``guard.max_bad_steps`` bad steps in a row. Returns
     ``{"best_val_bpb", "best_ckpt", "last_ckpt", "global_step", "val"}``.
     """
     quiet()
-    if cfg.get("ckpt_path"):
-        cfg = resume_config(
-            cfg, run_config(torch.load(cfg.ckpt_path, map_location="cpu", weights_only=False))
-        )
     validate(cfg)
+    check_run_options(cfg)
+    if cfg.get("resume") == "auto":
+        resumed = auto_resume(cfg)
+        if not isinstance(resumed, DictConfig):
+            return resumed
+        cfg = resumed
+    if cfg.get("ckpt_path"):
+        cfg = resume_config(cfg, run_config(read_checkpoint(cfg.ckpt_path)))
+        validate(cfg)
     if cfg.get("torch_threads"):
         torch.set_num_threads(cfg.torch_threads)
     L.seed_everything(cfg.seed, workers=True)
@@ -156,13 +212,28 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         init_from_dense(module.model, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
         say(f"initialised from {cfg.init_from} (k-means codebooks over {cfg.init_batches} batches)")
 
+    preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
     trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=build_callbacks(cfg), logger=build_loggers(cfg) or False
+        cfg.trainer,
+        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
+        logger=build_loggers(cfg) or False,
+        plugins=[AtomicCheckpointIO()],
     )
     n_params = sum(p.numel() for p in module.model.parameters())
     say(f"run dir {output_dir} | {n_params / 1e6:.2f}M parameters | {cfg.trainer.max_steps} steps")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    return _fit_summary(trainer, module)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    except SIGTERMException:  # raised by Lightning after Preemption saved last.ckpt
+        if preemption.signal_name is None:
+            raise
+        for logger in trainer.loggers:
+            logger.finalize("interrupted")
+    if guard.failure is not None:
+        raise NumericsError(guard.failure)
+    summary = _fit_summary(trainer, module)
+    if preemption.signal_name is None and trainer.global_step >= cfg.trainer.max_steps and trainer.is_global_zero:
+        mark_finished(output_dir, summary)
+    return summary
 
 
 def _fit_summary(trainer: L.Trainer, module: LanguageModel) -> dict[str, Any]:
@@ -194,8 +265,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     Returns ``{"bpb", "loss", "tokens", ["bpd"], "split", "carry_state", "checkpoint", "global_step"}``.
     """
     quiet()
+    validate(cfg)
     if cfg.split not in ("val", "test"):
-        raise ValueError(f"split must be 'val' or 'test', got {cfg.split!r}")
+        raise ConfigError("split", cfg.split, "must be val or test")
     module, config, checkpoint = load_checkpoint(cfg.ckpt_path)
     module.eval_carry_state = bool(cfg.carry_state)
     data_cfg = OmegaConf.create(config["data"])
@@ -244,18 +316,23 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- sample
 
 
-def sample(cfg: DictConfig) -> list[bytes]:
+def sample(cfg: DictConfig) -> list[bytes] | Path:
     """Continue ``cfg.prompt`` by exactly ``cfg.num_bytes`` bytes, ``cfg.num_samples`` times; print the texts.
 
-    Returns the generated bytes of every sample (prompt excluded). Text models only.
+    Returns the generated bytes of every sample (prompt excluded). For an image checkpoint, writes
+    ``cfg.num_samples`` sampled images as one PNG grid instead (:func:`tvq_exp.images.sample_checkpoint_grid`)
+    and returns its path.
     """
     quiet()
+    validate(cfg)
     module, config, _ = load_checkpoint(cfg.ckpt_path)
-    if module.kind != "text":
-        raise ValueError("sample.py decodes bytes of text models; this checkpoint models images")
+    if module.kind == "image":
+        path = sample_checkpoint_grid(module.model, config["data"], cfg)
+        say(f"{cfg.num_samples} image samples -> {path}")
+        return path
     prompt = str(cfg.prompt).encode("utf-8")
     if not prompt:
-        raise ValueError("the prompt must hold at least one byte (e.g. prompt='\\n')")
+        raise ConfigError("prompt", cfg.prompt, "must hold at least one byte (e.g. prompt='\\n')")
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if cfg.device == "auto" else cfg.device)
     model = module.model.to(device)
@@ -281,4 +358,4 @@ def sample(cfg: DictConfig) -> list[bytes]:
     return samples
 
 
-__all__ = ["build_module", "evaluate", "load_checkpoint", "quiet", "run_config", "sample", "to_dict", "train"]
+__all__ = ["auto_resume", "build_module", "check_run_options", "evaluate", "load_checkpoint", "quiet", "run_config", "sample", "to_dict", "train"]
