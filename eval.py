@@ -4,12 +4,14 @@ import hydra
 from omegaconf import DictConfig
 
 from tvq_exp.cli import evaluate
+from tvq_exp.entry import reported, run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+@reported
 def main(cfg: DictConfig) -> None:
     evaluate(cfg)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -4,10 +4,12 @@ import hydra
 from omegaconf import DictConfig
 
 from tvq_exp.cli import train
+from tvq_exp.entry import reported, run
 from tvq_exp.sweeps import objective
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@reported
 def main(cfg: DictConfig) -> float:
     """Train; returns the sweep objective (best val/bpb). In a multirun a failing job writes
     ``error.txt`` into its run dir and returns NaN, so the other jobs go on."""
@@ -15,4 +17,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,6 +20,7 @@ from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import SumMetric
 
+from tvq_exp.guard import find_guard
 from tvq_exp.model import Decoder, ModelState, detach_state
 
 IGNORE_INDEX = -100
@@ -235,10 +236,33 @@ class LanguageModel(L.LightningModule):
     def optimizer_step(
         self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
     ) -> None:
-        """One optimiser step, then the codebook update (exactly once per step, also with accumulation)."""
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self.model.codebook_step()
+        """One optimiser step, then the codebook update (exactly once per step, also with accumulation).
+
+        With a :class:`~tvq_exp.guard.NumericsGuard` among the callbacks, forward and backward run first; a
+        step whose loss or gradients are not finite then runs neither the optimiser nor the codebook update
+        (:meth:`discard_step`).
+        """
+        guard = find_guard(self._trainer)
+        if guard is None:
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+            self.model.codebook_step()
+        else:
+            loss = optimizer_closure()
+            if guard.step_is_finite(self.trainer, loss, self.model.parameters()):
+                super().optimizer_step(epoch, batch_idx, optimizer, lambda: loss)
+                self.model.codebook_step()
+            else:
+                self.discard_step()
         self._maybe_log_codebook_metrics()
+
+    def discard_step(self) -> None:
+        """Drop what a skipped step left: pending codebook statistics and keys, the carried state, metrics."""
+        for quantizer in self.model.quantizers():
+            quantizer.pending_count.zero_()
+            quantizer.pending_sum.zero_()
+            quantizer.recent_keys = None
+        self.train_state = None
+        self._codebook_sums, self._codebook_batches = {}, 0
 
     # ------------------------------------------------------------------------------------ codebook metrics
 
@@ -263,9 +287,11 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["train_state"] = self.train_state
+        checkpoint["codebook_metrics"] = (self._codebook_sums, self._codebook_batches)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.train_state = checkpoint.get("train_state")
+        self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
 
 
 def _sum_metric() -> SumMetric:

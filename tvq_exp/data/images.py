@@ -324,7 +324,8 @@ def read_npz_images(path: Path, shape: tuple[int, int, int], key: str = "data") 
     if array.ndim != 2 or array.shape[1] != math.prod(shape) or array.dtype != np.uint8:
         raise CorruptFileError(
             f"{path}: {key!r} has shape {array.shape} and dtype {array.dtype}, expected (N, {math.prod(shape)}) uint8 "
-            f"(N images of {height}x{width}x{channels} in planar order)"
+            f"(N images of {height}x{width}x{channels} in planar order); replace it with the right file or point "
+            "the data config at the dataset it belongs to"
         )
     return array.reshape(len(array), channels, height, width)
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from tvq_exp.data.bytes import SPLITS, ByteCorpus
 from tvq_exp.data.images import ImageArray, ImageSource, ImageTokenDataset
-from tvq_exp.data.paths import data_root
+from tvq_exp.data.paths import CorruptFileError, data_root, resolve
 from tvq_exp.data.samplers import (
     EvalSegmentSampler,
     RandomWindowSampler,
@@ -112,8 +112,21 @@ class TextDataModule(_RootedDataModule):
             return
         splits = self.corpus.load(self.root)
         for split in SPLITS:
-            check_split_size(split, len(splits[split]), self.seq_len)
+            try:
+                check_split_size(split, len(splits[split]), self.seq_len)
+            except ValueError as error:
+                raise CorruptFileError(
+                    f"{error} in {self.corpus_source()}: the corpus is smaller than one sequence; "
+                    "lower data.seq_len or use a larger corpus"
+                ) from None
         self.splits = splits
+
+    def corpus_source(self) -> str:
+        """The corpus file or folder (its ``path`` under the data root), else its name: for messages."""
+        path = getattr(self.corpus, "path", None)
+        if path:
+            return str(resolve(path, self.root))
+        return f"{getattr(self.corpus, 'name', type(self.corpus).__name__)} (data root {self.root})"
 
     def split(self, name: str) -> np.ndarray:
         """The bytes of split ``name``, ``(n,)`` uint8 (after :meth:`setup`)."""
