@@ -1,5 +1,5 @@
 """Sweep presets compose, every experiment runs a fast_dev_run step, a multirun gives one run dir per job,
-and the sweep objective isolates a failing job (traceback in its ``error.txt``, NaN to the sweeper)."""
+and the sweep objective isolates a failing job (traceback in its ``error.txt``, +inf to the sweeper)."""
 
 from __future__ import annotations
 
@@ -139,5 +139,5 @@ def test_objective_returns_metric_and_isolates_failures_only_in_multirun(
     with pytest.raises(RuntimeError):
         sweeps.objective(cfg, fail)
     monkeypatch.setattr(sweeps, "in_multirun", lambda: True)
-    assert math.isnan(sweeps.objective(cfg, fail))
+    assert sweeps.objective(cfg, fail) == math.inf
     assert "RuntimeError: boom" in (tmp_path / sweeps.ERROR_FILE).read_text()

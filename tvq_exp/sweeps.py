@@ -2,8 +2,8 @@
 
 ``train.py`` wraps :func:`tvq_exp.cli.train` with :func:`objective`: a single run behaves as before (an
 error propagates), while inside ``python train.py -m ...`` a failing job writes its traceback to
-``<run dir>/error.txt`` and returns NaN, so the other jobs of the sweep still run and the Optuna
-sweeper records the trial as failed instead of stopping the study.
+``<run dir>/error.txt`` and returns +inf (the worst value of a minimised metric), so the other jobs
+of the sweep still run and the Optuna sweeper records the trial as the worst instead of stopping.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def objective(cfg: DictConfig, task: Callable[[DictConfig], Mapping[str, Any]]) 
     """Run ``task(cfg)`` and return ``cfg.optimized_metric`` (default ``val/bpb``) from its summary.
 
     In a multirun, an exception is caught: its traceback goes to ``<run dir>/error.txt``, the job
-    returns NaN and the sweep goes on. Outside a multirun the exception propagates.
+    returns +inf and the sweep goes on. Outside a multirun the exception propagates.
     """
     metric = str(cfg.get("optimized_metric") or DEFAULT_METRIC)
     if not in_multirun():
@@ -64,7 +64,7 @@ def objective(cfg: DictConfig, task: Callable[[DictConfig], Mapping[str, Any]]) 
     except Exception as error:  # noqa: BLE001 - isolate any job failure from the rest of the sweep
         path = write_error(cfg.paths.output_dir, error)
         log.error("job failed (%s: %s); traceback in %s", type(error).__name__, error, path)
-        return math.nan
+        return math.inf
 
 
 __all__ = ["ERROR_FILE", "in_multirun", "metric_value", "objective", "write_error"]
