@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,16 @@ if "TVQ_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread() -> Iterator[None]:
+    """One torch thread per test process: ``make test`` runs two workers on two cores, and a single
+    thread is also bit-for-bit repeatable (exact-resume checks)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def test_dense_equals_reference_fp64(kv_heads: int) -> None:
     g = torch.randn_like(out)
     grads = torch.autograd.grad((out * g).sum(), (q, k, v))
     ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
-    for a, b in zip(grads, ref_grads):
+    for a, b in zip(grads, ref_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-10, rtol=0)
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,6 @@ needs_data = pytest.mark.skipif(
     reason="set TVQ_DATA_DIR to the shared datasets folder",
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One torch thread: much faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def compose_config(name: str, overrides: list[str]) -> Any:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
@@ -19,14 +17,6 @@ MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
 DATA_PLACEHOLDERS = {"text_files": ["data.corpus.path=some/folder"]}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One torch thread: much faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def compose_train(

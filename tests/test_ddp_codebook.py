@@ -50,7 +50,7 @@ def test_ddp_codebooks_identical_and_equal_to_global_batch(tmp_path: Path) -> No
     single = _make(decay=0.9).train()
     for step in range(STEPS):
         parts = [_batch(step, r) for r in range(2)]
-        single(*(torch.cat(xs, 0) for xs in zip(*parts)))
+        single(*(torch.cat(xs, 0) for xs in zip(*parts, strict=True)))
         single.quantizer.update()
     assert torch.allclose(single.quantizer.embed, ranks[0]["embed"], atol=1e-5)
     assert torch.allclose(single.quantizer.ema_count, ranks[0]["ema_count"], atol=1e-5)

@@ -4,13 +4,11 @@ TensorBoard, and sample.py turns the image checkpoint into a PNG grid."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -22,14 +20,6 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3
 STEPS, VAL_EVERY = 60, 30
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One torch thread: much faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def compose_config(name: str, overrides: list[str]) -> Any:

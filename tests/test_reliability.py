@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +48,6 @@ needs_data = pytest.mark.skipif(
 )
 pytestmark = needs_data
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One torch thread: faster on a busy 2-core machine, and bit-for-bit repeatable."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def callback(name: str, target: str, **kwargs: Any) -> list[str]:

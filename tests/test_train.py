@@ -7,7 +7,6 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +45,6 @@ needs_data = pytest.mark.skipif(
     reason="set TVQ_DATA_DIR to the shared datasets folder",
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One torch thread: much faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_train(overrides: list[str], output_dir: Path) -> dict[str, Any]:
