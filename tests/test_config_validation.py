@@ -66,6 +66,33 @@ def test_the_smoke_preset_itself_is_valid() -> None:
     validate(compose_train([]))
 
 
+MODEL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", MODEL_PRESETS)
+def test_every_model_preset_passes_validation(model: str) -> None:
+    """Validation must accept every shipped preset: `python train.py model=NAME` may not be refused."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        validate(compose("train", overrides=[f"model={model}"]))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_passes_validation(experiment: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        validate(compose("train", overrides=[f"experiment={experiment}"]))
+
+
+@pytest.mark.parametrize("override", ["model/attention=dense", "model/attention=flash_chunk"])
+def test_flash_window_defaults_but_dense_window_is_required(override: str) -> None:
+    cfg = compose_train(["model=gau_dense", override, "model.attention.window_len=null"])
+    if override.endswith("dense"):
+        with pytest.raises(ConfigError, match="model.attention.window_len"):
+            validate(cfg)
+    else:
+        validate(cfg)
+
+
 @pytest.mark.parametrize(("overrides", "key"), BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
 def test_bad_override_names_the_key(overrides: list[str], key: str) -> None:
     with pytest.raises(ConfigError) as error:

@@ -134,8 +134,8 @@ def check_attention(att: DictConfig, block: DictConfig, key: str = "model.attent
         _require(isinstance(att.get("codebook_size"), int) and att.codebook_size >= 2, f"{key}.codebook_size", att.get("codebook_size"), "must be an integer >= 2")
         window = att.get("window_len")
         _require(window is None or (isinstance(window, int) and 0 <= window <= att.block_len), f"{key}.window_len", window, f"must be null or in [0, block_len={att.block_len}]")
-    if position == "xl" and "window_len" in att and name != "vq":
-        _positive_int(att, key, "window_len")
+    if position == "xl" and "window_len" in att and name != "vq":  # dense needs a window; others default it
+        _positive_int(att, key, "window_len", required=name == "dense")
     if position == "xl" and not BACKENDS[name].supports_window_bias:
         raise ConfigError("model.block.position", position, f"the {name} backend has no relative bias; use rope or none")
     for opt in ("talking_heads", "talking_heads_post"):
