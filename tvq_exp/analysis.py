@@ -318,8 +318,14 @@ def run_frontier(
             *frontier_overrides(model, budget_s, out / "runs" / model, extra),
         ]
         subprocess.run(command, check=True, cwd=REPO, env=os.environ.copy())
+    return frontier_report(out, models, budget_s, extra)
+
+
+def frontier_report(out: str | Path, models: Sequence[str], budget_s: float, extra: Sequence[str] = ()) -> pd.DataFrame:
+    """Read ``<out>/runs/<model>`` and write ``<out>/frontier.md`` and ``<out>/frontier.png``."""
+    out = Path(out).resolve()
     table = load_sweep(out / "runs")
-    table.insert(1, "model", [Path(str(run)).name for run in table["run"]])
+    table["model"] = [Path(str(run)).name for run in table["run"]]
     table.attrs["swept"] = ["model"]
     figure, ax = plt.subplots(figsize=(6, 4))
     plot_curves(table, "val/bpb", "wall_time", ax)
