@@ -55,6 +55,21 @@ def test_analysis_command_writes_table_and_plots(small_sweep: Path, tmp_path: Pa
 
 
 @GROUP
+def test_frontier_report_names_each_backend_run(small_sweep: Path, tmp_path: Path) -> None:
+    """The frontier's report step on real runs laid out as ``runs/<model>`` (its training step is
+    ``train.py`` itself): one row per model, named after its folder, and the plot."""
+    runs = sorted(p for p in small_sweep.iterdir() if (p / "tensorboard").is_dir())
+    (tmp_path / "runs").mkdir()
+    for name, run in zip(("gau_vq", "gau_dense"), runs, strict=False):
+        (tmp_path / "runs" / name).symlink_to(run, target_is_directory=True)
+    table = analysis.frontier_report(tmp_path, ["gau_vq", "gau_dense"], 60)
+    assert sorted(table["model"]) == ["gau_dense", "gau_vq"]
+    report = (tmp_path / "frontier.md").read_text()
+    assert "| gau_vq |" in report and "| gau_dense |" in report
+    assert (tmp_path / "frontier.png").stat().st_size > 1000
+
+
+@GROUP
 def test_hparams_plugin_holds_final_validation_metric(small_sweep: Path) -> None:
     for job in OK_JOBS:
         accumulator = _accumulator(small_sweep / job)
