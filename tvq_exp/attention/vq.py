@@ -23,6 +23,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.attention.vq_bidirectional import vq_bidirectional
+from tvq_exp.attention.vq_kernel import window_cache_attention, window_index
 from tvq_exp.nn.position import XLRelativeBias, window_distances
 from tvq_exp.quantize.codebook import VectorQuantizer
 
@@ -92,10 +93,11 @@ class VQAttention(AttentionBackend):
         keys = torch.cat([state["k"].to(k_hat.dtype), k_hat], dim=2)
         values = torch.cat([state["v"].to(v.dtype), v], dim=2)
         all_codes = torch.cat([state["codes"], codes], dim=2)
-        queries = torch.cat([q.new_zeros(q.shape[0], q.shape[1], n_buf, q.shape[3]), q], dim=2)
-        out, prefix = self._blocks(queries, keys, values, all_codes, state)
+        kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
+        prefix = self._prefix_stats(cb, vb, valid, state)
+        out = self._attend(q, kb, vb, prefix, n_buf)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
-        return out[:, :, n_buf:], new_state, aux
+        return out, new_state, aux
 
     def empty_state(self, k: Tensor) -> State:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
@@ -110,69 +112,45 @@ class VQAttention(AttentionBackend):
             "t": 0,
         }
 
-    def _blocks(self, q: Tensor, k: Tensor, v: Tensor, codes: Tensor, state: State) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Attention for a key sequence starting at a block boundary. Returns ``(out, prefix stats)``.
+    def _attend(
+        self, q: Tensor, kb: Tensor, vb: Tensor, prefix: tuple[Tensor, Tensor], n_buf: int
+    ) -> Tensor:
+        """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
+        keys ``kb (B, Hk, R, L, d_k)`` (values ``vb``), through :func:`window_cache_attention`.
 
-        Each block's queries (all ``G`` query heads of a key head stacked) attend to one key matrix
-        ``[block r-1; block r; codebook]`` with one additive term ``[bias + causal mask; log n_s]``:
-        a fused ``baddbmm``, one fused softmax (its row max is the shared stop-gradient max) and one
-        matmul with ``[values r-1; values r; cache means]``.
+        Only blocks holding queries are computed. Queries inside one block (decoding, short
+        continuations) are taken as they are; queries spanning several blocks are padded to whole
+        blocks (the padding rows are dropped).
         """
-        b, h, n, _ = q.shape
-        hk, L = k.shape[1], self.block_len
-        r = -(-n // L)
-        pad = r * L - n
-        valid = torch.ones(n, dtype=torch.bool, device=q.device)
-        if pad:
-            q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-            codes = torch.nn.functional.pad(codes, (0, pad))
-            valid = torch.nn.functional.pad(valid, (0, pad))
-        g, acc = h // hk, accumulation_dtype(q.dtype)
+        b, h, t, _ = q.shape
+        hk, L = kb.shape[1], self.block_len
+        first, last = n_buf // L, (n_buf + t - 1) // L
+        items = last - first + 1
+        rows, offset = (t, n_buf - first * L) if items == 1 else (L, 0)
+        front = 0 if items == 1 else n_buf - first * L
+        shape = (b, hk, h // hk, items, rows, front, items * rows - front - t)
+        acc = accumulation_dtype(q.dtype)
+
         qc = q if self.bias is None else self.bias.content_query(q)
-        qc = qc.view(b, hk, g, r, L, -1).transpose(2, 3).reshape(b * hk * r, g * L, -1)
-        kb, vb = k.view(b, hk, r, L, -1), v.view(b, hk, r, L, -1)
-        keys, values = [_shift_blocks(kb), kb], [_shift_blocks(vb), vb]
-        add = [self._window_bias(q, (b, hk, g, r), acc)]  # (B, Hk, R, G, L, 2L)
-
-        prefix_n, prefix_mu = self._prefix_stats(codes.view(b, hk, r, L), vb, valid.view(r, L), state)
-        if self.use_cache:  # blocks <= r-2: prefix entry r-1
-            idx = (torch.arange(r, device=q.device) - 1).clamp_min(0)
-            cache_n, cache_mu = prefix_n[:, :, idx], prefix_mu[:, :, idx]  # (B, Hk, R, S[, dv])
-            s = cache_n.shape[-1]
-            keys.append(self.quantizer.codebook.detach().to(qc.dtype)[None, :, None].expand(b, hk, r, s, -1))
-            values.append((cache_mu if self.grad_through_cache else cache_mu.detach()).to(v.dtype))
+        blocks = slice(max(first - 1, 0), last + 1)
+        kw, vw = kb[:, :, blocks].flatten(0, 1), vb[:, :, blocks].flatten(0, 1)
+        if first == 0:  # no block before the first: a masked zero block
+            kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
+        index = window_index(self.dist[offset : offset + rows], None if self.bias is None else self.bias.max_distance)
+        bias_q = rel = codebook = log_n = mu = None
+        if self.bias is not None:
+            bias_q = _to_items(self.bias.position_query(q), shape)
+            rel = self.bias.rel().to(q.dtype)
+            rel = rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)  # (B·Hk, G, M+1, d_k)
+        if self.use_cache:  # item of block r: the cache of blocks <= r - 2 is prefix entry r - 1
+            cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            add.append(log_n[:, :, :, None, None].expand(b, hk, r, g, L, s))
-        keys_t = torch.cat(keys, dim=3).view(b * hk * r, -1, qc.shape[-1]).transpose(1, 2)
-        bias = torch.cat(add, dim=-1)
-        bias[:, :, 0, :, :, :L] = float("-inf")  # block 0 has no previous block
-        bias = bias.view(b * hk * r, g * L, -1)
-        if qc.dtype == acc:
-            scores = torch.baddbmm(bias, qc, keys_t)
-        else:
-            scores = (qc @ keys_t).to(acc) + bias
-        p = torch.softmax(scores, dim=-1)
-        out = p.to(v.dtype) @ torch.cat(values, dim=3).view(b * hk * r, -1, v.shape[-1])
-        out = out.view(b, hk, r, g, L, -1).transpose(2, 3).reshape(b, h, r * L, -1)
-        return out[:, :, :n], (prefix_n, prefix_mu)
-
-    def _window_bias(self, q: Tensor, groups: tuple[int, int, int, int], acc: torch.dtype) -> Tensor:
-        """Additive window logits ``(B, Hk, R, G, L, 2L)``: causal mask (−inf) plus the XL bias.
-
-        With the bias, one gather from the distance logits extended by a zero column (visible but
-        beyond the window) and a −inf column (masked) builds bias and mask in one pass.
-        """
-        b, hk, g, r = groups
-        L = self.block_len
-        if self.bias is None:
-            mask = torch.zeros(L, 2 * L, dtype=acc, device=q.device).masked_fill_(self.dist < 0, float("-inf"))
-            return mask.expand(b, hk, r, g, L, 2 * L)
-        m = self.bias.max_distance
-        dl = self.bias.distance_logits(q).view(b, hk, g, r, L, m + 1).transpose(2, 3).to(acc)
-        edge = dl.new_tensor([0.0, float("-inf")]).expand(b, hk, r, g, L, 2)
-        table = torch.cat([dl, edge], dim=-1)  # (B, Hk, R, G, L, M + 3)
-        index = self.dist.clamp_max(m + 1).masked_fill(self.dist < 0, m + 2)
-        return table.gather(-1, index.expand(b, hk, r, g, L, 2 * L))
+            mu = cache_mu if self.grad_through_cache else cache_mu.detach()
+            codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
+        out = window_cache_attention(
+            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0
+        )
+        return _from_items(out, shape)
 
     def _prefix_stats(self, codes: Tensor, vb: Tensor, valid: Tensor, state: State) -> tuple[Tensor, Tensor]:
         """Running (count, mean) per code over ``[state cache, block 0, ..., block R-1]``.
@@ -222,6 +200,33 @@ class VQAttention(AttentionBackend):
         }
 
 
-def _shift_blocks(x: Tensor) -> Tensor:
-    """Block ``r`` gets block ``r-1`` (zeros for ``r = 0``) along dim -3 of ``(..., R, L, d)``."""
-    return torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0))[..., :-1, :, :]
+def _to_blocks(keys: Tensor, values: Tensor, codes: Tensor, block_len: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Pad ``(B, Hk, n, ·)`` keys, values and codes to whole blocks: ``(B, Hk, R, L, ·)``, with the
+    ``(R, L)`` mask of real (unpadded) positions."""
+    b, hk, n = codes.shape
+    r = -(-n // block_len)
+    pad = r * block_len - n
+    valid = torch.arange(r * block_len, device=codes.device) < n
+    kb, vb = (torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, hk, r, block_len, -1) for x in (keys, values))
+    return kb, vb, torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len), valid.view(r, block_len)
+
+
+def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
+    """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2."""
+    if first > 0:
+        return prefix[:, :, first - 1 : last]
+    return torch.cat([prefix[:, :, :1], prefix[:, :, : last]], dim=2)
+
+
+def _to_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``(B, H, T, d)`` -> ``(B·Hk, I, G·rows, d)``: padded to whole items, grouped heads stacked."""
+    b, hk, g, items, rows, front, back = shape
+    x = torch.nn.functional.pad(x, (0, 0, front, back))
+    return x.view(b, hk, g, items, rows, -1).transpose(2, 3).reshape(b * hk, items, g * rows, -1)
+
+
+def _from_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Inverse of :func:`_to_items`, padding dropped: ``(B·Hk, I, G·rows, d)`` -> ``(B, H, T, d)``."""
+    b, hk, g, items, rows, front, back = shape
+    x = x.view(b, hk, items, g, rows, -1).transpose(2, 3).reshape(b, hk * g, items * rows, -1)
+    return x[:, :, front : items * rows - back]

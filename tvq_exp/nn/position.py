@@ -47,9 +47,13 @@ class XLRelativeBias(nn.Module):
         """``q + u`` for ``q: (B, H, ..., d_k)``."""
         return q + self.u.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
 
+    def position_query(self, q: Tensor) -> Tensor:
+        """``q + v`` for ``q: (B, H, ..., d_k)``: the query of the relative (distance) term."""
+        return q + self.v.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
+
     def distance_logits(self, q: Tensor) -> Tensor:
         """``(q + v)·r_d`` for all window distances: ``(B, H, ..., M + 1)``."""
-        qv = q + self.v.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
+        qv = self.position_query(q)
         rel = self.rel().to(q.dtype)  # (H, M+1, d_k)
         shape = qv.shape
         out = torch.matmul(qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0))
