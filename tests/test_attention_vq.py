@@ -7,6 +7,7 @@ import torch
 
 from tvq_exp.attention import VQAttention, build_attention
 from tvq_exp.attention.reference import softmax_attention, vq_reference
+from tvq_exp.attention.vq_kernel import window_cache_attention, window_cache_reference, window_index
 
 
 def make_vq(block_len: int, window_bias: bool = False, window_len: int | None = None, dtype=torch.float64, **kw) -> VQAttention:
@@ -168,3 +169,88 @@ def test_bad_vq_options_are_refused(bad: dict) -> None:
     opts = {"d_k": 4, "d_v": 4, "heads": 1, "codebook_size": 8, "block_len": 8} | bad
     with pytest.raises(ValueError, match="|".join(bad)):
         build_attention("vq", **opts)
+
+
+# ----------------------------------------------------------------------------- the fused kernel
+
+
+def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int = 5, block: int = 4):
+    """Random float64 inputs of :func:`window_cache_attention` (N=2, d_k=6, d_v=5, S=7, M=3)."""
+    n, dk, dv, s, m = 2, 6, 5, 7, 3
+    mk = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    from tvq_exp.nn.position import window_distances
+
+    offset = block - rows  # queries at the end of their block, as in decoding
+    inputs = {
+        "q": mk(n, items, g * rows, dk),
+        "kb": mk(n, items + 1, block, dk),
+        "vb": mk(n, items + 1, block, dv),
+        "index": window_index(window_distances(block)[offset:], m if bias else None),
+    }
+    if bias:
+        inputs |= {"bias_q": mk(n, items, g * rows, dk), "rel": mk(n, g, m + 1, dk)}
+    if cache:
+        counts = torch.randint(0, 3, (n, items, s)).double()
+        inputs |= {
+            "codebook": torch.randn(n, s, dk, dtype=torch.float64),
+            "log_n": torch.where(counts > 0, counts.log(), float("-inf")),
+            "mu": mk(n, items, s, dv),
+        }
+    return inputs
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("rows", [4, 1, 3])
+def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cache: bool, rows: int) -> None:
+    inputs = kernel_inputs(bias, cache, rows)
+    wrt = [x for x in inputs.values() if x.requires_grad]
+    ref = window_cache_reference(**inputs, prev_masked=True)
+    g = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * g).sum(), wrt)
+    for chunk in (1, 2, 3, 5, 8):
+        out = window_cache_attention(**inputs, prev_masked=True, chunk=chunk)
+        assert torch.allclose(out, ref, atol=1e-12, rtol=0)
+        grads = torch.autograd.grad((out * g).sum(), wrt)
+        for name, got, want in zip([k for k, x in inputs.items() if x.requires_grad], grads, ref_grads, strict=True):
+            assert torch.allclose(got, want, atol=1e-11, rtol=0), (name, chunk)
+            assert want.abs().sum() > 0, name  # every input really receives a gradient
+
+
+def test_kernel_passes_gradcheck() -> None:
+    inputs = kernel_inputs(bias=True, cache=True, rows=2, items=3, block=2)
+    inputs = {k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"} | {
+        "index": inputs["index"]
+    }
+    names = [k for k, v in inputs.items() if v.requires_grad]
+    fn = lambda *xs: window_cache_attention(**(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2)
+    assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])
+
+
+def test_kernel_under_bf16_autocast_tracks_fp32() -> None:
+    inputs = {k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()}
+    ref = window_cache_reference(**inputs, prev_masked=True)
+    low = {k: v.bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = window_cache_attention(**low, prev_masked=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, atol=0.05, rtol=0.05)
+
+
+def test_decoding_one_token_costs_one_row_not_a_padded_block() -> None:
+    """A decoding step computes its own query row only: its matmuls are those of 1 position, not L."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    block, s, d = 64, 32, 16
+    attn = build_attention("vq", d_k=d, d_v=d, heads=1, codebook_size=s, block_len=block, window_bias=True)
+    x = torch.randn(1, 1, 3 * block + 5, d)
+    _, state, _ = attn(x, x, x)
+
+    def flops(fn) -> int:
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return counter.get_total_flops()
+
+    step = flops(lambda: attn(x[:, :, :1], x[:, :, :1], x[:, :, :1], state))
+    per_row = 2 * ((2 * block + s) * 2 * d + (block + 1) * d) + 2 * s * d  # scores, values, bias, code search
+    assert step <= 2 * per_row + 2 * (block + 1) * d * d  # + the relative embeddings' projection
