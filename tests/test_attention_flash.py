@@ -137,3 +137,19 @@ def test_model_streaming_and_decoding(block: str, position: str, attention: dict
 def test_registered() -> None:
     attn = build_attention("flash_chunk", d_k=D_K, d_v=D_V, heads=H, group_size=3)
     assert isinstance(attn, FlashChunkAttention)
+
+
+@pytest.mark.parametrize("score", ["relu2", "softmax"])
+def test_decoding_one_token_costs_its_own_row_not_a_padded_group(score: str) -> None:
+    """A decoding step inside a group scores its one query against the group's keys so far."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g, d = 64, 16
+    attn = build_attention("flash_chunk", d_k=d, d_v=d, group_size=g, score=score, window_bias=True)
+    x = torch.randn(1, 1, 2 * g + 9, d)
+    _, state, _ = attn(x, x, x)
+    with FlopCounterMode(display=False) as counter:
+        attn(x[:, :, :1], x[:, :, :1], x[:, :, :1], state)
+    keys = 10  # 9 buffered + the new one
+    per_row = 2 * (keys * d * 2 + d * d) + 2 * (g + 1) * d  # scores, values, linear term, bias logits
+    assert counter.get_total_flops() <= per_row + 2 * (g + 1) * d * d  # + the relative embeddings' projection

@@ -254,3 +254,26 @@ def test_decoding_one_token_costs_one_row_not_a_padded_block() -> None:
     step = flops(lambda: attn(x[:, :, :1], x[:, :, :1], x[:, :, :1], state))
     per_row = 2 * ((2 * block + s) * 2 * d + (block + 1) * d) + 2 * s * d  # scores, values, bias, code search
     assert step <= 2 * per_row + 2 * (block + 1) * d * d  # + the relative embeddings' projection
+
+
+def test_running_code_means_equal_the_plain_recurrence_and_its_gradient() -> None:
+    from tvq_exp.attention.vq_cache import running_code_means, running_code_means_reference
+
+    n, r, L, s, dv = 3, 5, 4, 6, 3
+    codes = torch.randint(0, s, (n, r, L))
+    values = torch.randn(n, r, L, dv, dtype=torch.float64, requires_grad=True)
+    valid = torch.ones(r, L, dtype=torch.bool)
+    valid[-1, 2:] = False  # padding never enters the cache
+    n0 = torch.randint(0, 3, (n, s)).double()
+    mu0 = torch.randn(n, s, dv, dtype=torch.float64) * (n0 > 0)[..., None]
+    counts, means = running_code_means(codes, values, valid, n0, mu0)
+    ref_counts, ref_means = running_code_means_reference(codes, values, valid, n0, mu0)
+    assert torch.equal(counts, ref_counts)
+    assert torch.allclose(means, ref_means, atol=1e-12, rtol=0)
+    g = torch.randn_like(means)
+    got = torch.autograd.grad((means * g).sum(), values)[0]
+    want = torch.autograd.grad((ref_means * g).sum(), values)[0]
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    assert got[:, -1, 2:].abs().sum() == 0 and got.abs().sum() > 0
+    # entry j holds the initial cache plus blocks 0..j-1: the totals check the bookkeeping
+    assert torch.equal(counts[:, -1].sum(-1), n0.sum(-1) + valid.sum())

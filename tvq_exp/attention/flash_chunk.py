@@ -87,17 +87,23 @@ class FlashChunkAttention(AttentionBackend):
         n_buf, t_new = state["k"].shape[2], q.shape[2]
         keys = torch.cat([state["k"].to(k.dtype), k], dim=2)
         values = torch.cat([state["v"].to(v.dtype), v], dim=2)
-        queries = torch.cat([q.new_zeros(q.shape[0], q.shape[1], n_buf, q.shape[3]), q], dim=2)
-        out, kv_groups = self._groups(queries, keys, values, state["kv"], int(state["n"]))
         done = keys.shape[2] // self.group_size  # complete groups in this call
+        if n_buf and keys.shape[2] <= self.group_size:  # inside the current group: its new rows only
+            out = self._within_group(q, keys, values, state["kv"], int(state["n"]))
+            kv_done = keys.transpose(-1, -2) @ values if done else None
+        else:
+            queries = torch.cat([q.new_zeros(q.shape[0], q.shape[1], n_buf, q.shape[3]), q], dim=2)
+            out, kv_groups = self._groups(queries, keys, values, state["kv"], int(state["n"]))
+            out, kv_done = out[:, :, n_buf:], kv_groups[:, :, :done].sum(2)
+        kv = state["kv"] if kv_done is None else state["kv"] + kv_done.to(state["kv"].dtype)
         new_state: State = {
             "k": keys[:, :, done * self.group_size :].detach(),
             "v": values[:, :, done * self.group_size :].detach(),
-            "kv": (state["kv"].to(kv_groups.dtype) + kv_groups[:, :, :done].sum(2)).detach(),
+            "kv": kv.detach(),
             "n": int(state["n"]) + done * self.group_size,
             "t": int(state["t"]) + t_new,
         }
-        return out[:, :, n_buf:], new_state, {}
+        return out, new_state, {}
 
     def empty_state(self, k: Tensor) -> State:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
@@ -134,25 +140,40 @@ class FlashChunkAttention(AttentionBackend):
         kv = (kb.transpose(-1, -2) @ vb).to(acc)  # (B, Hk, 1, R, dk, dv)
         lin_kv, lin_n = self._context(kv, kv0.to(acc), n0, valid.view(r, G).sum(-1))
         lin = qb.to(acc) @ lin_kv  # (B, Hk, G, R, G, dv)
-        vf = vb.to(acc)
+        out = self._combine(logits, quad_mask, vb.to(acc), lin, lin_n.view(r, 1, 1))
+        return out.to(v.dtype).reshape(b, h, r * G, -1)[:, :, :t], kv.squeeze(2)
+
+    def _within_group(self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: int) -> Tensor:
+        """Queries ``q (B, H, t, d_k)`` at the last ``t`` of the positions of one (partial) group,
+        whose keys ``k (B, H_kv, n, d_k)`` and values start at the group boundary: ``(B, H, t, d_v)``."""
+        b, h, t, dk = q.shape
+        hk, n, acc = k.shape[1], k.shape[2], accumulation_dtype(q.dtype)
+        qb = q.view(b, hk, h // hk, 1, t, dk)
+        kb, vb = k.view(b, hk, 1, 1, n, dk), v.view(b, hk, 1, 1, n, -1)
+        dist = torch.arange(n - t, n, device=q.device)[:, None] - torch.arange(n, device=q.device)[None, :]
+        logits = self._group_logits(q, qb, kb, dist).to(acc)
+        lin = qb.to(acc) @ kv0.to(acc).view(b, hk, 1, 1, dk, -1)
+        out = self._combine(logits, dist >= 0, vb.to(acc), lin, torch.tensor(float(n0), device=q.device))
+        return out.to(v.dtype).reshape(b, h, t, -1)
+
+    def _combine(self, logits: Tensor, quad_mask: Tensor, v: Tensor, lin: Tensor, lin_n: Tensor) -> Tensor:
+        """Quadratic term over the visible keys of ``quad_mask`` plus the linear term ``lin`` over
+        ``lin_n`` earlier positions, normalised (see the class docstring)."""
         if self.score == "relu2":
             w = F.relu(logits).square().masked_fill(~quad_mask, 0.0)
-            n = quad_mask.sum(-1, keepdim=True) + lin_n.view(r, 1, 1)
-            out = (w @ vf + lin) / self._divisor(n)
-        else:
-            a = torch.softmax(logits.masked_fill(~quad_mask, float("-inf")), dim=-1)
-            out = a @ vf + lin / self._divisor(lin_n.view(r, 1, 1))
-        return out.to(v.dtype).reshape(b, h, r * G, -1)[:, :, :t], kv.squeeze(2)
+            return (w @ v + lin) / self._divisor(quad_mask.sum(-1, keepdim=True) + lin_n)
+        a = torch.softmax(logits.masked_fill(~quad_mask, float("-inf")), dim=-1)
+        return a @ v + lin / self._divisor(lin_n)
 
     def _group_logits(self, q: Tensor, qb: Tensor, kb: Tensor, dist: Tensor) -> Tensor:
         """Quadratic scores inside each group ``(B, Hk, Gh, R, G, G)``, with the XL bias if any."""
         if self.bias is None:
             return qb @ kb.transpose(-1, -2)
-        b, hk, gh, r, G, dk = qb.shape
+        b, hk, gh, r, rows, dk = qb.shape
         qc = self.bias.content_query(q).view_as(qb)
-        qh = q.view(b, hk * gh, r, G, dk)
+        qh = q.view(b, hk * gh, r, rows, dk)
         bias = self.bias.bias(qh, dist) if self.causal else encoder_bias(self.bias, qh, dist)
-        return qc @ kb.transpose(-1, -2) + bias.view(b, hk, gh, r, G, G)
+        return qc @ kb.transpose(-1, -2) + bias.view(b, hk, gh, r, rows, -1)
 
     def _context(self, kv: Tensor, kv0: Tensor, n0: int, sizes: Tensor) -> tuple[Tensor, Tensor]:
         """Linear context of every group: ``(Σ k vᵀ (B, Hk, 1, R, dk, dv), its length (R,))``.

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.attention.vq_bidirectional import vq_bidirectional
+from tvq_exp.attention.vq_cache import running_code_means
 from tvq_exp.attention.vq_kernel import window_cache_attention, window_index
 from tvq_exp.nn.position import XLRelativeBias, window_distances
 from tvq_exp.quantize.codebook import VectorQuantizer
@@ -94,7 +95,11 @@ class VQAttention(AttentionBackend):
         values = torch.cat([state["v"].to(v.dtype), v], dim=2)
         all_codes = torch.cat([state["codes"], codes], dim=2)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
-        prefix = self._prefix_stats(cb, vb, valid, state)
+        vals = vb if self.grad_through_cache else vb.detach()
+        prefix = tuple(
+            x.unflatten(0, cb.shape[:2])
+            for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
+        )
         out = self._attend(q, kb, vb, prefix, n_buf)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         return out, new_state, aux
@@ -145,40 +150,12 @@ class VQAttention(AttentionBackend):
         if self.use_cache:  # item of block r: the cache of blocks <= r - 2 is prefix entry r - 1
             cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            mu = cache_mu if self.grad_through_cache else cache_mu.detach()
+            mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
         out = window_cache_attention(
             _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0
         )
         return _from_items(out, shape)
-
-    def _prefix_stats(self, codes: Tensor, vb: Tensor, valid: Tensor, state: State) -> tuple[Tensor, Tensor]:
-        """Running (count, mean) per code over ``[state cache, block 0, ..., block R-1]``.
-
-        ``codes (B, Hk, R, L)``, ``vb (B, Hk, R, L, dv)``, ``valid (R, L)`` ->
-        ``counts (B, Hk, R+1, S)``, ``means (B, Hk, R+1, S, dv)``; entry ``j`` covers the state's
-        cache and blocks ``0..j-1``. Merged as running means (Chan's update), all in fp32.
-        """
-        b, hk, r, L = codes.shape
-        s, dv = self.quantizer.codebook_size, vb.shape[-1]
-        acc = accumulation_dtype(vb.dtype)
-        vf = (vb if self.grad_through_cache else vb.detach()).to(acc)
-        w = valid.to(acc).expand(b, hk, r, L)
-        counts = torch.zeros(b, hk, r, s, device=vb.device, dtype=acc).scatter_add_(3, codes, w)
-        sums = torch.zeros(b, hk, r, s, dv, device=vb.device, dtype=acc).scatter_add(
-            3, codes[..., None].expand(b, hk, r, L, dv), vf * w[..., None]
-        )
-        means = sums / counts.clamp_min(1)[..., None]
-        n_run, mu_run = state["cache_n"].to(acc), state["cache_mu"].to(acc)
-        out_n, out_mu = [n_run], [mu_run]
-        # unbind once: per-block indexing would give each block an O(R) zero-filled gradient buffer
-        for count, mean in zip(counts.unbind(2), means.unbind(2), strict=True):
-            n_new = n_run + count
-            mu_run = mu_run + (count / n_new.clamp_min(1))[..., None] * (mean - mu_run)
-            n_run = n_new
-            out_n.append(n_run)
-            out_mu.append(mu_run)
-        return torch.stack(out_n, 2), torch.stack(out_mu, 2)
 
     def _next_state(
         self, keys: Tensor, values: Tensor, codes: Tensor, prefix: tuple[Tensor, Tensor], t0: int, t_new: int, p0: int
@@ -209,6 +186,11 @@ def _to_blocks(keys: Tensor, values: Tensor, codes: Tensor, block_len: int) -> t
     valid = torch.arange(r * block_len, device=codes.device) < n
     kb, vb = (torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, hk, r, block_len, -1) for x in (keys, values))
     return kb, vb, torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len), valid.view(r, block_len)
+
+
+def _flat_cache(state: State) -> tuple[Tensor, Tensor]:
+    """The state's cache counts ``(B·Hk, S)`` and means ``(B·Hk, S, d_v)``."""
+    return state["cache_n"].flatten(0, 1), state["cache_mu"].flatten(0, 1)
 
 
 def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:

@@ -94,7 +94,7 @@ class _WindowCache(torch.autograd.Function):
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
             for i0, i1 in _chunks(q.shape[1], chunk):
                 p, _, vals = parts.probabilities(i0, i1)
-                out[:, i0:i1] = p.to(vals.dtype) @ vals
+                torch.matmul(p.to(vals.dtype), vals, out=out[:, i0:i1])
         ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out)
         ctx.prev_masked, ctx.chunk = prev_masked, chunk
         return out
@@ -104,8 +104,8 @@ class _WindowCache(torch.autograd.Function):
         q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
             parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
-            dq, dkb, dvb, dbq, drel, dmu = parts.backward(grad_out.contiguous(), out, ctx.chunk)
-        return dq, dkb, dvb, None, dbq, drel, None, None, dmu if ctx.needs_input_grad[8] else None, None, None
+            dq, dkb, dvb, dbq, drel, dmu = parts.backward(grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8])
+        return dq, dkb, dvb, None, dbq, drel, None, None, dmu, None, None
 
 
 class _Parts:
@@ -135,10 +135,6 @@ class _Parts:
     def _expand(self, x: Tensor, c: int) -> Tensor:
         return x.expand(self.n, c, *x.shape[-2:])
 
-    def window(self, x: Tensor, i0: int, i1: int) -> Tensor:
-        """Blocks ``i`` and ``i + 1`` of ``x (N, I + 1, L, d)`` side by side: ``(N, c, 2L, d)``."""
-        return torch.cat([x[:, i0:i1], x[:, i0 + 1 : i1 + 1]], dim=2)
-
     def distance_logits(self, i0: int, i1: int) -> Tensor:
         """``(q + v)·r_d`` of items ``i0..i1-1``: ``(N, c, R, M + 1)`` (per head of the rows)."""
         n, c, g = self.n, i1 - i0, self.rel.shape[1]
@@ -158,10 +154,11 @@ class _Parts:
 
         Recomputing them in the backward (one fused softmax) is cheaper than keeping a log-sum-exp.
         """
-        keys, vals = self.window(self.kb, i0, i1), self.window(self.vb, i0, i1)
+        keys, vals = [self.kb[:, i0:i1], self.kb[:, i0 + 1 : i1 + 1]], [self.vb[:, i0:i1], self.vb[:, i0 + 1 : i1 + 1]]
         if self.codebook is not None:
-            keys = torch.cat([keys, self._expand(self.codebook[:, None].to(keys.dtype), i1 - i0)], dim=2)
-            vals = torch.cat([vals, self.mu[:, i0:i1].to(vals.dtype)], dim=2)
+            keys.append(self._expand(self.codebook[:, None].to(self.kb.dtype), i1 - i0))
+            vals.append(self.mu[:, i0:i1].to(self.vb.dtype))
+        keys, vals = torch.cat(keys, dim=2), torch.cat(vals, dim=2)  # (N, c, 2L [+ S], d)
         s = (self.q[:, i0:i1] @ keys.transpose(-1, -2)).to(self.acc)
         w = 2 * self.block
         s[..., :w] += self.window_logits(i0, i1)
@@ -171,23 +168,23 @@ class _Parts:
             s[:, 0, :, : self.block] = float("-inf")
         return torch.softmax(s, dim=-1), keys, vals
 
-    def backward(self, grad_out: Tensor, out: Tensor, chunk: int) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. ``q, kb, vb, bias_q, rel, mu``, chunk by chunk."""
+    def backward(self, grad_out: Tensor, out: Tensor, chunk: int, want_mu: bool) -> tuple[Tensor | None, ...]:
+        """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_mu``) ``mu``, chunk by chunk."""
         q, L = self.q, self.block
         w = 2 * L
         dq = torch.empty_like(q)
         dkb, dvb = torch.zeros_like(self.kb), torch.zeros_like(self.vb)
-        dmu = None if self.mu is None else torch.empty_like(self.mu)
+        dmu = torch.empty_like(self.mu) if want_mu else None
         dbq = None if self.rel is None else torch.empty_like(self.bias_q)
         drel = None if self.rel is None else torch.zeros_like(self.rel, dtype=self.acc)
         for i0, i1 in _chunks(q.shape[1], chunk):
             p, keys, vals = self.probabilities(i0, i1)
             do = grad_out[:, i0:i1]
             delta = (do.to(self.acc) * out[:, i0:i1].to(self.acc)).sum(-1, keepdim=True)
-            dvals = p.to(do.dtype).transpose(-1, -2) @ do  # (N, c, 2L [+ S], d_v)
+            dvals = (p if want_mu else p[..., :w]).to(do.dtype).transpose(-1, -2) @ do  # (N, c, 2L [+ S], d_v)
             ds = (do @ vals.transpose(-1, -2)).to(self.acc).sub_(delta).mul_(p)  # d logits
             ds_low = ds.to(q.dtype)
-            dq[:, i0:i1] = ds_low @ keys
+            torch.matmul(ds_low, keys, out=dq[:, i0:i1])
             dkw = ds_low[..., :w].transpose(-1, -2) @ q[:, i0:i1]  # (N, c, 2L, d_k)
             dkb[:, i0:i1] += dkw[:, :, :L]
             dkb[:, i0 + 1 : i1 + 1] += dkw[:, :, L:]

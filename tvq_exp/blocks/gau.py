@@ -34,7 +34,7 @@ class GAUBlock(nn.Module):
         d_v = expansion * d_model
         if d_v % heads:
             raise ValueError(f"GAU: expansion*d_model={d_v} must be divisible by heads={heads}")
-        self.heads, self.d_k, self.d_v = heads, d_k, d_v
+        self.d_model, self.expansion, self.heads, self.d_k, self.d_v = d_model, expansion, heads, d_k, d_v
         self.position = check_position(position)
         self.norm = nn.RMSNorm(d_model)
         self.w_qk = nn.Linear(d_model, 2 * heads * d_k, bias=False)

@@ -10,6 +10,12 @@ from tvq_exp.blocks.common import AttentionFactory, build_block_attention, check
 from tvq_exp.nn.layers import StochasticDepth, rms_normalize
 
 
+def glu_hidden(d_model: int, ff_mult: float) -> int:
+    """Hidden width of the SwiGLU feed-forward, ``int(ff_mult·d_model·2/3)``: as many weights as a plain
+    MLP ``ff_mult`` times as wide as the model."""
+    return int(ff_mult * d_model * 2 / 3)
+
+
 class GLUFeedForward(nn.Module):
     """SwiGLU feed-forward: ``W_2(SiLU(xW_g) ⊙ xW_1)``; ``(B, T, d) -> (B, T, d)``."""
 
@@ -55,6 +61,7 @@ class MHABlock(nn.Module):
         if heads % kv_heads:
             raise ValueError(f"MHA: kv_heads={kv_heads} must divide heads={heads}")
         self.heads, self.kv_heads, self.head_size, self.key_size = heads, kv_heads, head_size, key_size
+        self.d_model, self.ff_mult = d_model, ff_mult
         self.position, self.qk_norm = check_position(position), qk_norm
         self.norm1, self.norm2 = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
         self.w_q = nn.Linear(d_model, heads * key_size, bias=False)
@@ -62,7 +69,7 @@ class MHABlock(nn.Module):
         self.w_o = nn.Linear(heads * head_size, d_model, bias=False)
         extra = {"kv_heads": kv_heads} if kv_heads != heads else {}
         self.attn = build_block_attention(attention, position, key_size, head_size, heads, **extra)
-        self.ff = GLUFeedForward(d_model, int(ff_mult * d_model * 2 / 3), dropout)
+        self.ff = GLUFeedForward(d_model, glu_hidden(d_model, ff_mult), dropout)
         self.dropout = nn.Dropout(dropout)
         self.layerdrop = StochasticDepth(layerdrop)
 

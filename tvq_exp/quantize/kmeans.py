@@ -7,12 +7,19 @@ from torch import Tensor
 
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 
+NEAREST_ROWS = 2048  # rows per chunk of the code search: (rows, S) fp32 distances stay in cache
+
 
 def nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
-    """Index of the nearest code, in fp32: ``x (H, N, d)``, ``codebook (H, S, d)`` -> ``(H, N)``."""
+    """Index of the nearest code, in fp32: ``x (H, N, d)``, ``codebook (H, S, d)`` -> ``(H, N)``.
+
+    ``argmin_s ||x - c_s||² = argmin_s (||c_s||² - 2·x·c_s)``: per chunk of rows, one matmul with the
+    (exactly) scaled codes ``-2·C`` and one in-place add.
+    """
     x, c = x.float(), codebook.float()
-    d2 = (x * x).sum(-1, keepdim=True) - 2 * x @ c.transpose(-1, -2) + (c * c).sum(-1).unsqueeze(-2)
-    return d2.argmin(-1)
+    c2, scaled = (c * c).sum(-1).unsqueeze(-2), (-2 * c).transpose(-1, -2)
+    chunks = [(part @ scaled).add_(c2).argmin(-1) for part in x.split(NEAREST_ROWS, dim=1)]
+    return torch.cat(chunks, dim=1)
 
 
 def kmeans(x: Tensor, num_codes: int, iters: int = 10, generator: torch.Generator | None = None) -> Tensor:
