@@ -84,3 +84,39 @@ def test_unknown_backend_and_bad_shapes_are_refused() -> None:
     attn = build_attention("dense", d_k=4, d_v=3, heads=2)
     with pytest.raises(ValueError, match="expected"):
         attn(torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 3))
+
+
+CAUSAL_EXPLICIT = [
+    {"window_bias": True, "window_len": 3},
+    {"score": "relu2"},
+    {"talking_heads": True, "talking_heads_post": True, "window_bias": True, "window_len": 4},
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "past"),
+    [*((o, 0) for o in CAUSAL_EXPLICIT), *((o, 6) for o in CAUSAL_EXPLICIT), ({"causal": False, "window_bias": True, "window_len": 3}, 0)],
+)
+def test_explicit_logits_in_row_chunks_equal_one_chunk(monkeypatch, options: dict, past: int) -> None:
+    """Beyond the logits budget, chunks of query rows (checkpointed, causal ones over their visible
+    keys only) give the same outputs and gradients as one full matrix, also after a carried state."""
+    from tvq_exp.attention import dense
+
+    attn = build_attention("dense", d_k=4, d_v=3, heads=2, **options).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    q, k, v = _qkv(dk=4, t=13)
+    state = None
+    if past:
+        _, state, _ = attn(*(x[:, :, :past].detach() for x in (q, k, v)))
+    params = [q, k, v, *attn.parameters()]
+
+    def run() -> tuple[torch.Tensor, ...]:
+        out, _, _ = attn(q, k, v, state)
+        return (out, *torch.autograd.grad((out * torch.arange(out.numel()).view_as(out).sin()).sum(), params))
+
+    whole = run()
+    monkeypatch.setattr(dense, "LOGITS_BUDGET", 2 * 2 * (13 + past) * 3)  # rows of 3: five chunks
+    assert len(dense.query_chunks(4, 13, 13 + past, past, attn.causal)) == 5
+    for got, want in zip(run(), whole, strict=True):
+        assert torch.allclose(got, want, atol=1e-12, rtol=0)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from hydra.utils import instantiate
+
 from tvq_exp import bench
+from tvq_exp.flops import model_flops
 
 FIELDS = {
     "backend",
@@ -52,6 +56,8 @@ def test_model_bench_writes_records_and_plot(tmp_path: Path) -> None:
         "gau_vq,no_such_preset",
         "--lengths",
         "64",
+        "--mm-size",
+        "64",
         *TINY,
         "--json",
         str(out),
@@ -63,6 +69,9 @@ def test_model_bench_writes_records_and_plot(tmp_path: Path) -> None:
     assert [r["backend"] for r in records] == ["gau_vq", "no_such_preset"]
     assert all(FIELDS <= rec.keys() for rec in records)
     assert records[0]["tokens_per_s"] > 0 and records[0]["peak_mem_mb"] >= 0
+    model = instantiate(bench.compose_model("gau_vq", bench.MODEL_SETTINGS).model)
+    assert records[0]["gflops"] * 1e9 == pytest.approx(model_flops(model, 64, 1, backward=True), rel=1e-12)
+    assert records[0]["mm_fraction"] > 0
     assert "no conf/model/no_such_preset.yaml" in records[1]["error"]
     assert png.stat().st_size > 0
 

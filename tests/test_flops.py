@@ -247,3 +247,26 @@ def test_throughput_logs_no_flops_without_a_formula(tmp_path: Path, monkeypatch:
     logged = _fit(tmp_path, steps=2)
     assert logged["throughput/tokens_per_s"] and "throughput/mfu" not in logged
     assert "throughput/tflops_per_s" not in logged
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"window_bias": True, "window_len": 8},
+        {"score": "relu2", "heads": 2},
+        {"heads": 3, "talking_heads": True, "talking_heads_post": True},
+        {"causal": False, "window_bias": True, "window_len": 8},
+    ],
+)
+def test_chunked_dense_flops_match_counted_matmuls(monkeypatch, options: dict[str, Any]) -> None:
+    """Dense attention with explicit logits beyond the budget: chunked rows over their visible keys,
+    recomputed in the backward, counted exactly (fewer FLOPs than the full square when causal)."""
+    from tvq_exp.attention import dense
+
+    monkeypatch.setattr(dense, "LOGITS_BUDGET", BATCH * options.get("heads", 1) * T * 7)  # rows of 7
+    test_attention_flops_match_counted_matmuls("dense", options)
+    opts = {k: v for k, v in options.items() if k != "heads"}
+    chunked = attention_flops("dense", T, d_k=D_K, d_v=D_V, heads=options.get("heads", 1), **opts)
+    monkeypatch.setattr(dense, "LOGITS_BUDGET", 1 << 24)
+    whole = attention_flops("dense", T, d_k=D_K, d_v=D_V, heads=options.get("heads", 1), **opts)
+    assert (chunked < whole) if options.get("causal", True) else (chunked == whole)

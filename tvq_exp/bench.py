@@ -19,10 +19,10 @@ Method:
   and ``peak_mem_mb = VmHWM - VmRSS_at_reset`` after the warm-up and timed calls (everything the
   computation touched: activations, gradients, allocator caches). On CUDA,
   ``torch.cuda.max_memory_allocated`` minus the allocation at the start.
-- **FLOPs**: :mod:`tvq_exp.flops` (matmuls only); ``gflops_per_s = gflops / (ms / 1000)`` and
-  ``mm_fraction`` is that over the ``torch.mm`` GFLOP/s (square fp32 matmul of ``--mm-size``)
-  measured by the same run in a worker of its own, before and after the configurations (the
-  larger of the two is the reference).
+- **FLOPs**: :mod:`tvq_exp.flops` (matmuls only: the attention call, or the model's whole training
+  step); ``gflops_per_s = gflops / (ms / 1000)`` and ``mm_fraction`` is that over the ``torch.mm``
+  GFLOP/s (square matmul of ``--mm-size`` in ``--dtype``) measured by the same run in a worker of
+  its own, before and after the configurations (the larger of the two is the reference).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from tvq_exp.attention import BACKENDS
-from tvq_exp.flops import attention_flops
+from tvq_exp.flops import attention_flops, model_flops
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ATTENTION_SETTINGS = {"batch": 1, "heads": 1, "d_k": 128, "d_v": 256, "codebook_size": 512, "block_len": 512}
@@ -126,15 +126,14 @@ def attention_options(backend: str, settings: dict[str, Any], window_bias: bool)
     return opts
 
 
-def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int]:
-    """The timed call of one attention configuration and its token count."""
+def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int | None]:
+    """The timed call of one attention configuration and its FLOPs (:mod:`tvq_exp.flops`)."""
     from tvq_exp.attention import build_attention
 
     s, t = spec["settings"], spec["seq_len"]
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
-    attn = build_attention(spec["backend"], **attention_options(spec["backend"], s, spec["window_bias"])).to(
-        device
-    )
+    opts = attention_options(spec["backend"], s, spec["window_bias"])
+    attn = build_attention(spec["backend"], **opts).to(device)
     gen = torch.Generator(device="cpu").manual_seed(0)
     b, h, dk, dv = s["batch"], s["heads"], s["d_k"], s["d_v"]
     # GAU scaling: unit-RMS rows times d_k^-1/4, as the blocks feed the backends
@@ -150,7 +149,7 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
         if grad_out is not None:
             out.backward(grad_out)  # a dense gradient: ``out.sum()`` would give a stride-0 one
 
-    return call, b * t
+    return call, attention_flops(spec["backend"], t, batch=b, backward=train, **opts)
 
 
 def compose_model(name: str, settings: dict[str, Any]) -> Any:
@@ -171,7 +170,7 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
     return cfg
 
 
-def model_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int]:
+def model_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int | None]:
     """One training step (forward, backward, AdamW step, codebook step) of a model preset."""
     from hydra.utils import instantiate
 
@@ -192,25 +191,25 @@ def model_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[],
         opt.zero_grad(set_to_none=True)
         model.codebook_step()
 
-    return call, s["batch"] * t
+    return call, model_flops(model, t, s["batch"], backward=True)
 
 
 def mm_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int]:
-    """A square fp32 ``torch.mm`` of size ``spec['size']``."""
-    n = spec["size"]
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    return (lambda: torch.mm(a, b)), n
+    """A square ``torch.mm`` of size ``spec['size']`` in the benchmark's dtype."""
+    n, dtype = spec["size"], torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    return (lambda: torch.mm(a, b)), 2 * n**3
 
 
 CASES = {"attention": attention_case, "model": model_case, "mm": mm_case}
 
 
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Measure one configuration in this process: ``{ms, ms_min, reps, peak_mem_mb}``."""
+    """Measure one configuration in this process: ``{ms, ms_min, reps, peak_mem_mb, flops}``."""
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    call, _ = CASES[spec["kind"]](spec, device)
+    call, flops = CASES[spec["kind"]](spec, device)
     mem = PeakMemory(device)
     mem.start()
     times = time_calls(call, device, spec["reps"], spec["budget_s"])
@@ -219,6 +218,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "ms_min": min(times),
         "reps": len(times),
         "peak_mem_mb": mem.peak_mb(),
+        "flops": flops,
     }
 
 
@@ -255,45 +255,18 @@ def measure(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     return {"error": f"worker failed (exit {proc.returncode}): {tail[:200]}"}
 
 
-def available_memory_mb(device: torch.device) -> float:
-    """Free memory for a worker: ``MemAvailable`` on CPU, free device memory on CUDA."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0] / 2**20
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    return float("inf")
-
-
-def quadratic_memory_mb(
-    kind: str, backend: str, seq_len: int, settings: dict[str, Any], window_bias: bool
-) -> float:
-    """Rough lower bound of the ``T×T`` score memory of a backend that materialises it (0 otherwise).
-
-    Dense attention materialises ``T×T`` logits when it adds the XL bias (SDPA is not used): at least
-    the saved probabilities of every layer plus ~4 transient copies (logits, bias, mask, softmax).
-    """
-    square = 4 * settings.get("batch", 1) * seq_len**2 / 2**20
-    if kind == "attention":
-        return 5 * square * settings["heads"] if backend == "dense" and window_bias else 0.0
-    quadratic = backend.endswith("_dense")  # the model presets with a dense backend use position=xl
-    heads = 4 if backend.startswith("mha") else 1
-    return (settings["n_layers"] + 4) * square * heads if quadratic else 0.0
-
-
 def mm_gflops(args: argparse.Namespace) -> float:
     """``torch.mm`` GFLOP/s of this machine, measured in a worker."""
-    spec = {"kind": "mm", "size": args.mm_size, "device": args.device, "reps": 10, "budget_s": 5.0}
-    spec["threads"] = args.threads
+    spec = {"kind": "mm", "size": args.mm_size, "device": args.device, "dtype": args.dtype, "reps": 10}
+    spec |= {"budget_s": 5.0, "threads": args.threads}
     result = measure(spec, args.timeout)
-    return 2 * args.mm_size**3 / (result["ms"] / 1e3) / 1e9 if "ms" in result else float("nan")
+    return result["flops"] / (result["ms"] / 1e3) / 1e9 if "ms" in result else float("nan")
 
 
 def run_sweep(
     args: argparse.Namespace, kind: str, names: Sequence[str], modes: Sequence[str]
 ) -> list[dict[str, Any]]:
     """Measure every (name, mode, length); returns the records (without the mm fractions)."""
-    device = torch.device(args.device)
     records = []
     for name in names:
         for mode in modes:
@@ -303,7 +276,7 @@ def run_sweep(
                     "backend": name,
                     "seq_len": t,
                     "mode": mode,
-                    **_measure_one(args, kind, name, mode, t, last, device),
+                    **_measure_one(args, kind, name, mode, t, last),
                 }
                 if rec.get("ms") is not None:
                     last = (t, rec["ms"])
@@ -319,18 +292,11 @@ def _measure_one(
     mode: str,
     t: int,
     last: tuple[int, float] | None,
-    device: torch.device,
 ) -> dict[str, Any]:
     settings = ATTENTION_SETTINGS if kind == "attention" else MODEL_SETTINGS
     if kind == "attention" and name not in BACKENDS:
         return {
             "error": f"unknown backend {name!r} (not implemented yet; known: {', '.join(sorted(BACKENDS))})"
-        }
-    need = quadratic_memory_mb(kind, name, t, settings, args.window_bias)
-    have = available_memory_mb(device)
-    if need > 0.8 * have:
-        return {
-            "error": f"out of memory (estimated >= {need / 1024:.1f} GiB of T×T scores; {have / 1024:.1f} GiB free)"
         }
     if last is not None:
         estimate = 2 * last[1] / 1e3 * (t / last[0]) ** 2  # warm-up + one call, quadratic in T
@@ -351,12 +317,10 @@ def _measure_one(
     }
     out["load_avg_1min"] = round(load, 2)
     if "ms" in result:
+        flops = result.pop("flops", None)
         out.update(result, tokens_per_s=tokens / (result["ms"] / 1e3))
-        if kind == "attention":
-            opts = attention_options(name, settings, args.window_bias)
-            flops = attention_flops(name, t, batch=settings["batch"], backward=mode == "fwdbwd", **opts)
-            if flops is not None:
-                out.update(gflops=flops / 1e9, gflops_per_s=flops / 1e9 / (result["ms"] / 1e3))
+        if flops is not None:
+            out.update(gflops=flops / 1e9, gflops_per_s=flops / 1e9 / (result["ms"] / 1e3))
     else:
         out.update(result)
     return out
@@ -421,21 +385,17 @@ def _group(records: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the ``attention`` or ``model`` benchmark; write JSON / plot; return the records."""
     kind = args.command
-    if kind == "attention":
-        names, modes = args.backends, args.mode
-        mm_before = mm_gflops(args)
-        print(f"torch.mm {args.mm_size}^2 fp32: {mm_before:.1f} GFLOP/s", flush=True)
-    else:
-        names, modes = args.models, ["train"]
+    names, modes = (args.backends, args.mode) if kind == "attention" else (args.models, ["train"])
+    mm_before = mm_gflops(args)
+    print(f"torch.mm {args.mm_size}^2 {args.dtype}: {mm_before:.1f} GFLOP/s", flush=True)
     records = run_sweep(args, kind, names, modes)
-    if kind == "attention":
-        mm_after = mm_gflops(args)
-        mm_ref = max(mm_before, mm_after)
-        print(f"torch.mm {args.mm_size}^2 fp32 after the run: {mm_after:.1f} GFLOP/s; reference {mm_ref:.1f}")
-        for rec in records:
-            rec["mm_gflops_per_s"] = mm_ref
-            if rec.get("gflops_per_s") is not None:
-                rec["mm_fraction"] = rec["gflops_per_s"] / mm_ref
+    mm_after = mm_gflops(args)
+    mm_ref = max(mm_before, mm_after)
+    print(f"torch.mm {args.mm_size}^2 {args.dtype} after the run: {mm_after:.1f} GFLOP/s; reference {mm_ref:.1f}")
+    for rec in records:
+        rec["mm_gflops_per_s"] = mm_ref
+        if rec.get("gflops_per_s") is not None:
+            rec["mm_fraction"] = rec["gflops_per_s"] / mm_ref
     for rec in records:
         for field in RECORD_FIELDS:
             rec.setdefault(field, None)
@@ -470,10 +430,10 @@ def parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--threads", type=int, default=0, help="torch threads (0: all available)")
     common.add_argument("--window-bias", action="store_true", help="XL bias in the attention backends")
+    common.add_argument("--mm-size", type=int, default=2048, help="size of the torch.mm reference matmul")
     att = sub.add_parser("attention", parents=[common], help="one attention backend on (B, H, T, d) inputs")
     att.add_argument("--backends", type=_csv(str), default=["dense", "vq"])
     att.add_argument("--mode", type=_csv(str), default=["fwd", "fwdbwd"])
-    att.add_argument("--mm-size", type=int, default=2048, help="size of the torch.mm reference matmul")
     mod = sub.add_parser("model", parents=[common], help="training step of a Hydra model preset")
     mod.add_argument(
         "--models", type=_csv(str), default=["gau_dense", "gau_vq", "gau_linear", "gau_flash", "mha_dense"]

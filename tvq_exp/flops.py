@@ -3,7 +3,8 @@
 Convention: **matmuls only**, a ``(m, k) @ (k, n)`` product costs ``2·m·n·k``; element-wise work
 (softmax, masks, feature maps, cumulative sums, scatter-adds) is not counted. The formulas count the
 matmuls the implementations actually run (``torch.utils.flop_counter.FlopCounterMode`` is the
-reference in the tests), so a causal dense product counts the full ``T×T`` square, chunked backends
+reference in the tests), so a causal dense product counts the full ``T×T`` square (unless its explicit
+logits are chunked), chunked backends
 count their padded tail and recomputation in a backward counts again: :func:`model_flops` is the
 executed (hardware) FLOP count. ``backward=True`` adds the backward pass with every input and
 parameter requiring a gradient (two matmuls per forward matmul, one where an operand is a buffer).
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from tvq_exp.attention import BACKENDS, AttentionBackend
+from tvq_exp.attention.dense import query_chunks
 from tvq_exp.blocks import GAUBlock, MHABlock
 from tvq_exp.blocks.mha import glu_hidden
 
@@ -68,20 +70,35 @@ def dense_flops(
     window_len: int | None = None,
     talking_heads: bool = False,
     talking_heads_post: bool = False,
+    score: str = "softmax",
     **_: Any,
 ) -> int:
     """Dense attention: ``q·kᵀ`` and ``p·v`` over the full ``T×T`` square (plus the XL bias, over the
-    distances ``0..M``; encoder: ``-M..M``).
+    distances ``0..M``; encoder: ``-M..M``). With explicit logits beyond the chunking budget (see
+    :func:`~tvq_exp.attention.dense.query_chunks`), each chunk of query rows over its visible keys
+    only, and the forward once more in the backward (recomputation).
 
     ``heads·(2T²d_k + 2T²d_v)`` per sequence, whatever the score (softmax or ReLU²) and ``kv_heads``
     (keys and values are repeated to every query head). Talking heads mix the ``(H, T, T)`` logits
     (and, ``talking_heads_post``, the weights) with an ``(H, H)`` matrix: ``2H²T²`` each.
     """
-    attend = heads * (_mm(seq_len, seq_len, d_k) + _mm(seq_len, d_v, seq_len))
-    mix = (int(talking_heads) + int(talking_heads_post)) * _mm(heads, seq_len**2, heads)
-    total = _with_backward(batch * (attend + mix), backward)
+    explicit = window_bias or score != "softmax" or talking_heads or talking_heads_post
+    chunks = query_chunks(batch * heads, seq_len, seq_len, 0, causal) if explicit else [(0, seq_len, seq_len)]
+    mixes = int(talking_heads) + int(talking_heads_post)
+    scores = sum(
+        heads * _mm(i1 - i0, end, d_k) + mixes * _mm(heads, (i1 - i0) * end, heads) for i0, i1, end in chunks
+    )
+    fwd = scores + sum(heads * _mm(i1 - i0, d_v, end) for i0, i1, end in chunks)
+    # checkpointed chunks recompute their forward up to the weights (the product with the values, whose
+    # output nothing saves, is not run again)
+    recompute = len(chunks) > 1 and backward
+    total = batch * (_with_backward(fwd, backward) + (scores if recompute else 0))
     if window_bias:
-        total += _xl_bias_flops(batch * seq_len, heads, d_k, int(window_len or 0), backward, causal)
+        window_len = int(window_len or 0)
+        total += _xl_bias_flops(batch * seq_len, heads, d_k, window_len, backward, causal)
+        if recompute:  # the distance logits again (the relative embeddings are an input of the chunks)
+            distances = window_len + 1 if causal else 2 * window_len + 1
+            total += heads * _mm(batch * seq_len, distances, d_k)
     return total
 
 
@@ -301,6 +318,7 @@ _BACKEND_OPTIONS = (
     "chunk_size",
     "num_features",
     "group_size",
+    "score",
 )
 
 

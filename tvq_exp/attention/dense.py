@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
-from tvq_exp.attention.vq_bidirectional import encoder_bias
+from tvq_exp.attention.vq_bidirectional import encoder_bias, signed_relative_embeddings
 from tvq_exp.nn.position import XLRelativeBias
 
 SCORES = ("softmax", "relu2")
+LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
 
 
 class DenseAttention(AttentionBackend):
@@ -30,6 +32,11 @@ class DenseAttention(AttentionBackend):
         talking_heads: mix the logits across heads with a learned ``(H, H)`` matrix before the
             softmax (Shazeer et al. 2020); initialised to the identity.
         talking_heads_post: also mix the attention weights across heads after the softmax.
+
+    Plain softmax runs in ``scaled_dot_product_attention`` (memory-efficient kernels). The XL bias,
+    ReLU² and talking heads need explicit logits: beyond :data:`LOGITS_BUDGET` logits they are
+    computed in chunks of query rows (see :func:`query_chunks`), each recomputed in the backward,
+    so memory stays ``O(rows·T)`` instead of ``O(T²)`` and causal chunks skip the masked keys.
 
     Shapes: ``q, k (B, H, T, d_k)``, ``v (B, H, T, d_v)`` -> ``out (B, H, T, d_v)``.
     State: ``{"k", "v"}`` past keys and values ``(B, H_kv, t, d)`` and the position ``"t"``.
@@ -75,31 +82,40 @@ class DenseAttention(AttentionBackend):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
         t_q, t_k = q.shape[2], k.shape[2]
-        if self.score != "softmax" or self.mix_pre is not None or self.mix_post is not None:
-            return self._attend_explicit(q, k, v, past)
-        if self.bias is None:
+        if self.score == "softmax" and self.bias is None and self.mix_pre is None and self.mix_post is None:
             if not self.causal:
                 return F.scaled_dot_product_attention(q, k, v, scale=1.0)
             if past == 0:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(t_q, t_k, past, q.device), scale=1.0)
+            mask = causal_mask(t_q, t_k, past, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         dist = _distances(t_q, t_k, past, q.device)
-        logits = self.bias.content_query(q) @ k.transpose(-1, -2) + self._bias(q, dist)
-        if self.causal:
-            logits = logits.masked_fill(dist < 0, float("-inf"))
-        return torch.softmax(logits.to(accumulation_dtype(q.dtype)), dim=-1).to(v.dtype) @ v
+        rel = None if self.bias is None else self._relative_embeddings()
+        chunks = query_chunks(q.shape[0] * q.shape[1], t_q, t_k, past, self.causal)
+        if len(chunks) == 1:
+            return self._explicit(q, k, v, dist, rel)
+        outs = []
+        for i0, i1, end in chunks:  # each chunk recomputed in the backward: O(rows·T) memory, not O(T²)
+            args = (q[:, :, i0:i1], k[:, :, :end], v[:, :, :end], dist[i0:i1, :end], rel)
+            if torch.is_grad_enabled():
+                outs.append(checkpoint(self._explicit, *args, use_reentrant=False, preserve_rng_state=False))
+            else:
+                outs.append(self._explicit(*args))
+        return torch.cat(outs, dim=2)
 
-    def _bias(self, q: Tensor, dist: Tensor) -> Tensor:
-        return self.bias.bias(q, dist) if self.causal else encoder_bias(self.bias, q, dist)
+    def _relative_embeddings(self) -> Tensor:
+        """The bias's projected relative embeddings (one- or two-sided), computed once per call."""
+        return self.bias.rel() if self.causal else signed_relative_embeddings(self.bias)
 
-    def _attend_explicit(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
-        """Full logits: ReLU² scores and / or talking heads. ``q (B, H, Tq, d)`` -> ``(B, H, Tq, d_v)``."""
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, dist: Tensor, rel: Tensor | None) -> Tensor:
+        """Explicit logits (XL bias with relative embeddings ``rel``, ReLU² scores, talking heads) of
+        queries ``q (B, H, Tq, d)`` against keys at distances ``dist (Tq, Tk)``: ``(B, H, Tq, d_v)``."""
         acc = accumulation_dtype(q.dtype)
-        dist = _distances(q.shape[2], k.shape[2], past, q.device)
         if self.bias is None:
             logits = q @ k.transpose(-1, -2)
         else:
-            logits = self.bias.content_query(q) @ k.transpose(-1, -2) + self._bias(q, dist)
+            bias = self.bias.bias(q, dist, rel) if self.causal else encoder_bias(self.bias, q, dist, rel)
+            logits = self.bias.content_query(q) @ k.transpose(-1, -2) + bias
         logits = _mix_heads(self.mix_pre, logits.to(acc))
         visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)
         if self.score == "softmax":
@@ -107,6 +123,19 @@ class DenseAttention(AttentionBackend):
         else:
             weights = F.relu(logits).square().masked_fill(~visible, 0.0) / visible.sum(-1, keepdim=True)
         return _mix_heads(self.mix_post, weights).to(v.dtype) @ v
+
+
+def query_chunks(batch_heads: int, t_q: int, t_k: int, past: int, causal: bool) -> list[tuple[int, int, int]]:
+    """``(start, stop, keys)`` of the chunks of query rows of explicit-logit attention: at most
+    :data:`LOGITS_BUDGET` logits each (over ``batch_heads`` heads); a causal chunk sees only the
+    keys up to its last query (``past + stop``), so the masked upper triangle is skipped."""
+    rows = max(1, LOGITS_BUDGET // max(1, batch_heads * t_k))
+    if rows >= t_q:
+        return [(0, t_q, t_k)]
+    return [
+        (i0, min(t_q, i0 + rows), min(t_k, past + min(t_q, i0 + rows)) if causal else t_k)
+        for i0 in range(0, t_q, rows)
+    ]
 
 
 def _distances(t_q: int, t_k: int, past: int, device: torch.device) -> Tensor:

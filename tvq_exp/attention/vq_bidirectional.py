@@ -41,15 +41,16 @@ def signed_relative_embeddings(rel_bias: XLRelativeBias) -> Tensor:
     return rel.view(full.shape[0], rel_bias.heads, rel_bias.d_k).transpose(0, 1)
 
 
-def encoder_bias(rel_bias: XLRelativeBias, q: Tensor, distance: Tensor) -> Tensor:
+def encoder_bias(rel_bias: XLRelativeBias, q: Tensor, distance: Tensor, rel: Tensor | None = None) -> Tensor:
     """Two-sided XL bias ``(q_i + v)·r_{i-j}`` for ``|i - j| <= M`` (zero beyond).
 
     ``q (B, H, ..., Tq, d_k)``, ``distance (Tq, Tk)`` (query minus key position) ->
     ``(B, H, ..., Tq, Tk)``. Equals :meth:`XLRelativeBias.bias` wherever ``distance >= 0``.
+    ``rel``: :func:`signed_relative_embeddings`, if already computed.
     """
     m = rel_bias.max_distance
-    qv = q + rel_bias.v.view(1, rel_bias.heads, *([1] * (q.dim() - 3)), rel_bias.d_k).to(q.dtype)
-    rel = signed_relative_embeddings(rel_bias).to(q.dtype)
+    qv = rel_bias.position_query(q)
+    rel = (signed_relative_embeddings(rel_bias) if rel is None else rel).to(q.dtype)
     shape = qv.shape
     logits = torch.matmul(qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0))
     logits = logits.view(*shape[:-1], 2 * m + 1)

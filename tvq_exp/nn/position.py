@@ -51,18 +51,19 @@ class XLRelativeBias(nn.Module):
         """``q + v`` for ``q: (B, H, ..., d_k)``: the query of the relative (distance) term."""
         return q + self.v.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
 
-    def distance_logits(self, q: Tensor) -> Tensor:
-        """``(q + v)·r_d`` for all window distances: ``(B, H, ..., M + 1)``."""
+    def distance_logits(self, q: Tensor, rel: Tensor | None = None) -> Tensor:
+        """``(q + v)·r_d`` for all window distances: ``(B, H, ..., M + 1)`` (``rel``: :meth:`rel`, if
+        already computed)."""
         qv = self.position_query(q)
-        rel = self.rel().to(q.dtype)  # (H, M+1, d_k)
+        rel = (self.rel() if rel is None else rel).to(q.dtype)  # (H, M+1, d_k)
         shape = qv.shape
         out = torch.matmul(qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0))
         return out.view(*shape[:-1], self.max_distance + 1)
 
-    def bias(self, q: Tensor, distance: Tensor) -> Tensor:
+    def bias(self, q: Tensor, distance: Tensor, rel: Tensor | None = None) -> Tensor:
         """Bias for queries ``q: (B, H, ..., Tq, d_k)`` against keys at ``distance: (Tq, Tk)``
         (query position minus key position): ``(B, H, ..., Tq, Tk)``, zero outside ``[0, M]``."""
-        dl = self.distance_logits(q)
+        dl = self.distance_logits(q, rel)
         inside = (distance >= 0) & (distance <= self.max_distance)
         idx = distance.clamp(0, self.max_distance).expand(*dl.shape[:-1], distance.shape[-1])
         return dl.gather(-1, idx).masked_fill(~inside, 0.0)
