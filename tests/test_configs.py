@@ -128,3 +128,17 @@ def test_run_dirs_are_unique_within_one_second() -> None:
     cfg = compose_train([], hydra=True)
     assert cfg.hydra.run.dir == cfg.hydra.run.dir  # resolved once per config
     assert cfg.hydra.sweep.dir.startswith("logs/multiruns/") and cfg.hydra.sweep.dir != cfg.hydra.run.dir
+
+
+def test_dense_carried_memory_is_one_segment() -> None:
+    """Stream training carries the state: dense attention keeps one segment of keys (Transformer-XL
+    memory), so a step never costs more than two segments, however far into the stream."""
+    import torch
+
+    cfg = compose_train(["model=gau_dense", "data=shakespeare", "data.seq_len=16", "model.d_model=32", "model.n_layers=1"])
+    assert cfg.model.attention.memory_len == 16
+    model = instantiate(cfg.model)
+    state = None
+    for _ in range(3):
+        state = model(torch.randint(0, 256, (2, 16)), state).state
+    assert state[0]["attn"]["k"].shape[2] == 16 and state[0]["attn"]["t"] == 48

@@ -285,7 +285,7 @@ def test_init_from_dense_loads_weights_and_kmeans_codebooks(tmp_path: Path) -> N
 @pytest.mark.slow
 def test_cpu_small_vq_within_a_tenth_of_a_bit_of_dense(tmp_path: Path) -> None:
     """``experiment=cpu_small``: GAU-VQ ends within 0.1 bits/byte of the same-size dense GAU (same data).
-    About 25 minutes on 2 CPU cores (``make test-slow``)."""
+    About 20 minutes on 2 CPU cores (``make test-slow``)."""
     bpb = {}
     for model in ("gau_vq", "gau_dense"):
         result = run_train(["experiment=cpu_small", f"model={model}", *QUIET], tmp_path / model)

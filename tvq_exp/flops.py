@@ -118,23 +118,29 @@ def vq_flops(
     grad_through_cache: bool = True,
     **_: Any,
 ) -> int:
-    """Transformer-VQ: nearest-code search, then per query row one product with the ``2L`` window
-    keys plus ``S`` codes and one with the matching values (plus the XL bias).
+    """Transformer-VQ: nearest-code search, then per query row one product with the ``W = 2L`` window
+    keys plus ``S`` codes and one with the matching values (plus the XL bias). A fresh sequence of one
+    block has a one-block window (``W = L``); the codes enter only when ``T > 2L`` (a block sees
+    blocks two back).
 
     Query rows: ``T`` padded to whole blocks (a single block: its ``T`` rows only). The backward
     kernel recomputes the scores (and the distance logits) and takes gradients of everything but
     the codes: ``2·attend + H·2L·d_k`` per row (``+ H·(M + 1)·d_k`` with the bias) besides the
-    forward, less the cache means' gradient ``H·S·d_v`` without ``grad_through_cache``. ``O(T·(2L + S)·(d_k + d_v))``: linear in ``T``.
+    forward, less the cache means' gradient ``H·S·d_v`` without ``grad_through_cache``.
+    ``O(T·(2L + S)·(d_k + d_v))``: linear in ``T``.
     """
     kv_heads = heads if kv_heads is None else kv_heads
     window_len = block_len if window_len is None else window_len
-    rows = seq_len if seq_len <= block_len else _padded(seq_len, block_len)
-    keys = 2 * block_len + (codebook_size if use_cache else 0)
+    lone = seq_len <= block_len  # one block: its rows only, a one-block window
+    rows = seq_len if lone else _padded(seq_len, block_len)
+    window = block_len if lone else 2 * block_len
+    cache = use_cache and seq_len > 2 * block_len  # some block sees blocks two back
+    keys = window + (codebook_size if cache else 0)
     attend = heads * (_mm(rows, keys, d_k) + _mm(rows, d_v, keys))
     extra = heads * (  # backward beyond twice the forward: recomputed scores and distance logits
-        _mm(rows, 2 * block_len, d_k) + (_mm(rows, window_len + 1, d_k) if window_bias else 0)
+        _mm(rows, window, d_k) + (_mm(rows, window_len + 1, d_k) if window_bias else 0)
     )
-    if use_cache and not grad_through_cache:
+    if cache and not grad_through_cache:
         extra -= heads * _mm(codebook_size, d_v, rows)
     total = batch * (
         kv_heads * _mm(seq_len, codebook_size, d_k)

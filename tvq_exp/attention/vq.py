@@ -100,7 +100,7 @@ class VQAttention(AttentionBackend):
             x.unflatten(0, cb.shape[:2])
             for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
         )
-        out = self._attend(q, kb, vb, prefix, n_buf)
+        out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         return out, new_state, aux
 
@@ -118,14 +118,16 @@ class VQAttention(AttentionBackend):
         }
 
     def _attend(
-        self, q: Tensor, kb: Tensor, vb: Tensor, prefix: tuple[Tensor, Tensor], n_buf: int
+        self, q: Tensor, kb: Tensor, vb: Tensor, prefix: tuple[Tensor, Tensor], n_buf: int, cached_before: bool
     ) -> Tensor:
         """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
         keys ``kb (B, Hk, R, L, d_k)`` (values ``vb``), through :func:`window_cache_attention`.
 
         Only blocks holding queries are computed. Queries inside one block (decoding, short
         continuations) are taken as they are; queries spanning several blocks are padded to whole
-        blocks (the padding rows are dropped).
+        blocks (the padding rows are dropped). Work that can only be masked is skipped: a lone first
+        block gets a one-block window, and the cache is left out while no query can see a cached
+        block (``cached_before``: the state's cache holds blocks before ``kb``).
         """
         b, h, t, _ = q.shape
         hk, L = kb.shape[1], self.block_len
@@ -139,21 +141,23 @@ class VQAttention(AttentionBackend):
         qc = q if self.bias is None else self.bias.content_query(q)
         blocks = slice(max(first - 1, 0), last + 1)
         kw, vw = kb[:, :, blocks].flatten(0, 1), vb[:, :, blocks].flatten(0, 1)
-        if first == 0:  # no block before the first: a masked zero block
+        lone = first == 0 and items == 1  # a sequence's first block: a one-block window
+        if first == 0 and not lone:  # no block before the first: a masked zero block
             kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
-        index = window_index(self.dist[offset : offset + rows], None if self.bias is None else self.bias.max_distance)
+        dist = self.dist[offset : offset + rows, L if lone else 0 :]
+        index = window_index(dist, None if self.bias is None else self.bias.max_distance)
         bias_q = rel = codebook = log_n = mu = None
         if self.bias is not None:
             bias_q = _to_items(self.bias.position_query(q), shape)
             rel = self.bias.rel().to(q.dtype)
             rel = rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)  # (B·Hk, G, M+1, d_k)
-        if self.use_cache:  # item of block r: the cache of blocks <= r - 2 is prefix entry r - 1
+        if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
             cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
         out = window_cache_attention(
-            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0
+            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0 and not lone
         )
         return _from_items(out, shape)
 

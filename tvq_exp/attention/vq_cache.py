@@ -37,14 +37,12 @@ class _RunningCodeMeans(torch.autograd.Function):
         size = n0.shape[-1]
         counts, means = _block_stats(codes, values, valid, size)
         n, r = codes.shape[:2]
-        out_n = counts.new_empty(n, r + 1, size)
-        out_mu = means.new_empty(n, r + 1, size, means.shape[-1])
-        out_n[:, 0], out_mu[:, 0] = n0, mu0
-        torch.cumsum(counts, dim=1, out=out_n[:, 1:])  # integer counts: exact
-        out_n[:, 1:] += n0[:, None]
+        out_n = torch.cat([n0[:, None], n0[:, None] + counts.cumsum(dim=1)], dim=1)  # integer counts: exact
         weight = (counts / out_n[:, 1:].clamp_min(1))[..., None]
+        out_mu = means.new_empty(n, r + 1, size, means.shape[-1])
+        out_mu[:, 0] = mu0
         for j in range(r):
-            torch.lerp(out_mu[:, j], means[:, j], weight[:, j], out=out_mu[:, j + 1])
+            out_mu[:, j + 1] = torch.lerp(out_mu[:, j], means[:, j], weight[:, j])
         ctx.save_for_backward(codes, valid, out_n)
         ctx.values_dtype = values.dtype
         ctx.mark_non_differentiable(out_n)

@@ -4,7 +4,8 @@ Each **item** is one query block: ``R = G·Lq`` query rows (``G`` grouped query 
 positions) that attend to
 
 - the **window**: key blocks ``i`` (the previous block) and ``i + 1`` (the block of the queries),
-  ``2L`` keys. Their additive term is looked up by ``index (Lq, 2L)`` in the row's table
+  ``2L`` keys (or, for a one-block window, block ``i`` alone: a sequence's first block with nothing
+  before it). Their additive term is looked up by ``index (Lq, W)`` in the row's table
   ``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]``: the XL bias inside the window (distances ``0..M``),
   zero beyond it, ``-inf`` for the causal mask. Without the bias the table is ``[0, -inf]``.
 - the **cache**: the ``S`` codes, additive term ``log n_s``, with the cache means as values.
@@ -51,8 +52,10 @@ def window_cache_attention(
 
     Args:
         q: content queries ``(N, I, R, d_k)``; ``R = G·Lq`` rows (``G`` heads of ``Lq`` positions).
-        kb, vb: key / value blocks ``(N, I + 1, L, d)``; item ``i`` sees blocks ``i`` and ``i + 1``.
-        index: ``(Lq, 2L)`` table column of each window key (the same for every head and item).
+        kb, vb: key / value blocks ``(N, I + 1, L, d)``: item ``i`` sees blocks ``i`` and ``i + 1``;
+            or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``.
+        index: ``(Lq, W)`` table column of each of the ``W = 2L`` (or ``L``) window keys (the same for
+            every head and item).
         bias_q: bias queries ``q + v`` ``(N, I, R, d_k)`` (None: no XL bias).
         rel: projected relative embeddings ``(N, G, M + 1, d_k)``, with ``bias_q``.
         codebook: codes ``(N, S, d_k)`` or None (no cache); never receives a gradient.
@@ -64,14 +67,16 @@ def window_cache_attention(
     Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb, bias_q, rel`` and ``mu``.
     """
     if chunk is None:
-        chunk = default_chunk(q, kb.shape[2], 0 if codebook is None else codebook.shape[1])
+        window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
+        chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[1]))
     return _WindowCache.apply(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk)
 
 
-def default_chunk(q: Tensor, block_len: int, codebook_size: int) -> int:
-    """Items per chunk so that one chunk's fp32 scores fit :data:`CHUNK_BYTES` of ``q``'s device."""
+def default_chunk(q: Tensor, columns: int) -> int:
+    """Items per chunk so that one chunk's fp32 scores (``columns`` per row) fit :data:`CHUNK_BYTES`
+    of ``q``'s device."""
     budget = CHUNK_BYTES.get(q.device.type, CHUNK_BYTES["cuda"])
-    per_item = 4 * q.shape[0] * q.shape[2] * (2 * block_len + codebook_size)
+    per_item = 4 * q.shape[0] * q.shape[2] * columns
     return max(1, budget // per_item)
 
 
@@ -94,7 +99,7 @@ class _WindowCache(torch.autograd.Function):
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
             for i0, i1 in _chunks(q.shape[1], chunk):
                 p, _, vals = parts.probabilities(i0, i1)
-                torch.matmul(p.to(vals.dtype), vals, out=out[:, i0:i1])
+                out[:, i0:i1] = p.to(vals.dtype) @ vals
         ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out)
         ctx.prev_masked, ctx.chunk = prev_masked, chunk
         return out
@@ -128,7 +133,8 @@ class _Parts:
         self.codebook, self.log_n, self.mu, self.prev_masked = codebook, log_n, mu, prev_masked
         self.acc = accumulation_dtype(q.dtype)
         self.n, self.rows, self.block = q.shape[0], q.shape[2], kb.shape[2]
-        self.index = index.repeat(self.rows // index.shape[0], 1)  # (R, 2L): the same for every head
+        self.blocks = kb.shape[1] - q.shape[1] + 1  # blocks per window: 2, or 1 for a lone first block
+        self.index = index.repeat(self.rows // index.shape[0], 1)  # (R, W): the same for every head
         if rel is None:  # the table [0, -inf] of every row, looked up once
             self.fixed = torch.tensor([0.0, float("-inf")], dtype=self.acc, device=q.device)[self.index]
 
@@ -142,7 +148,7 @@ class _Parts:
         return (bq @ self.rel[:, None].transpose(-1, -2)).view(n, c, self.rows, -1)
 
     def window_logits(self, i0: int, i1: int) -> Tensor:
-        """Additive window terms ``(N, c, R, 2L)`` (``(R, 2L)`` without the bias)."""
+        """Additive window terms ``(N, c, R, W)`` (``(R, W)`` without the bias)."""
         if self.rel is None:
             return self.fixed
         dl = self.distance_logits(i0, i1).to(self.acc)
@@ -150,17 +156,18 @@ class _Parts:
         return torch.cat([dl, edge], dim=-1).gather(-1, self._expand(self.index, i1 - i0))
 
     def probabilities(self, i0: int, i1: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Attention weights ``(N, c, R, 2L [+ S])`` of items ``i0..i1-1``, with their keys and values.
+        """Attention weights ``(N, c, R, W [+ S])`` of items ``i0..i1-1``, with their keys and values.
 
         Recomputing them in the backward (one fused softmax) is cheaper than keeping a log-sum-exp.
         """
-        keys, vals = [self.kb[:, i0:i1], self.kb[:, i0 + 1 : i1 + 1]], [self.vb[:, i0:i1], self.vb[:, i0 + 1 : i1 + 1]]
+        keys = [self.kb[:, i0 + j : i1 + j] for j in range(self.blocks)]
+        vals = [self.vb[:, i0 + j : i1 + j] for j in range(self.blocks)]
         if self.codebook is not None:
             keys.append(self._expand(self.codebook[:, None].to(self.kb.dtype), i1 - i0))
             vals.append(self.mu[:, i0:i1].to(self.vb.dtype))
-        keys, vals = torch.cat(keys, dim=2), torch.cat(vals, dim=2)  # (N, c, 2L [+ S], d)
+        keys, vals = torch.cat(keys, dim=2), torch.cat(vals, dim=2)  # (N, c, W [+ S], d)
         s = (self.q[:, i0:i1] @ keys.transpose(-1, -2)).to(self.acc)
-        w = 2 * self.block
+        w = self.blocks * self.block
         s[..., :w] += self.window_logits(i0, i1)
         if self.codebook is not None:
             s[..., w:] += self.log_n[:, i0:i1, None, :].to(self.acc)
@@ -171,7 +178,7 @@ class _Parts:
     def backward(self, grad_out: Tensor, out: Tensor, chunk: int, want_mu: bool) -> tuple[Tensor | None, ...]:
         """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_mu``) ``mu``, chunk by chunk."""
         q, L = self.q, self.block
-        w = 2 * L
+        w = self.blocks * L
         dq = torch.empty_like(q)
         dkb, dvb = torch.zeros_like(self.kb), torch.zeros_like(self.vb)
         dmu = torch.empty_like(self.mu) if want_mu else None
@@ -181,15 +188,14 @@ class _Parts:
             p, keys, vals = self.probabilities(i0, i1)
             do = grad_out[:, i0:i1]
             delta = (do.to(self.acc) * out[:, i0:i1].to(self.acc)).sum(-1, keepdim=True)
-            dvals = (p if want_mu else p[..., :w]).to(do.dtype).transpose(-1, -2) @ do  # (N, c, 2L [+ S], d_v)
+            dvals = (p if want_mu else p[..., :w]).to(do.dtype).transpose(-1, -2) @ do  # (N, c, W [+ S], d_v)
             ds = (do @ vals.transpose(-1, -2)).to(self.acc).sub_(delta).mul_(p)  # d logits
             ds_low = ds.to(q.dtype)
-            torch.matmul(ds_low, keys, out=dq[:, i0:i1])
-            dkw = ds_low[..., :w].transpose(-1, -2) @ q[:, i0:i1]  # (N, c, 2L, d_k)
-            dkb[:, i0:i1] += dkw[:, :, :L]
-            dkb[:, i0 + 1 : i1 + 1] += dkw[:, :, L:]
-            dvb[:, i0:i1] += dvals[:, :, :L]
-            dvb[:, i0 + 1 : i1 + 1] += dvals[:, :, L:w]
+            dq[:, i0:i1] = ds_low @ keys
+            dkw = ds_low[..., :w].transpose(-1, -2) @ q[:, i0:i1]  # (N, c, W, d_k)
+            for j in range(self.blocks):
+                dkb[:, i0 + j : i1 + j] += dkw[:, :, j * L : (j + 1) * L]
+                dvb[:, i0 + j : i1 + j] += dvals[:, :, j * L : (j + 1) * L]
             if dmu is not None:
                 dmu[:, i0:i1] = dvals[:, :, w:]
             if drel is not None:
@@ -226,9 +232,9 @@ def window_cache_reference(
 ) -> Tensor:
     """:func:`window_cache_attention` written plainly: full tensors, one softmax, autograd."""
     n, items, rows, _ = q.shape
-    L = kb.shape[2]
-    keys = torch.cat([kb[:, :-1], kb[:, 1:]], dim=2)
-    vals = torch.cat([vb[:, :-1], vb[:, 1:]], dim=2)
+    L, blocks = kb.shape[2], kb.shape[1] - items + 1
+    keys = torch.cat([kb[:, j : j + items] for j in range(blocks)], dim=2)
+    vals = torch.cat([vb[:, j : j + items] for j in range(blocks)], dim=2)
     edge = q.new_tensor([0.0, float("-inf")]).expand(n, items, rows, 2)
     if rel is None:
         table = edge
@@ -236,9 +242,9 @@ def window_cache_reference(
         g = rel.shape[1]
         bq = bias_q.reshape(n, items, g, -1, bias_q.shape[-1])
         table = torch.cat([(bq @ rel[:, None].transpose(-1, -2)).reshape(n, items, rows, -1), edge], dim=-1)
-    logits = table.gather(-1, index.repeat(rows // index.shape[0], 1).expand(n, items, rows, 2 * L))
+    logits = table.gather(-1, index.repeat(rows // index.shape[0], 1).expand(n, items, rows, blocks * L))
     if prev_masked:
-        first = torch.zeros(items, 1, 2 * L, dtype=torch.bool, device=q.device)
+        first = torch.zeros(items, 1, blocks * L, dtype=torch.bool, device=q.device)
         first[0, :, :L] = True
         logits = logits.masked_fill(first, float("-inf"))
     if codebook is not None:
