@@ -80,3 +80,28 @@ def test_model_preset_is_composed_at_bench_width() -> None:
     cfg = bench.compose_model("gau_vq", bench.MODEL_SETTINGS)
     assert cfg.model.d_model == 256 and cfg.model.n_layers == 4
     assert cfg.model.attention.codebook_size == 512 and cfg.model.attention.block_len == 512
+
+
+def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None:
+    """``--d-model``, ``--n-layers`` and ``--set MODEL:KEY=VALUE`` shape the measured model (e.g. the
+    dense GAU without its XL bias, so it runs scaled_dot_product_attention)."""
+    args = bench.parser().parse_args(
+        ["model", "--models", "gau_dense,gau_vq", "--d-model", "32", "--n-layers", "1"]
+        + ["--set", "gau_dense:block.position=none", "--set", "block.d_k=8"]
+    )
+    dense, vq = (bench.model_settings(args, name) for name in ("gau_dense", "gau_vq"))
+    assert dense["overrides"] == ["block.position=none", "block.d_k=8"] and vq["overrides"] == ["block.d_k=8"]
+    cfg = bench.compose_model("gau_dense", dense)
+    assert (cfg.model.d_model, cfg.model.n_layers) == (32, 1)
+    assert cfg.model.block.position == "none" and cfg.model.block.d_k == 8
+    assert bench.compose_model("gau_vq", vq).model.block.position == "xl"
+    out = tmp_path / "m.json"
+    bench.main(["model", "--models", "gau_dense", "--lengths", "32", "--mm-size", "64", *TINY, "--json", str(out)]
+               + ["--d-model", "32", "--n-layers", "1", "--set", "gau_dense:block.position=none"])
+    (rec,) = json.loads(out.read_text())
+    assert rec["overrides"] == ["block.position=none"] and rec["d_model"] == 32 and rec["ms"] > 0
+
+
+def test_model_bench_refuses_a_malformed_override() -> None:
+    with pytest.raises(SystemExit):
+        bench.parser().parse_args(["model", "--set", "gau_dense:block.position"])

@@ -153,14 +153,15 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
 
 
 def compose_model(name: str, settings: dict[str, Any]) -> Any:
-    """The Hydra preset ``conf/model/<name>.yaml`` at the benchmark's width and depth (a DictConfig)."""
+    """The Hydra preset ``conf/model/<name>.yaml`` at the benchmark's width and depth, with the
+    ``settings["overrides"]`` (``key=value`` below ``model.``) applied (a DictConfig)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
     if not (CONF_DIR / "model" / f"{name}.yaml").is_file():
         raise LookupError(f"unknown model preset {name!r}: no conf/model/{name}.yaml yet")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(overrides=[f"+model={name}"])
+        cfg = compose(overrides=[f"+model={name}", *(f"model.{item}" for item in settings.get("overrides", ()))])
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
         cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]
@@ -285,6 +286,12 @@ def run_sweep(
     return records
 
 
+def model_settings(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """:data:`MODEL_SETTINGS` at ``--d-model`` / ``--n-layers``, with the ``--set`` overrides of model ``name``."""
+    overrides = [item for model, item in args.set if model in ("*", name)]
+    return MODEL_SETTINGS | {"d_model": args.d_model, "n_layers": args.n_layers, "overrides": overrides}
+
+
 def _measure_one(
     args: argparse.Namespace,
     kind: str,
@@ -293,7 +300,7 @@ def _measure_one(
     t: int,
     last: tuple[int, float] | None,
 ) -> dict[str, Any]:
-    settings = ATTENTION_SETTINGS if kind == "attention" else MODEL_SETTINGS
+    settings = ATTENTION_SETTINGS if kind == "attention" else model_settings(args, name)
     if kind == "attention" and name not in BACKENDS:
         return {
             "error": f"unknown backend {name!r} (not implemented yet; known: {', '.join(sorted(BACKENDS))})"
@@ -316,6 +323,8 @@ def _measure_one(
         "threads": args.threads or torch.get_num_threads(),
     }
     out["load_avg_1min"] = round(load, 2)
+    if kind == "model":
+        out |= {"d_model": settings["d_model"], "n_layers": settings["n_layers"], "overrides": settings["overrides"]}
     if "ms" in result:
         flops = result.pop("flops", None)
         out.update(result, tokens_per_s=tokens / (result["ms"] / 1e3))
@@ -407,6 +416,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
+def model_override(text: str) -> tuple[str, str]:
+    """``[MODEL:]KEY=VALUE`` -> ``(MODEL or "*", "KEY=VALUE")``."""
+    model, _, item = text.rpartition(":") if ":" in text.split("=", 1)[0] else ("*", "", text)
+    if "=" not in item or not item.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"--set takes [MODEL:]KEY=VALUE (e.g. gau_dense:block.position=none), got {text!r}")
+    return model or "*", item
+
+
 def _csv(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return lambda text: [cast(x) for x in text.split(",") if x]
 
@@ -437,6 +454,16 @@ def parser() -> argparse.ArgumentParser:
     mod = sub.add_parser("model", parents=[common], help="training step of a Hydra model preset")
     mod.add_argument(
         "--models", type=_csv(str), default=["gau_dense", "gau_vq", "gau_linear", "gau_flash", "mha_dense"]
+    )
+    mod.add_argument("--d-model", type=int, default=MODEL_SETTINGS["d_model"], help="model width")
+    mod.add_argument("--n-layers", type=int, default=MODEL_SETTINGS["n_layers"], help="blocks")
+    mod.add_argument(
+        "--set",
+        type=model_override,
+        action="append",
+        default=[],
+        metavar="[MODEL:]KEY=VALUE",
+        help="override below model. for one preset (or all), e.g. gau_dense:block.position=none",
     )
     return p
 
