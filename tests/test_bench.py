@@ -105,3 +105,14 @@ def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None
 def test_model_bench_refuses_a_malformed_override() -> None:
     with pytest.raises(SystemExit):
         bench.parser().parse_args(["model", "--set", "gau_dense:block.position"])
+
+
+def test_a_configuration_that_does_not_fit_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    """Dense attention needs ~T² memory: under a 64 MiB cap T=4096 fails to allocate, is recorded as
+    out of memory, and the next (smaller) configuration is still measured."""
+    out = tmp_path / "attn.json"
+    argv = ["attention", "--backends", "dense", "--lengths", "4096,256", "--mode", "fwd", "--mm-size", "64"]
+    bench.main([*argv, *TINY, "--mem-limit-mb", "64", "--json", str(out)])
+    big, small = json.loads(out.read_text())
+    assert big["error"].startswith("out of memory") and big["ms"] is None
+    assert small["ms"] > 0 and "error" not in small

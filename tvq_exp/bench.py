@@ -11,7 +11,8 @@ Method:
 - Every configuration runs in a **fresh subprocess** (``python -m tvq_exp.bench _worker SPEC``):
   one warm-up call, then up to ``--reps`` timed calls (fewer when one call is slow, never fewer
   than one); ``ms`` is their median, ``ms_min`` the fastest. A crash, a kill by the kernel or an
-  allocation failure is reported as ``"error": "out of memory ..."``; a configuration over
+  allocation failure is reported as ``"error": "out of memory ..."`` (``--mem-limit-mb`` caps what
+  a CPU worker may allocate, to ask what fits in less memory); a configuration over
   ``--timeout`` seconds (measured, or extrapolated quadratically from the previous length) as
   ``"error": "skipped: too slow ..."``.
 - **Peak memory**: on CPU the growth of the worker's resident set over the run: the kernel's
@@ -87,6 +88,15 @@ class PeakMemory:
         if self.device.type == "cuda":
             return (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
         return (_read_status_kb("VmHWM") * 1024 - self.base) / 2**20
+
+
+def limit_address_space(extra_mb: float) -> None:
+    """Let this process map at most ``extra_mb`` MiB beyond what it maps now (``RLIMIT_AS``): larger
+    allocations then fail (and are reported as out of memory) instead of exhausting the machine."""
+    import resource
+
+    now = _read_status_kb("VmSize") * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (now + int(extra_mb * 2**20), resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
 def _sync(device: torch.device) -> None:
@@ -210,6 +220,8 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(spec["device"])
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
+    if spec.get("mem_limit_mb"):
+        limit_address_space(spec["mem_limit_mb"])
     call, flops = CASES[spec["kind"]](spec, device)
     mem = PeakMemory(device)
     mem.start()
@@ -312,7 +324,7 @@ def _measure_one(
     spec = {
         "kind": kind, "backend": name, "seq_len": t, "mode": mode, "device": args.device, "dtype": args.dtype,
         "settings": settings, "window_bias": args.window_bias, "reps": args.reps, "budget_s": args.budget,
-        "threads": args.threads,
+        "threads": args.threads, "mem_limit_mb": args.mem_limit_mb,
     }  # fmt: skip
     load = os.getloadavg()[0]
     result = measure(spec, args.timeout)
@@ -448,6 +460,9 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--threads", type=int, default=0, help="torch threads (0: all available)")
     common.add_argument("--window-bias", action="store_true", help="XL bias in the attention backends")
     common.add_argument("--mm-size", type=int, default=2048, help="size of the torch.mm reference matmul")
+    common.add_argument(
+        "--mem-limit-mb", type=float, default=0, help="CPU: memory a configuration may add (0: no limit)"
+    )
     att = sub.add_parser("attention", parents=[common], help="one attention backend on (B, H, T, d) inputs")
     att.add_argument("--backends", type=_csv(str), default=["dense", "vq"])
     att.add_argument("--mode", type=_csv(str), default=["fwd", "fwdbwd"])
