@@ -120,3 +120,30 @@ def test_explicit_logits_in_row_chunks_equal_one_chunk(monkeypatch, options: dic
     assert len(dense.query_chunks(4, 13, 13 + past, past, attn.causal)) == 5
     for got, want in zip(run(), whole, strict=True):
         assert torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_chunked_explicit_logits_save_nothing_quadratic_for_the_backward(monkeypatch) -> None:
+    """With row chunks, the autograd graph keeps only inputs (and views of them): the distinct
+    storages it saves hold less than one T×T matrix in all."""
+    from tvq_exp.attention import dense
+
+    t = 256
+    attn = build_attention("dense", d_k=8, d_v=8, heads=1, window_bias=True, window_len=16)
+    q, k, v = (torch.randn(1, 1, t, 8, requires_grad=True) for _ in range(3))
+    saved: dict[int, int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        storage = x.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return x
+
+    def saved_bytes() -> int:
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            attn(q, k, v)
+        return sum(saved.values())
+
+    whole = saved_bytes()
+    monkeypatch.setattr(dense, "LOGITS_BUDGET", t * 16)  # rows of 16
+    assert whole > 4 * t * t  # one chunk: the full logits are kept
+    assert saved_bytes() < t * t  # chunks: q, k, v and the relative embeddings only

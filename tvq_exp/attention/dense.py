@@ -89,14 +89,13 @@ class DenseAttention(AttentionBackend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
             mask = causal_mask(t_q, t_k, past, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        dist = _distances(t_q, t_k, past, q.device)
         rel = None if self.bias is None else self._relative_embeddings()
         chunks = query_chunks(q.shape[0] * q.shape[1], t_q, t_k, past, self.causal)
         if len(chunks) == 1:
-            return self._explicit(q, k, v, dist, rel)
+            return self._explicit(q, k, v, rel, past)
         outs = []
         for i0, i1, end in chunks:  # each chunk recomputed in the backward: O(rows·T) memory, not O(T²)
-            args = (q[:, :, i0:i1], k[:, :, :end], v[:, :, :end], dist[i0:i1, :end], rel)
+            args = (q[:, :, i0:i1], k[:, :, :end], v[:, :, :end], rel, past + i0)
             if torch.is_grad_enabled():
                 outs.append(checkpoint(self._explicit, *args, use_reentrant=False, preserve_rng_state=False))
             else:
@@ -107,10 +106,13 @@ class DenseAttention(AttentionBackend):
         """The bias's projected relative embeddings (one- or two-sided), computed once per call."""
         return self.bias.rel() if self.causal else signed_relative_embeddings(self.bias)
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, dist: Tensor, rel: Tensor | None) -> Tensor:
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, offset: int) -> Tensor:
         """Explicit logits (XL bias with relative embeddings ``rel``, ReLU² scores, talking heads) of
-        queries ``q (B, H, Tq, d)`` against keys at distances ``dist (Tq, Tk)``: ``(B, H, Tq, d_v)``."""
+        queries ``q (B, H, Tq, d)`` at positions ``offset..`` against keys ``k (B, H, Tk, d)`` at
+        ``0..Tk-1``: ``(B, H, Tq, d_v)``. The distances are made here, so a checkpointed chunk keeps
+        nothing of size ``Tq·Tk`` for its backward."""
         acc = accumulation_dtype(q.dtype)
+        dist = _distances(q.shape[2], k.shape[2], offset, q.device)
         if self.bias is None:
             logits = q @ k.transpose(-1, -2)
         else:
