@@ -24,8 +24,8 @@ test-all: ## run every test
 
 bench: ## attention and model benchmarks (CPU), tables into bench/
 	mkdir -p bench
-	$(PY) -m tvq_exp.bench attention --backends dense,vq,linear,flash_chunk --lengths 2048,8192,16384,32768 --mode fwd,fwdbwd --json bench/attention.json --plot bench/attention.png
-	$(PY) -m tvq_exp.bench model --models gau_dense,gau_vq,gau_linear,gau_flash,mha_dense --lengths 1024,2048,4096,8192,16384,32768 --json bench/model.json --plot bench/model.png
+	$(PY) -m tvq_exp.bench attention --backends dense,vq,linear,flash_chunk --lengths 2048,8192,16384,32768 --mode fwd,fwdbwd --reps 3 --budget 10 --timeout 600 --json bench/attention.json --plot bench/attention.png
+	$(PY) -m tvq_exp.bench model --models gau_dense,gau_vq,gau_linear,gau_flash,mha_dense --lengths 1024,2048,4096,8192,16384,32768 --reps 3 --budget 20 --timeout 1000 --json bench/model.json --plot bench/model.png
 
 train: ## train the default model (override with ARGS="model=gau_vq data=gutenberg ...")
 	$(PY) train.py $(ARGS)

@@ -14,14 +14,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from lightning.pytorch.demos.boring_classes import BoringModel
 from reliability_helpers import read_records
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tvq_exp import cli
-from tvq_exp.checkpointing import CheckpointError, newest_good_checkpoint, read_checkpoint
+from tvq_exp.checkpointing import (
+    BestAndLastCheckpoint,
+    CheckpointError,
+    newest_good_checkpoint,
+    read_checkpoint,
+)
 from tvq_exp.guard import NumericsError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,6 +145,26 @@ def test_run_name_fixes_the_run_directory() -> None:
 def test_resume_auto_needs_a_run_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="run_name"):
         run_train(["resume=auto"], tmp_path)
+
+
+def test_last_checkpoint_follows_every_validation_when_the_best_does_not_improve(tmp_path: Path) -> None:
+    """The monitored metric never improves after the first validation: the best file stays at step 2,
+    ``last.ckpt`` still moves with every validation (plain Lightning >= 2.6 would leave it at step 2)."""
+
+    class Flat(BoringModel):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val/bpb", 1.0)
+
+    checkpoint = BestAndLastCheckpoint(
+        dirpath=tmp_path, filename="best-{step}", monitor="val/bpb", mode="min", save_top_k=1, save_last=True
+    )
+    trainer = L.Trainer(
+        max_steps=6, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0, callbacks=[checkpoint],
+        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(Flat())
+    assert sorted(p.name for p in tmp_path.glob("best-*.ckpt")) == ["best-step=2.ckpt"]
+    assert read_checkpoint(tmp_path / "last.ckpt")["global_step"] == 6
 
 
 # ------------------------------------------------------------------------------------------- truncation

@@ -66,6 +66,14 @@ def test_sweep_preset_composes_and_every_job_builds(name: str, tmp_path: Path) -
         assert sum(p.numel() for p in module.parameters()) > 0, job
 
 
+def test_backend_sweep_trains_every_backend_from_an_empty_state() -> None:
+    """Carried streams would favour backends whose state stays bounded; the backend sweep overrides an
+    experiment's ``data.sampler=stream`` (whatever the order), the command line still wins."""
+    assert _compose(["experiment=cpu_small"]).data.sampler == "stream"
+    assert _compose(["experiment=cpu_small", "+sweep=backend"]).data.sampler == "random"
+    assert _compose(["+sweep=backend", "experiment=cpu_small", "data.sampler=stream"]).data.sampler == "stream"
+
+
 def test_expected_sweep_presets_exist() -> None:
     assert {"codebook_size", "window_bias", "heads", "backend", "block_len"} <= set(SWEEPS)
 

@@ -4,6 +4,8 @@
   file in the same folder, fsyncs it and ``os.replace``-s it into place; the file it overwrites
   (``last.ckpt``) is kept as ``last.prev.ckpt``. Loading refuses a truncated or corrupt file with a
   :class:`CheckpointError` naming it.
+* :class:`BestAndLastCheckpoint` keeps the best checkpoint by the monitored metric and rewrites
+  ``last.ckpt`` at every validation, improved or not.
 * :class:`RngState` (a callback) stores the torch, numpy and python RNG states in checkpoints.
 * :func:`newest_good_checkpoint` picks the newest checkpoint of a run folder that loads; a run that ended
   normally leaves ``finished.json`` (:func:`mark_finished`), so relaunching it skips it.
@@ -89,6 +91,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path, map_location or "cpu")
 
 
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` follows every validation.
+
+    Since Lightning 2.6 a monitored ``ModelCheckpoint`` writes ``last.ckpt`` only when it also writes a
+    new top-k file, so once the monitored metric stops improving ``last.ckpt`` stays behind (a resume
+    from it would repeat, or lose, every step since the best). Here ``last.ckpt`` is written at the
+    end of every validation in any case; the top-k files follow the monitor as before.
+    """
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)  # top-k (and last, when a top-k file was written)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            if not self._should_save_on_train_epoch_end(trainer):
+                self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
 class RngState(Callback):
     """Saves and restores the torch (CPU and CUDA), numpy and python RNG states with each checkpoint."""
 
@@ -155,6 +173,7 @@ def finished_summary(run_dir: Path) -> dict[str, Any] | None:
 
 __all__ = [
     "AtomicCheckpointIO",
+    "BestAndLastCheckpoint",
     "CheckpointError",
     "RngState",
     "checkpoint_candidates",
