@@ -69,8 +69,9 @@ def test_sweep_preset_composes_and_every_job_builds(name: str, tmp_path: Path) -
 def test_backend_sweep_trains_every_backend_from_an_empty_state() -> None:
     """Carried streams would favour backends whose state stays bounded; the backend sweep overrides an
     experiment's ``data.sampler=stream`` (whatever the order), the command line still wins."""
-    assert _compose(["experiment=cpu_small"]).data.sampler == "stream"
-    assert _compose(["experiment=cpu_small", "+sweep=backend"]).data.sampler == "random"
+    assert _compose(["experiment=enwik8_paper"]).data.sampler == "stream"
+    assert _compose(["experiment=enwik8_paper", "+sweep=backend"]).data.sampler == "random"
+    assert _compose(["+sweep=backend", "experiment=enwik8_paper"]).data.sampler == "random"
     assert _compose(["+sweep=backend", "experiment=cpu_small", "data.sampler=stream"]).data.sampler == "stream"
 
 
