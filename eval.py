@@ -1,10 +1,10 @@
-"""`python eval.py [key=value ...]`: see conf/eval.yaml and tvq_exp.cli.evaluate."""
+"""`python eval.py [key=value ...]`: see conf/eval.yaml and tvq_exp.run.evaluate."""
 
 import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.cli import evaluate
-from tvq_exp.entry import reported, run
+from tvq_exp.run.evaluate import evaluate
+from tvq_exp.run.errors import reported, run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")

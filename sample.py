@@ -1,10 +1,10 @@
-"""`python sample.py [key=value ...]`: see conf/sample.yaml and tvq_exp.cli.sample."""
+"""`python sample.py [key=value ...]`: see conf/sample.yaml and tvq_exp.run.sample."""
 
 import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.cli import sample
-from tvq_exp.entry import reported, run
+from tvq_exp.run.sample import sample
+from tvq_exp.run.errors import reported, run
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sample")

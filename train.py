@@ -1,18 +1,18 @@
-"""`python train.py [key=value ...]`: see conf/train.yaml and tvq_exp.cli.train."""
+"""`python train.py [key=value ...]`: see conf/train.yaml and tvq_exp.run.train."""
 
 import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.cli import train
-from tvq_exp.entry import reported, run
-from tvq_exp.sweeps import objective
+from tvq_exp.run.train import train
+from tvq_exp.run.errors import reported, run
+from tvq_exp.run.sweeps import objective
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 @reported
 def main(cfg: DictConfig) -> float:
     """Train; returns the sweep objective (best val/bpb). In a multirun a failing job writes
-    ``error.txt`` into its run dir and returns NaN, so the other jobs go on."""
+    ``error.txt`` into its run dir and returns +inf, so the other jobs go on."""
     return objective(cfg, train)
 
 

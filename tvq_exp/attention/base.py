@@ -41,6 +41,16 @@ class AttentionBackend(nn.Module):
             raise ValueError(f"{type(self).__name__} does not support grouped key/value heads (kv_heads={kv_heads})")
         self.d_k, self.d_v, self.heads, self.kv_heads, self.causal = d_k, d_v, heads, kv_heads, causal
 
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
+        """Matmul FLOPs of one call on ``batch`` fresh sequences of ``seq_len`` positions (forward, or
+        forward + backward), as :mod:`tvq_exp.measure.flops` counts them; ``None`` without a formula."""
+        return None
+
+    def state_floats(self, seq_len: int) -> int:
+        """Size of the recurrent inference state per sequence after ``seq_len`` positions: the number of
+        elements of the tensors ``forward`` returns in ``state`` (integer codes counted too)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report its state size")
+
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> None:
         """Validate ``q, k, v`` shapes against the backend's configuration."""
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:

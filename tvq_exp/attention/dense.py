@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
-from tvq_exp.attention.vq_bidirectional import encoder_bias, signed_relative_embeddings
+from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
 
 SCORES = ("softmax", "relu2")
@@ -23,7 +23,7 @@ class DenseAttention(AttentionBackend):
         d_k, d_v, heads: per-head key and value sizes and the number of query heads.
         causal: decoder (True) or encoder (False) attention.
         window_bias: add the Transformer-XL relative bias for distances ``0..window_len``
-            (encoder: ``|i - j| <= window_len``, see :func:`~.vq_bidirectional.encoder_bias`).
+            (encoder: ``|i - j| <= window_len``, see :meth:`~tvq_exp.nn.position.XLRelativeBias.encoder_bias`).
         window_len: the bias window ``M`` (required with ``window_bias``).
         memory_len: keep at most this many past keys in the carried state (None: all, exact).
         kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
@@ -80,9 +80,43 @@ class DenseAttention(AttentionBackend):
         new_state: State = {"k": k_all[:, :, -keep:].detach(), "v": v_all[:, :, -keep:].detach(), "t": t0 + t_new}
         return out, new_state, {}
 
+    @property
+    def needs_logits(self) -> bool:
+        """Whether the logits are computed explicitly (XL bias, ReLU², talking heads) instead of by SDPA."""
+        return self.bias is not None or self.score != "softmax" or self.mix_pre is not None or self.mix_post is not None
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int:
+        """``q·kᵀ`` and ``p·v`` over the full ``T×T`` square (plus the XL bias over the distances
+        ``0..M``; encoder ``-M..M``): ``H·(2T²d_k + 2T²d_v)`` per sequence, whatever the score and
+        ``kv_heads`` (keys and values are repeated to every query head). With explicit logits beyond the
+        chunking budget (:func:`query_chunks`), each chunk of query rows over its visible keys only, and
+        the chunk's scores once more in the backward (recomputation). Talking heads mix the
+        ``(H, T, T)`` logits (and the weights) with an ``(H, H)`` matrix: ``2H²T²`` each."""
+        heads, causal = self.heads, self.causal
+        chunks = query_chunks(batch * heads, seq_len, seq_len, 0, causal) if self.needs_logits else [(0, seq_len, seq_len)]
+        mixes = int(self.mix_pre is not None) + int(self.mix_post is not None)
+        scores = sum(
+            heads * mm(i1 - i0, end, self.d_k) + mixes * mm(heads, (i1 - i0) * end, heads) for i0, i1, end in chunks
+        )
+        fwd = scores + sum(heads * mm(i1 - i0, self.d_v, end) for i0, i1, end in chunks)
+        recompute = len(chunks) > 1 and backward  # checkpointed chunks recompute their scores
+        total = batch * (with_backward(fwd, backward) + (scores if recompute else 0))
+        if self.bias is not None:
+            window = self.bias.max_distance
+            total += xl_bias_flops(batch * seq_len, heads, self.d_k, window, backward, causal)
+            if recompute:  # the distance logits again (the relative embeddings are an input of the chunks)
+                distances = window + 1 if causal else 2 * window + 1
+                total += heads * mm(batch * seq_len, distances, self.d_k)
+        return total
+
+    def state_floats(self, seq_len: int) -> int:
+        """The keys and values kept: ``min(T, memory_len)`` positions of ``H_kv·(d_k + d_v)``."""
+        kept = seq_len if self.memory_len is None else min(seq_len, self.memory_len)
+        return kept * self.kv_heads * (self.d_k + self.d_v)
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
         t_q, t_k = q.shape[2], k.shape[2]
-        if self.score == "softmax" and self.bias is None and self.mix_pre is None and self.mix_post is None:
+        if not self.needs_logits:
             if not self.causal:
                 return F.scaled_dot_product_attention(q, k, v, scale=1.0)
             if past == 0:
@@ -104,7 +138,7 @@ class DenseAttention(AttentionBackend):
 
     def _relative_embeddings(self) -> Tensor:
         """The bias's projected relative embeddings (one- or two-sided), computed once per call."""
-        return self.bias.rel() if self.causal else signed_relative_embeddings(self.bias)
+        return self.bias.rel() if self.causal else self.bias.signed_rel()
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, rel: Tensor | None, offset: int) -> Tensor:
         """Explicit logits (XL bias with relative embeddings ``rel``, ReLU² scores, talking heads) of
@@ -116,7 +150,7 @@ class DenseAttention(AttentionBackend):
         if self.bias is None:
             logits = q @ k.transpose(-1, -2)
         else:
-            bias = self.bias.bias(q, dist, rel) if self.causal else encoder_bias(self.bias, q, dist, rel)
+            bias = self.bias.bias(q, dist, rel) if self.causal else self.bias.encoder_bias(q, dist, rel)
             logits = self.bias.content_query(q) @ k.transpose(-1, -2) + bias
         logits = _mix_heads(self.mix_pre, logits.to(acc))
         visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
-from tvq_exp.attention.vq_bidirectional import encoder_bias
+from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
 
 SCORES = ("relu2", "softmax")
@@ -105,6 +105,22 @@ class FlashChunkAttention(AttentionBackend):
         }
         return out, new_state, {}
 
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int:
+        """Groups of ``G`` (``T`` padded to whole groups, even when shorter), see
+        :func:`~tvq_exp.measure.flops.chunked_flops` with ``d_f = d_k``, plus the XL bias inside the
+        groups. The same count for both scores, both norms and the encoder."""
+        whole = padded(seq_len, self.group_size)
+        attend = chunked_flops(whole, self.group_size, self.d_k, self.d_v, self.heads, self.kv_heads)
+        total = with_backward(batch * attend, backward)
+        if self.bias is not None:
+            total += xl_bias_flops(batch * whole, self.heads, self.d_k, self.bias.max_distance, backward, self.causal)
+        return total
+
+    def state_floats(self, seq_len: int) -> int:
+        """Keys and values of the current partial group and ``Σ k vᵀ (d_k, d_v)``, per key/value head."""
+        partial = seq_len % self.group_size
+        return self.kv_heads * (partial * (self.d_k + self.d_v) + self.d_k * self.d_v)
+
     def empty_state(self, k: Tensor) -> State:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
         b, h, _, dk = k.shape
@@ -172,7 +188,7 @@ class FlashChunkAttention(AttentionBackend):
         b, hk, gh, r, rows, dk = qb.shape
         qc = self.bias.content_query(q).view_as(qb)
         qh = q.view(b, hk * gh, r, rows, dk)
-        bias = self.bias.bias(qh, dist) if self.causal else encoder_bias(self.bias, qh, dist)
+        bias = self.bias.bias(qh, dist) if self.causal else self.bias.encoder_bias(qh, dist)
         return qc @ kb.transpose(-1, -2) + bias.view(b, hk, gh, r, rows, -1)
 
     def _context(self, kv: Tensor, kv0: Tensor, n0: int, sizes: Tensor) -> tuple[Tensor, Tensor]:

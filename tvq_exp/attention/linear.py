@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.measure.flops import chunked_flops, mm, padded, with_backward
 
 FEATURE_MAPS = ("elu1", "relu", "favor")
 
@@ -77,6 +78,27 @@ class LinearAttention(AttentionBackend):
     def d_f(self) -> int:
         """Feature dimension ``d_f`` of ``φ``."""
         return self.num_features if self.feature_map == "favor" else self.d_k
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int:
+        """Causal: chunks of ``C = min(chunk_size, T)`` (``T`` padded to whole chunks), see
+        :func:`~tvq_exp.measure.flops.chunked_flops`. Encoder: ``Σ φ(k)vᵀ`` once per key/value head
+        (``2T·d_f·d_v``) and ``φ(q)·S`` per query head (``2T·d_f·d_v``). ``favor`` adds the random
+        projection ``x·ωᵀ`` of queries and keys (``2T·d_k·m`` per head; ``ω`` is a buffer, so its
+        backward is one matmul)."""
+        heads, kv_heads, d_f = self.heads, self.kv_heads, self.d_f
+        if self.causal:
+            chunk = min(self.chunk_size, seq_len)
+            attend = chunked_flops(padded(seq_len, chunk), chunk, d_f, self.d_v, heads, kv_heads)
+        else:
+            attend = (heads + kv_heads) * mm(d_f, self.d_v, seq_len)
+        total = with_backward(batch * attend, backward)
+        if self.feature_map == "favor":
+            total += batch * (heads + kv_heads) * mm(seq_len, d_f, self.d_k) * (2 if backward else 1)
+        return total
+
+    def state_floats(self, seq_len: int) -> int:
+        """``S (d_f, d_v)`` and ``z (d_f)`` per key/value head, whatever ``seq_len``."""
+        return self.kv_heads * self.d_f * (self.d_v + 1)
 
     @torch.no_grad()
     def redraw(self) -> None:

@@ -68,6 +68,32 @@ class XLRelativeBias(nn.Module):
         idx = distance.clamp(0, self.max_distance).expand(*dl.shape[:-1], distance.shape[-1])
         return dl.gather(-1, idx).masked_fill(~inside, 0.0)
 
+    def signed_rel(self) -> Tensor:
+        """Projected sinusoids of the signed distances ``-M..M`` (encoders): ``(H, 2M + 1, d_k)``.
+
+        ``sinusoid(-d)`` is ``sinusoid(d)`` with its sine half negated (sine is odd, cosine even).
+        """
+        half = self.table.shape[1] // 2
+        negative = torch.cat([-self.table[1:, :half], self.table[1:, half:]], dim=1).flip(0)
+        full = torch.cat([negative, self.table], dim=0).to(self.proj.weight.dtype)
+        return self.proj(full).view(full.shape[0], self.heads, self.d_k).transpose(0, 1)
+
+    def encoder_bias(self, q: Tensor, distance: Tensor, rel: Tensor | None = None) -> Tensor:
+        """Two-sided bias ``(q_i + v)·r_{i-j}`` for ``|i - j| <= M`` (zero beyond), for encoders.
+
+        ``q (B, H, ..., Tq, d_k)``, ``distance (Tq, Tk)`` (query minus key position) ->
+        ``(B, H, ..., Tq, Tk)``. Equals :meth:`bias` wherever ``distance >= 0``. ``rel``:
+        :meth:`signed_rel`, if already computed.
+        """
+        m = self.max_distance
+        qv = self.position_query(q)
+        rel = (self.signed_rel() if rel is None else rel).to(q.dtype)
+        shape = qv.shape
+        logits = torch.matmul(qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0))
+        logits = logits.view(*shape[:-1], 2 * m + 1)
+        idx = (distance.clamp(-m, m) + m).expand(*logits.shape[:-1], distance.shape[-1])
+        return logits.gather(-1, idx).masked_fill(distance.abs() > m, 0.0)
+
 
 def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     """Rotary position embedding of ``x: (B, H, T, d)`` at integer ``positions: (T,)`` (d even)."""

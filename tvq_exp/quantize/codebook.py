@@ -151,10 +151,16 @@ class VectorQuantizer(nn.Module):
             total = self.ema_count.sum(-1, keepdim=True)
             smoothed = (self.ema_count + self.eps) / (total + self.codebook_size * self.eps) * total
             self.embed.copy_(self.ema_sum / smoothed.clamp_min(self.eps)[..., None])
-        self.pending_count.zero_()
-        self.pending_sum.zero_()
         if self.dead_code_threshold > 0 and self.recent_keys is not None:
             self._reset_dead_codes(self.recent_keys)
+        self.discard_pending()
+
+    @torch.no_grad()
+    def discard_pending(self) -> None:
+        """Forget the statistics (and sampled keys) gathered since the last :meth:`update`."""
+        self.pending_count.zero_()
+        self.pending_sum.zero_()
+        self.recent_keys = None
 
     def _reset_dead_codes(self, keys: Tensor) -> None:
         dead = self.ema_count < self.dead_code_threshold  # (H, S)
@@ -170,4 +176,3 @@ class VectorQuantizer(nn.Module):
         self.ema_count.copy_(torch.where(dead, new_count, self.ema_count))
         if self.strategy == "ema":
             self.ema_sum.copy_(torch.where(dead[..., None], seeds * new_count[..., None], self.ema_sum))
-        self.recent_keys = None

@@ -1,0 +1,156 @@
+"""FLASH mixed chunk attention and FLASH-Quad (dense ReLU²): equal their masked-quadratic references;
+streaming and decoding equal the parallel forward (backend and model level)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.attention.test_linear import (
+    D_K,
+    D_V,
+    H,
+    T,
+    check_against_reference,
+    check_model_streaming,
+    inputs,
+    rel_err,
+    tiny_decoder,
+)
+
+from tvq_exp.attention import DenseAttention, FlashChunkAttention, build_attention
+from tvq_exp.attention.naive import dense_attention as dense_reference
+from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
+
+
+def with_random_bias(attn: torch.nn.Module) -> torch.nn.Module:
+    """Non-zero ``u, v`` so the content query and bias terms are exercised."""
+    if attn.bias is not None:
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            attn.bias.u.copy_(torch.randn(attn.bias.u.shape, generator=g) * 0.5)
+            attn.bias.v.copy_(torch.randn(attn.bias.v.shape, generator=g) * 0.5)
+    return attn
+
+
+FLASH_OPTIONS = [
+    {"group_size": 5},
+    {"group_size": 8, "window_bias": True, "window_len": 3},
+    {"group_size": 1},
+    {"group_size": 64, "window_bias": True},
+    {"group_size": 6, "score": "softmax", "window_bias": True, "window_len": 4},
+    {"group_size": 7, "norm": "fixed", "norm_scale": 3.0},
+    {"group_size": 4, "score": "softmax", "norm": "fixed"},
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("options", FLASH_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_chunk_equals_reference(dtype: torch.dtype, options: dict, causal: bool) -> None:
+    attn = with_random_bias(FlashChunkAttention(D_K, D_V, H, causal=causal, kv_heads=2, **options))
+    check_against_reference(attn, flash_chunk_reference, dtype, kv_heads=2)
+
+
+@pytest.mark.parametrize("options", FLASH_OPTIONS[:2] + FLASH_OPTIONS[4:5], ids=["plain", "bias", "softmax"])
+def test_flash_chunk_streaming_and_decoding(options: dict) -> None:
+    attn = with_random_bias(FlashChunkAttention(D_K, D_V, H, kv_heads=1, **options)).double()
+    q, k, v = inputs(torch.float64, kv_heads=1)
+    full = attn(q, k, v)[0]
+    for cuts in ((0, 3, 11, 12, T), tuple(range(T + 1))):
+        state, parts = None, []
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            out, state, _ = attn(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], state)
+            parts.append(out)
+        assert rel_err(torch.cat(parts, 2), full) < 1e-12
+    g = attn.group_size
+    assert state["t"] == T and state["n"] == (T // g) * g and state["k"].shape[2] == T % g
+
+
+def test_flash_chunk_normaliser_never_uses_the_total_length() -> None:
+    """A prefix of the sequence gives exactly the prefix of the outputs (no length-dependent scale)."""
+    attn = FlashChunkAttention(D_K, D_V, H, group_size=4).double()
+    q, k, v = inputs(torch.float64, kv_heads=H)
+    full = attn(q, k, v)[0]
+    assert rel_err(attn(q[:, :, :9], k[:, :, :9], v[:, :, :9])[0], full[:, :, :9]) < 1e-14
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("window_bias", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_quad_equals_reference(dtype: torch.dtype, window_bias: bool, causal: bool) -> None:
+    attn = with_random_bias(
+        DenseAttention(
+            D_K, D_V, H, causal=causal, kv_heads=2, score="relu2", window_bias=window_bias, window_len=5
+        )
+    )
+    check_against_reference(attn, dense_reference, dtype, kv_heads=2)
+
+
+@pytest.mark.parametrize("score", ["relu2", "softmax"])
+def test_dense_streaming_and_decoding(score: str) -> None:
+    attn = with_random_bias(
+        DenseAttention(D_K, D_V, H, score=score, window_bias=True, window_len=4, talking_heads=True)
+    ).double()
+    q, k, v = inputs(torch.float64, kv_heads=H)
+    full = attn(q, k, v)[0]
+    state, parts = None, []
+    for t in range(T):
+        out, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
+        parts.append(out)
+    assert rel_err(torch.cat(parts, 2), full) < 1e-12
+
+
+def test_softmax_default_paths_unchanged() -> None:
+    """``score='softmax'`` without talking heads still matches plain softmax attention."""
+    attn = DenseAttention(D_K, D_V, H, kv_heads=2).double()
+    q, k, v = inputs(torch.float64, kv_heads=2)
+    assert rel_err(attn(q, k, v)[0], dense_reference(attn, q, k, v)) < 1e-12
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="score"):
+        DenseAttention(D_K, D_V, H, score="relu")
+    with pytest.raises(ValueError, match="score"):
+        FlashChunkAttention(D_K, D_V, H, score="relu")
+    with pytest.raises(ValueError, match="norm"):
+        FlashChunkAttention(D_K, D_V, H, norm="length")
+    with pytest.raises(ValueError, match="group_size"):
+        FlashChunkAttention(D_K, D_V, H, group_size=0)
+    q, k, v = inputs(torch.float32, kv_heads=H)
+    with pytest.raises(ValueError, match="causal"):
+        FlashChunkAttention(D_K, D_V, H, causal=False)(q, k, v, {"t": 0})
+
+
+@pytest.mark.parametrize("block", ["gau", "mha"])
+@pytest.mark.parametrize(
+    "position,attention",
+    [
+        ("xl", {"name": "flash_chunk", "group_size": 4, "window_len": 3}),
+        ("rope", {"name": "flash_chunk", "group_size": 5, "score": "softmax"}),
+        ("xl", {"name": "dense", "score": "relu2", "window_len": 6}),
+    ],
+    ids=["flash-xl", "flash-softmax-rope", "flash-quad-xl"],
+)
+def test_model_streaming_and_decoding(block: str, position: str, attention: dict) -> None:
+    check_model_streaming(tiny_decoder(block, position, **attention))
+
+
+def test_registered() -> None:
+    attn = build_attention("flash_chunk", d_k=D_K, d_v=D_V, heads=H, group_size=3)
+    assert isinstance(attn, FlashChunkAttention)
+
+
+@pytest.mark.parametrize("score", ["relu2", "softmax"])
+def test_decoding_one_token_costs_its_own_row_not_a_padded_group(score: str) -> None:
+    """A decoding step inside a group scores its one query against the group's keys so far."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g, d = 64, 16
+    attn = build_attention("flash_chunk", d_k=d, d_v=d, group_size=g, score=score, window_bias=True)
+    x = torch.randn(1, 1, 2 * g + 9, d)
+    _, state, _ = attn(x, x, x)
+    with FlopCounterMode(display=False) as counter:
+        attn(x[:, :, :1], x[:, :, :1], x[:, :, :1], state)
+    keys = 10  # 9 buffered + the new one
+    per_row = 2 * (keys * d * 2 + d * d) + 2 * (g + 1) * d  # scores, values, linear term, bias logits
+    assert counter.get_total_flops() <= per_row + 2 * (g + 1) * d * d  # + the relative embeddings' projection

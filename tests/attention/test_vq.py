@@ -1,0 +1,282 @@
+"""Transformer-VQ attention: exact w.r.t. dense softmax over quantised keys, streaming, causal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tvq_exp.attention import VQAttention, build_attention
+from tvq_exp.attention.naive import softmax_attention
+from tvq_exp.attention.vq.naive import vq_attention as vq_reference
+from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
+from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
+
+
+def make_vq(block_len: int, window_bias: bool = False, window_len: int | None = None, dtype=torch.float64, **kw) -> VQAttention:
+    attn = build_attention(
+        "vq", d_k=6, d_v=5, heads=2, codebook_size=7, block_len=block_len,
+        window_bias=window_bias, window_len=window_len, **kw,
+    ).to(dtype)
+    if window_bias:
+        torch.nn.init.normal_(attn.bias.u)
+        torch.nn.init.normal_(attn.bias.v)
+    return attn.eval()
+
+
+def qkv(t: int, dtype=torch.float64, b: int = 2, h: int = 2, grad: bool = True):
+    mk = lambda d: torch.randn(b, h, t, d, dtype=dtype, requires_grad=grad)
+    return mk(6), mk(6), mk(5)
+
+
+@pytest.mark.parametrize("window_bias", [False, True])
+@pytest.mark.parametrize("block_len,t", [(4, 16), (8, 16), (16, 16), (4, 13), (5, 23), (1, 6)])
+def test_vq_equals_dense_softmax_over_quantised_keys_fp64(window_bias: bool, block_len: int, t: int) -> None:
+    attn = make_vq(block_len, window_bias, window_len=min(3, block_len) if window_bias else None)
+    q, k, v = qkv(t)
+    out, _, _ = attn(q, k, v)
+    ref = vq_reference(attn, q, k, v)
+    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
+    g = torch.randn_like(out)
+    gq, gk, gv = torch.autograd.grad((out * g).sum(), (q, k, v))
+    rq, _, rv = torch.autograd.grad((ref * g).sum(), (q, k, v))
+    assert torch.allclose(gq, rq, atol=1e-10, rtol=0)
+    assert torch.allclose(gv, rv, atol=1e-10, rtol=0)
+    assert gk.abs().sum() > 0  # straight-through keys receive gradient from the window
+
+
+def test_vq_fp32_matches_reference_relative() -> None:
+    attn = make_vq(8, window_bias=True, window_len=8, dtype=torch.float32)
+    q, k, v = qkv(50, dtype=torch.float32, grad=False)
+    out, _, _ = attn(q, k, v)
+    ref = vq_reference(attn.double(), q.double(), k.double(), v.double())
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_vq_block_length_invariance_with_fixed_bias_window() -> None:
+    q, k, v = qkv(24, grad=False)
+    outs = []
+    for block_len in (3, 4, 6, 8, 12, 24):
+        attn = make_vq(block_len, window_bias=True, window_len=3)
+        torch.manual_seed(1)
+        ref_attn = make_vq(3, window_bias=True, window_len=3)
+        attn.load_state_dict(ref_attn.state_dict())
+        outs.append(attn(q, k, v)[0])
+    for o in outs[1:]:
+        assert torch.allclose(o, outs[0], atol=1e-12)
+
+
+@pytest.mark.parametrize("splits", [[5], [8], [1, 2, 3], [7, 7]])
+def test_vq_segment_continuation_equals_one_shot(splits: list[int]) -> None:
+    attn = make_vq(4, window_bias=True, window_len=4)
+    q, k, v = qkv(21, grad=False)
+    full, _, _ = attn(q, k, v)
+    pieces, state, start = [], None, 0
+    for end in [*torch.tensor(splits).cumsum(0).tolist(), 21]:
+        o, state, _ = attn(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], state)
+        pieces.append(o)
+        start = end
+    assert torch.allclose(torch.cat(pieces, 2), full, atol=1e-12)
+    assert state["t"] == 21
+
+
+def test_vq_token_by_token_decoding_equals_parallel_and_state_is_bounded() -> None:
+    attn = make_vq(4, window_bias=True, window_len=2)
+    q, k, v = qkv(19, grad=False)
+    full, _, _ = attn(q, k, v)
+    state, outs = None, []
+    for t in range(19):
+        o, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
+        outs.append(o)
+        assert state["k"].shape[2] < 2 * 4  # O(L + S) state, never the whole history
+    assert torch.allclose(torch.cat(outs, 2), full, atol=1e-12)
+    assert state["cache_n"].sum(-1).eq(12).all()  # blocks 0..2 (12 tokens) are in the cache
+
+
+def test_vq_carried_state_is_detached() -> None:
+    attn = make_vq(4)
+    q, k, v = qkv(10)
+    _, state, _ = attn(q, k, v)
+    assert not any(x.requires_grad for x in state.values() if isinstance(x, torch.Tensor))
+
+
+@pytest.mark.parametrize("window_bias", [False, True])
+def test_vq_causal_by_jacobian(window_bias: bool) -> None:
+    attn = make_vq(3, window_bias, window_len=3 if window_bias else None)
+    t = 10
+    q, k, v = qkv(t, b=1, h=2, grad=False)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return attn(x[..., :6], x[..., 6:12], x[..., 12:], None)[0]
+
+    jac = torch.autograd.functional.jacobian(f, torch.cat([q, k, v], -1))  # (1,2,T,5, 1,2,T,17)
+    per_pos = jac.abs().sum(dim=(0, 1, 3, 4, 5, 7))
+    assert torch.all(per_pos.triu(1) == 0)
+    assert torch.all(per_pos.diagonal() > 0)
+    assert per_pos[:, :3].sum() > 0 and per_pos[-1, :3].sum() > 0  # the cache passes value gradients
+
+
+def test_vq_without_cache_is_a_two_block_sliding_window() -> None:
+    attn = make_vq(4, use_cache=False)
+    q, k, v = qkv(16, grad=False)
+    out, _, _ = attn(q, k, v)
+    k_hat, _, _ = attn.quantizer(k)
+    pos = torch.arange(16)
+    window = (pos[None, :] // 4 >= pos[:, None] // 4 - 1) & (pos[None, :] <= pos[:, None])
+    logits = (q @ k_hat.transpose(-1, -2)).masked_fill(~window, float("-inf"))
+    assert torch.allclose(out, torch.softmax(logits, -1) @ v, atol=1e-12)
+
+
+def test_grad_through_cache_off_keeps_forward_and_drops_cache_value_gradient() -> None:
+    on, off = make_vq(3), make_vq(3, grad_through_cache=False)
+    off.load_state_dict(on.state_dict())
+    q, k, v = qkv(12)
+    out_on, out_off = on(q, k, v)[0], off(q, k, v)[0]
+    assert torch.allclose(out_on, out_off, atol=1e-12)
+    g_on = torch.autograd.grad(out_on[:, :, -1].sum(), v)[0]
+    g_off = torch.autograd.grad(out_off[:, :, -1].sum(), v)[0]
+    assert g_on[:, :, :6].abs().sum() > 0 and g_off[:, :, :6].abs().sum() == 0  # blocks 0, 1 are cached for block 3
+
+
+def test_public_api_codebook_and_aux() -> None:
+    attn = build_attention("vq", d_k=8, d_v=16, heads=2, codebook_size=32, block_len=4, window_bias=False)
+    assert attn.codebook.shape == (2, 32, 8)
+    k = torch.randn(3, 2, 10, 8, requires_grad=True)
+    out, state, aux = attn(torch.randn(3, 2, 10, 8), k, torch.randn(3, 2, 10, 16))
+    assert out.shape == (3, 2, 10, 16)
+    assert {"commit_loss", "perplexity", "quant_error", "dead_codes"} <= set(aux)
+    assert aux["commit_loss"].requires_grad and 1.0 <= float(aux["perplexity"]) <= 32.0
+
+
+def test_grouped_key_value_heads_equal_repeated_reference() -> None:
+    attn = build_attention("vq", d_k=6, d_v=5, heads=4, kv_heads=2, codebook_size=7, block_len=4, window_bias=False).double()
+    q = torch.randn(2, 4, 13, 6, dtype=torch.float64)
+    k, v = torch.randn(2, 2, 13, 6, dtype=torch.float64), torch.randn(2, 2, 13, 5, dtype=torch.float64)
+    out, _, _ = attn(q, k, v)
+    k_hat, _, _ = attn.quantizer(k)
+    assert torch.allclose(out, softmax_attention(q, k_hat, v), atol=1e-10)
+
+
+def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
+    attn = build_attention("vq", d_k=8, d_v=8, heads=1, codebook_size=2, block_len=1, window_bias=False)
+    k = torch.ones(1, 1, 262, 8)  # every key lands on one code
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, state, _ = attn(torch.randn(1, 1, 262, 8), k, torch.randn(1, 1, 262, 8))
+    assert state["cache_n"].dtype == torch.float32 and state["cache_mu"].dtype == torch.float32
+    assert torch.isfinite(out).all()
+    assert float(state["cache_n"].max()) == 261.0  # odd and > 256: not representable in bf16
+
+
+@pytest.mark.parametrize("bad", [{"block_len": 0}, {"codebook_size": 1}, {"window_len": 9, "block_len": 8}])
+def test_bad_vq_options_are_refused(bad: dict) -> None:
+    opts = {"d_k": 4, "d_v": 4, "heads": 1, "codebook_size": 8, "block_len": 8} | bad
+    with pytest.raises(ValueError, match="|".join(bad)):
+        build_attention("vq", **opts)
+
+
+# ----------------------------------------------------------------------------- the fused kernel
+
+
+def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int = 5, block: int = 4):
+    """Random float64 inputs of :func:`window_cache_attention` (N=2, d_k=6, d_v=5, S=7, M=3)."""
+    n, dk, dv, s, m = 2, 6, 5, 7, 3
+    mk = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    from tvq_exp.nn.position import window_distances
+
+    offset = block - rows  # queries at the end of their block, as in decoding
+    inputs = {
+        "q": mk(n, items, g * rows, dk),
+        "kb": mk(n, items + 1, block, dk),
+        "vb": mk(n, items + 1, block, dv),
+        "index": window_index(window_distances(block)[offset:], m if bias else None),
+    }
+    if bias:
+        inputs |= {"bias_q": mk(n, items, g * rows, dk), "rel": mk(n, g, m + 1, dk)}
+    if cache:
+        counts = torch.randint(0, 3, (n, items, s)).double()
+        inputs |= {
+            "codebook": torch.randn(n, s, dk, dtype=torch.float64),
+            "log_n": torch.where(counts > 0, counts.log(), float("-inf")),
+            "mu": mk(n, items, s, dv),
+        }
+    return inputs
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("rows", [4, 1, 3])
+def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cache: bool, rows: int) -> None:
+    inputs = kernel_inputs(bias, cache, rows)
+    wrt = [x for x in inputs.values() if x.requires_grad]
+    ref = window_cache_reference(**inputs, prev_masked=True)
+    g = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * g).sum(), wrt)
+    for chunk in (1, 2, 3, 5, 8):
+        out = window_cache_attention(**inputs, prev_masked=True, chunk=chunk)
+        assert torch.allclose(out, ref, atol=1e-12, rtol=0)
+        grads = torch.autograd.grad((out * g).sum(), wrt)
+        for name, got, want in zip([k for k, x in inputs.items() if x.requires_grad], grads, ref_grads, strict=True):
+            assert torch.allclose(got, want, atol=1e-11, rtol=0), (name, chunk)
+            assert want.abs().sum() > 0, name  # every input really receives a gradient
+
+
+def test_kernel_passes_gradcheck() -> None:
+    inputs = kernel_inputs(bias=True, cache=True, rows=2, items=3, block=2)
+    inputs = {k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"} | {
+        "index": inputs["index"]
+    }
+    names = [k for k, v in inputs.items() if v.requires_grad]
+    fn = lambda *xs: window_cache_attention(**(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2)
+    assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])
+
+
+def test_kernel_under_bf16_autocast_tracks_fp32() -> None:
+    inputs = {k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()}
+    ref = window_cache_reference(**inputs, prev_masked=True)
+    low = {k: v.bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = window_cache_attention(**low, prev_masked=True)
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, atol=0.05, rtol=0.05)
+
+
+def test_decoding_one_token_costs_one_row_not_a_padded_block() -> None:
+    """A decoding step computes its own query row only: its matmuls are those of 1 position, not L."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    block, s, d = 64, 32, 16
+    attn = build_attention("vq", d_k=d, d_v=d, heads=1, codebook_size=s, block_len=block, window_bias=True)
+    x = torch.randn(1, 1, 3 * block + 5, d)
+    _, state, _ = attn(x, x, x)
+
+    def flops(fn) -> int:
+        with FlopCounterMode(display=False) as counter:
+            fn()
+        return counter.get_total_flops()
+
+    step = flops(lambda: attn(x[:, :, :1], x[:, :, :1], x[:, :, :1], state))
+    per_row = 2 * ((2 * block + s) * 2 * d + (block + 1) * d) + 2 * s * d  # scores, values, bias, code search
+    assert step <= 2 * per_row + 2 * (block + 1) * d * d  # + the relative embeddings' projection
+
+
+def test_running_code_means_equal_the_plain_recurrence_and_its_gradient() -> None:
+    from tvq_exp.attention.vq.cache import running_code_means
+    from tvq_exp.attention.vq.naive import running_code_means as running_code_means_reference
+
+    n, r, L, s, dv = 3, 5, 4, 6, 3
+    codes = torch.randint(0, s, (n, r, L))
+    values = torch.randn(n, r, L, dv, dtype=torch.float64, requires_grad=True)
+    valid = torch.ones(r, L, dtype=torch.bool)
+    valid[-1, 2:] = False  # padding never enters the cache
+    n0 = torch.randint(0, 3, (n, s)).double()
+    mu0 = torch.randn(n, s, dv, dtype=torch.float64) * (n0 > 0)[..., None]
+    counts, means = running_code_means(codes, values, valid, n0, mu0)
+    ref_counts, ref_means = running_code_means_reference(codes, values, valid, n0, mu0)
+    assert torch.equal(counts, ref_counts)
+    assert torch.allclose(means, ref_means, atol=1e-12, rtol=0)
+    g = torch.randn_like(means)
+    got = torch.autograd.grad((means * g).sum(), values)[0]
+    want = torch.autograd.grad((ref_means * g).sum(), values)[0]
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    assert got[:, -1, 2:].abs().sum() == 0 and got.abs().sum() > 0
+    # entry j holds the initial cache plus blocks 0..j-1: the totals check the bookkeeping
+    assert torch.equal(counts[:, -1].sum(-1), n0.sum(-1) + valid.sum())

@@ -1,0 +1,237 @@
+"""Multi-head options (key_size, talking heads, grouped / multi-query keys-values), causality of
+every backend in every block by Jacobian, and the new model presets (compose + train on real text)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from tests.attention.test_flash_chunk import with_random_bias
+from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
+
+from tvq_exp.attention import DenseAttention, build_attention
+from tvq_exp.attention.base import repeat_kv
+from tvq_exp.attention.naive import softmax_attention
+from tvq_exp.attention.naive import dense_attention as dense_reference
+from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
+from tvq_exp.attention.naive import linear_attention as linear_reference
+from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
+from tvq_exp.models.blocks import GAUBlock, MHABlock
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+CORPUS = Path("/work/shared/datasets/text/tinyshakespeare.txt")
+
+
+# ---------------------------------------------------------------- talking heads
+def test_identity_talking_heads_equal_plain_multi_head_attention() -> None:
+    q, k, v = inputs(torch.float64, kv_heads=2)
+    for score in ("softmax", "relu2"):
+        plain = DenseAttention(D_K, D_V, H, kv_heads=2, score=score).double()
+        talking = DenseAttention(
+            D_K, D_V, H, kv_heads=2, score=score, talking_heads=True, talking_heads_post=True
+        ).double()
+        assert torch.equal(talking.mix_pre, torch.eye(H, dtype=torch.float64))
+        assert rel_err(talking(q, k, v)[0], plain(q, k, v)[0]) < 1e-12
+    assert rel_err(plain(q, k, v)[0], dense_reference(plain, q, k, v)) < 1e-12
+
+
+def test_identity_talking_heads_block_equals_plain_block() -> None:
+    torch.manual_seed(0)
+    plain = MHABlock(
+        24, functools.partial(build_attention, name="dense", window_len=8), heads=4, position="xl"
+    ).double()
+    talking = MHABlock(
+        24,
+        functools.partial(build_attention, name="dense", window_len=8, talking_heads=True),
+        heads=4,
+        position="xl",
+    ).double()
+    talking.load_state_dict(plain.state_dict(), strict=False)
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    assert rel_err(talking(x)[0], plain(x)[0]) < 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("post", [False, True])
+def test_talking_heads_equal_reference(dtype: torch.dtype, post: bool) -> None:
+    attn = DenseAttention(
+        D_K, D_V, H, kv_heads=2, talking_heads=True, talking_heads_post=post, window_bias=True, window_len=5
+    )
+    with torch.no_grad():
+        for mix in (attn.mix_pre, attn.mix_post):
+            if mix is not None:
+                mix.copy_(torch.randn(H, H, generator=torch.Generator().manual_seed(3)) * 0.6)
+    check_against_reference(with_random_bias(attn), dense_reference, dtype, kv_heads=2)
+
+
+@pytest.mark.parametrize("name", ["vq", "linear", "flash_chunk"])
+@pytest.mark.parametrize("flag", ["talking_heads", "talking_heads_post"])
+def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
+    with pytest.raises(ValueError, match=f"{name}.*{flag}.*dense"):
+        build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: True})
+    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: False})
+    assert not isinstance(attn, DenseAttention)
+
+
+@pytest.mark.parametrize("backend", ["vq", "linear", "flash_chunk"])
+def test_talking_heads_refused_when_the_config_is_composed(backend: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(
+            overrides=["+model=mha_talking_heads", "+data.vocab_size=256", f"model/attention={backend}"]
+        )
+    with pytest.raises(InstantiationException, match="talking_heads"):
+        instantiate(cfg.model)
+
+
+# ---------------------------------------------------------------- key_size / kv_heads
+def test_key_size_sets_the_parameter_shapes() -> None:
+    attn = functools.partial(build_attention, name="dense", window_len=8)
+    blk = MHABlock(32, attn, heads=4, head_size=10, key_size=6, kv_heads=2, position="xl")
+    assert blk.w_q.weight.shape == (4 * 6, 32)
+    assert blk.w_kv.weight.shape == (2 * (6 + 10), 32)
+    assert blk.w_o.weight.shape == (32, 4 * 10)
+    assert (blk.attn.d_k, blk.attn.d_v, blk.attn.kv_heads) == (6, 10, 2)
+    assert blk.attn.bias.u.shape == (4, 6)
+    default = MHABlock(32, attn, heads=4, position="xl")
+    assert default.w_q.weight.shape == (32, 32) and default.w_kv.weight.shape == (2 * 32, 32)
+    out, _, _ = blk(torch.randn(2, 7, 32))
+    assert out.shape == (2, 7, 32)
+
+
+GROUPED = {
+    "dense": ({"window_bias": True, "window_len": 4}, dense_reference),
+    "vq": ({"codebook_size": 8, "block_len": 5, "window_len": 4}, vq_window_reference),
+    "linear": ({"feature_map": "favor", "chunk_size": 4}, linear_reference),
+    "flash_chunk": ({"group_size": 5, "window_bias": True, "window_len": 3}, flash_chunk_reference),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED))
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_kv_heads_for_every_backend(name: str, kv_heads: int) -> None:
+    options, reference = GROUPED[name]
+    torch.manual_seed(0)
+    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=kv_heads, **options).eval()
+    check_against_reference(
+        with_random_bias(attn) if getattr(attn, "bias", None) is not None else attn,
+        reference,
+        torch.float64,
+        kv_heads,
+    )
+
+
+@pytest.mark.parametrize("name", ["dense", "linear", "flash_chunk"])
+def test_grouped_kv_equals_repeated_kv(name: str) -> None:
+    options = {key: value for key, value in GROUPED[name][0].items() if not key.startswith("window")}
+    grouped = build_attention(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=1, **options).double()
+    full = copy.deepcopy(grouped)
+    full.kv_heads = H
+    q, k, v = inputs(torch.float64, kv_heads=1)
+    assert rel_err(grouped(q, k, v)[0], full(q, repeat_kv(k, H), repeat_kv(v, H))[0]) < 1e-12
+
+
+def test_mqa_softmax_equals_plain_reference() -> None:
+    attn = DenseAttention(D_K, D_V, H, kv_heads=1).double()
+    q, k, v = inputs(torch.float64, kv_heads=1)
+    assert rel_err(attn(q, k, v)[0], softmax_attention(q, k, v)) < 1e-12
+
+
+# ---------------------------------------------------------------- causality by Jacobian
+BACKENDS = {
+    "dense": ("xl", {"name": "dense", "window_len": 4}),
+    "flash_quad": ("xl", {"name": "dense", "window_len": 4, "score": "relu2"}),
+    "talking_heads": ("rope", {"name": "dense", "talking_heads": True, "talking_heads_post": True}),
+    "vq": ("xl", {"name": "vq", "codebook_size": 8, "block_len": 4}),
+    "linear": ("rope", {"name": "linear", "feature_map": "elu1", "chunk_size": 3}),
+    "favor": ("none", {"name": "linear", "feature_map": "favor", "chunk_size": 5}),
+    "flash_chunk": ("xl", {"name": "flash_chunk", "group_size": 4, "window_len": 3}),
+}
+
+
+def build_block(kind: str, backend: str) -> torch.nn.Module:
+    position, options = BACKENDS[backend]
+    attn = functools.partial(build_attention, **options)
+    torch.manual_seed(0)
+    if kind == "gau":
+        return GAUBlock(16, attn, d_k=6, heads=2, position=position).double().eval()
+    return MHABlock(16, attn, heads=4, key_size=6, kv_heads=2, position=position).double().eval()
+
+
+@pytest.mark.parametrize("kind", ["gau", "mha"])
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_causality_by_jacobian(kind: str, backend: str) -> None:
+    """Row ``t`` of the Jacobian (projected on a random output direction): ``d out_t / d x_s``."""
+    blk = build_block(kind, backend)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 13, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    out = blk(x)[0][0]
+    rows = []
+    for t in range(out.shape[0]):
+        (grad,) = torch.autograd.grad(
+            out[t], x, torch.randn(out[t].shape, generator=gen, dtype=torch.float64), retain_graph=True
+        )
+        rows.append(grad[0].abs().sum(-1))
+    dep = torch.stack(rows)  # (T_out, T_in)
+    assert dep.triu(1).max() == 0, "an output depends on a later input"
+    assert (dep.tril(-1) > 0).any(), "the Jacobian is all zero below the diagonal"
+    assert (dep.diagonal() > 0).all()
+
+
+# ---------------------------------------------------------------- presets
+PRESETS = {
+    "gau_linear": ["model.block.d_k=32", "model.attention.chunk_size=16"],
+    "gau_flash": ["model.block.d_k=32", "model.attention.group_size=16"],
+    "gau_flash_quad": ["model.block.d_k=32", "model.attention.window_len=32"],
+    "mha_linear": ["model.attention.chunk_size=16"],
+    "mha_flash": ["model.attention.group_size=16"],
+    "mha_talking_heads": ["model.attention.window_len=32"],
+    "mha_mqa": ["model.attention.window_len=32"],
+}
+
+
+@functools.cache
+def corpus() -> torch.Tensor:
+    """The shared corpus as raw bytes ``(N,)``."""
+    return torch.frombuffer(bytearray(CORPUS.read_bytes()), dtype=torch.uint8)
+
+
+def corpus_windows(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Random windows of ``length + 1`` bytes: ``(batch, length + 1)`` token ids."""
+    data = corpus()
+    start = torch.randint(0, data.numel() - length - 1, (batch,), generator=generator)
+    return torch.stack([data[s : s + length + 1] for s in start.tolist()]).long()
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_composes_and_trains(preset: str) -> None:
+    overrides = [
+        f"+model={preset}",
+        "+data.vocab_size=256",
+        "model.d_model=64",
+        "model.n_layers=2",
+        *PRESETS[preset],
+    ]
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(overrides=overrides)
+    torch.manual_seed(0)
+    model = instantiate(cfg.model)
+    gen = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(10):
+        batch = corpus_windows(8, 64, gen)
+        out = model(batch[:, :-1])
+        loss = F.cross_entropy(out.logits.reshape(-1, 256), batch[:, 1:].reshape(-1)) + out.aux["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        model.codebook_step()
+        losses.append(loss.item())
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.3, losses

@@ -1,0 +1,287 @@
+"""Exact resume, ``resume=auto``, truncated checkpoints, preemption signals and the numerics guard.
+
+Runs are tiny (GAU-VQ, 2 layers, stream sampler with carried state, 64-byte segments of Shakespeare).
+Test-only callbacks from ``reliability_helpers`` record losses, send real signals or inject NaNs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from lightning.pytorch.demos.boring_classes import BoringModel
+from tests.helpers.reliability import read_records
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tvq_exp.run.train import train
+from tvq_exp.callbacks.checkpoint import BestAndLastCheckpoint
+from tvq_exp.run.checkpoints import CheckpointError, newest_good_checkpoint, read_checkpoint
+from tvq_exp.callbacks.numerics_guard import NumericsError
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+BASE = [
+    "experiment=smoke",
+    "data=shakespeare",
+    "data.seq_len=64",
+    "data.batch_size=4",
+    "data.eval_batch_size=4",
+    "data.sampler=stream",
+    "trainer.max_steps=20",
+    "trainer.val_check_interval=5",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=5",
+    "trainer.enable_progress_bar=false",
+    "trainer.accelerator=cpu",
+    "trainer.precision=32-true",
+]
+
+needs_data = pytest.mark.skipif(
+    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text").is_dir(),
+    reason="set TVQ_DATA_DIR to the shared datasets folder",
+)
+pytestmark = needs_data
+
+
+
+def callback(name: str, target: str, **kwargs: Any) -> list[str]:
+    """Overrides adding the test callback ``tests.helpers.reliability.<target>(**kwargs)``."""
+    args = [f"+callbacks.{name}.{key}={value}" for key, value in kwargs.items()]
+    return [f"+callbacks.{name}._target_=tests.helpers.reliability.{target}", *args]
+
+
+def record(path: Path) -> list[str]:
+    """Overrides adding a :class:`Recorder` writing to ``path``."""
+    return callback("recorder", "Recorder", path=str(path))
+
+
+def run_train(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    """Compose ``train.yaml`` (BASE + ``overrides``) and train in ``run_dir``."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[*BASE, *overrides, f"paths.output_dir={run_dir}"])
+    return train(cfg)
+
+
+def auto(name: str) -> list[str]:
+    return ["resume=auto", f"run_name={name}"]
+
+
+def identical(a: Any, b: Any) -> bool:
+    """Exact equality of nested lists/tuples/dicts of tensors and plain values."""
+    if torch.is_tensor(a):
+        return torch.is_tensor(b) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(identical, a, b))
+    return a == b
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of a TensorBoard scalar in every event file under ``run_dir``."""
+    values: list[tuple[int, float]] = []
+    for path in sorted(run_dir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            values += [(e.step, e.value) for e in acc.Scalars(tag)]
+    return sorted(values)
+
+
+# ------------------------------------------------------------------------------------------- exact resume
+
+
+def test_preempted_and_resumed_run_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    straight, pieces = tmp_path / "straight.jsonl", tmp_path / "pieces.jsonl"
+    run_train(record(straight), tmp_path / "a")
+    first = run_train([*auto("b"), *record(pieces), *callback("kill", "SignalAt", step=8)], tmp_path / "b")
+    assert first["global_step"] == 8 and not (tmp_path / "b" / "finished.json").exists()
+    assert read_checkpoint(tmp_path / "b" / "checkpoints" / "last.ckpt")["global_step"] == 8
+    second = run_train([*auto("b"), *record(pieces)], tmp_path / "b")
+    assert second["global_step"] == 20 and (tmp_path / "b" / "finished.json").is_file()
+
+    expected, got = read_records(straight), read_records(pieces)
+    assert [r["step"] for r in got] == list(range(1, 21))
+    assert [r["loss"] for r in got] == [r["loss"] for r in expected]  # bit-for-bit, every step
+    assert [r["checksum"] for r in got] == [r["checksum"] for r in expected]  # weights + codebooks
+    a, b = (
+        read_checkpoint(tmp_path / "a" / "checkpoints" / "last.ckpt"),
+        read_checkpoint(tmp_path / "b" / "checkpoints" / "last.ckpt"),
+    )
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    assert identical(a["train_state"], b["train_state"])  # the carried stream state
+    # one TensorBoard run holding the same curves, each step logged once
+    assert [p.name for p in (tmp_path / "b").iterdir() if p.name == "tensorboard"] == ["tensorboard"]
+    for tag in ("train/loss", "val/bpb", "lr/lr", "codebook/layer0/perplexity"):
+        assert scalars(tmp_path / "b", tag) == scalars(tmp_path / "a", tag), tag
+
+    third = run_train([*auto("b"), *record(pieces)], tmp_path / "b")  # finished: skipped
+    assert third["global_step"] == 20 and len(read_records(pieces)) == 20
+
+
+def test_run_name_fixes_the_run_directory() -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        named = compose("train", overrides=["run_name=vq-s512"], return_hydra_config=True)
+        unnamed = compose("train", return_hydra_config=True)
+    assert named.hydra.run.dir == "logs/runs/vq-s512"
+    assert named.hydra.sweep.dir == "logs/multiruns/vq-s512"
+    assert unnamed.hydra.run.dir.startswith("logs/runs/20")
+
+
+def test_resume_auto_needs_a_run_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="run_name"):
+        run_train(["resume=auto"], tmp_path)
+
+
+def test_last_checkpoint_follows_every_validation_when_the_best_does_not_improve(tmp_path: Path) -> None:
+    """The monitored metric never improves after the first validation: the best file stays at step 2,
+    ``last.ckpt`` still moves with every validation (plain Lightning >= 2.6 would leave it at step 2)."""
+
+    class Flat(BoringModel):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val/bpb", 1.0)
+
+    checkpoint = BestAndLastCheckpoint(
+        dirpath=tmp_path, filename="best-{step}", monitor="val/bpb", mode="min", save_top_k=1, save_last=True
+    )
+    trainer = L.Trainer(
+        max_steps=6, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0, callbacks=[checkpoint],
+        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    trainer.fit(Flat())
+    assert sorted(p.name for p in tmp_path.glob("best-*.ckpt")) == ["best-step=2.ckpt"]
+    assert read_checkpoint(tmp_path / "last.ckpt")["global_step"] == 6
+
+
+# ------------------------------------------------------------------------------------------- truncation
+
+
+def test_truncated_checkpoint_is_refused_and_auto_falls_back(tmp_path: Path) -> None:
+    run_dir, rows = tmp_path / "run", tmp_path / "rows.jsonl"
+    overrides = [*auto("t"), "trainer.max_steps=12", *record(rows)]
+    run_train([*overrides, *callback("kill", "SignalAt", step=7, signal_name="SIGUSR1")], run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)["global_step"] == 7
+    assert read_checkpoint(run_dir / "checkpoints" / "last.prev.ckpt")["global_step"] == 5
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+
+    with pytest.raises(CheckpointError, match=r"last\.ckpt is truncated or corrupt"):
+        read_checkpoint(last)
+    with pytest.raises(CheckpointError, match=r"last\.ckpt"):
+        run_train([f"ckpt_path={last}", "trainer.max_steps=12"], tmp_path / "explicit")
+    good, refused = newest_good_checkpoint(run_dir / "checkpoints")
+    assert good is not None and read_checkpoint(good)["global_step"] == 5 and len(refused) == 1
+
+    before = len(read_records(rows))
+    result = run_train(overrides, run_dir)
+    resumed = read_records(rows)[before:]
+    assert resumed[0]["step"] == 6 and result["global_step"] == 12
+
+
+# ------------------------------------------------------------------------------------------- signals
+
+
+def test_sigterm_to_a_training_process_saves_and_exits_0(tmp_path: Path) -> None:
+    ready, rows = tmp_path / "ready", tmp_path / "rows.jsonl"
+    args = [
+        *BASE,
+        *auto("pre"),
+        "trainer.val_check_interval=1000",
+        "torch_threads=1",
+        f"paths.log_dir={tmp_path}",
+        *record(rows),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(REPO / "train.py"), *args]
+    proc = subprocess.Popen(
+        [*command, "trainer.max_steps=100000", *callback("ready", "TouchAt", step=3, path=str(ready))],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "SIGTERM at step" in stdout
+    step = read_checkpoint(tmp_path / "runs" / "pre" / "checkpoints" / "last.ckpt")["global_step"]
+    assert step >= 3 and read_records(rows)[-1]["step"] == step
+
+    done = subprocess.run(
+        [*command, f"trainer.max_steps={step + 2}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in read_records(rows)][-2:] == [step + 1, step + 2]
+
+
+def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_others(tmp_path: Path) -> None:
+    args = [*BASE, *auto("sweep"), "trainer.max_steps=4", "trainer.val_check_interval=2", "data.batch_size=2,4"]
+    command = [sys.executable, str(REPO / "train.py"), "-m", *args, f"paths.log_dir={tmp_path}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    jobs = tmp_path / "multiruns" / "sweep"
+    assert (jobs / "0" / "finished.json").is_file() and (jobs / "1" / "finished.json").is_file()
+    (jobs / "1" / "finished.json").unlink()  # as if job 1 had been preempted after its last checkpoint
+    again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("finished at step 4; skipped") == 1
+    assert f"resuming from {jobs / '1' / 'checkpoints'}" in again.stdout
+
+
+# ------------------------------------------------------------------------------------------- numerics
+
+
+def test_nan_batch_is_skipped_and_reported(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    result = run_train(
+        [
+            "trainer.max_steps=10",
+            *record(rows),
+            "+callbacks.nan._target_=tests.helpers.reliability.NanAt",
+            "+callbacks.nan.steps=[4]",
+        ],
+        tmp_path / "run",
+    )
+    got = read_records(rows)
+    assert result["global_step"] == 10 and len(got) == 10
+    bad = got[4]
+    assert bad["loss"] != bad["loss"]  # the injected NaN
+    assert bad["checksum"] == got[3]["checksum"]  # no optimiser update, no codebook update
+    assert all(r["finite"] for r in got) and all(r["loss"] == r["loss"] for i, r in enumerate(got) if i != 4)
+    assert scalars(tmp_path / "run", "train/skipped_steps") == [(5, 1.0)]
+    checkpoint = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())
+
+
+def test_consecutive_bad_steps_stop_the_run_with_a_good_checkpoint(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    with pytest.raises(NumericsError, match=r"3 consecutive .*guard\.max_bad_steps=3.*last\.ckpt"):
+        run_train(
+            ["guard.max_bad_steps=3", *record(rows), *callback("nan", "NanAt", from_step=3)], tmp_path / "run"
+        )
+    got = read_records(rows)
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
+    assert got[-1]["checksum"] == got[2]["checksum"] and all(r["finite"] for r in got)
+    checkpoint = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert checkpoint["global_step"] == 6
+    assert not (tmp_path / "run" / "finished.json").exists()

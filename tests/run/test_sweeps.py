@@ -1,0 +1,153 @@
+"""Sweep presets compose, every experiment runs a fast_dev_run step, a multirun gives one run dir per job,
+and the sweep objective isolates a failing job (traceback in its ``error.txt``, +inf to the sweeper)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, open_dict
+from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
+
+from tvq_exp.run import sweeps
+from tvq_exp.run.build import build_module, to_dict
+from tvq_exp.run.train import train
+from tvq_exp.data.paths import DataNotFoundError
+
+CONF = REPO / "conf"
+SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# Every preset runs on CPU here; paper-size presets are shrunk (their full size is the slow test), and
+# enwik8 (not in the shared data) is replaced by the Gutenberg books to check the wiring.
+CPU = ["trainer=cpu"]
+SHRINK = [
+    "model.n_layers=2",
+    "model.d_model=64",
+    "model.block.d_k=32",
+    "data.batch_size=1",
+    "data.eval_batch_size=1",
+]
+DATA = {"enwik8_paper": ["data=gutenberg", "data.seq_len=1024"]}
+
+
+@pytest.fixture
+def small_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """The shared small sweep (see ``sweep_fixture``)."""
+    return make_small_sweep(tmp_path_factory.getbasetemp())
+
+
+def _compose(overrides: list[str], hydra_config: bool = False) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=overrides, return_hydra_config=hydra_config)
+
+
+def _sweep_jobs(cfg: DictConfig) -> list[list[str]]:
+    """The jobs of a basic-sweeper ``params`` block: the cartesian product of its comma lists."""
+    axes = [
+        [f"{key}={value}" for value in str(values).split(",")]
+        for key, values in cfg.hydra.sweeper.params.items()
+    ]
+    return [list(job) for job in itertools.product(*axes)]
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_sweep_preset_composes_and_every_job_builds(name: str, tmp_path: Path) -> None:
+    jobs = _sweep_jobs(_compose([f"+sweep={name}", "experiment=smoke"], hydra_config=True))
+    assert len(jobs) >= 2
+    for job in jobs:
+        cfg = _compose(["experiment=smoke", "model.d_model=64", "model.n_layers=1", *job])
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path)
+        module = build_module(to_dict(cfg))
+        assert sum(p.numel() for p in module.parameters()) > 0, job
+
+
+def test_backend_sweep_trains_every_backend_from_an_empty_state() -> None:
+    """Carried streams would favour backends whose state stays bounded; the backend sweep overrides an
+    experiment's ``data.sampler=stream`` (whatever the order), the command line still wins."""
+    assert _compose(["experiment=enwik8_paper"]).data.sampler == "stream"
+    assert _compose(["experiment=enwik8_paper", "+sweep=backend"]).data.sampler == "random"
+    assert _compose(["+sweep=backend", "experiment=enwik8_paper"]).data.sampler == "random"
+    assert _compose(["+sweep=backend", "experiment=cpu_small", "data.sampler=stream"]).data.sampler == "stream"
+
+
+def test_expected_sweep_presets_exist() -> None:
+    assert {"codebook_size", "window_bias", "heads", "backend", "block_len"} <= set(SWEEPS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_runs_one_fast_dev_run_step(name: str, tmp_path: Path, data_dir: Path) -> None:
+    shrink = SHRINK if name.endswith("_paper") else []
+    overrides = [
+        f"experiment={name}",
+        *CPU,
+        *shrink,
+        *DATA.get(name, []),
+        "+trainer.fast_dev_run=1",
+        "logger=none",
+    ]
+    overrides += ["trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}"]
+    try:
+        summary = train(_compose(overrides))
+    except DataNotFoundError as missing:
+        pytest.skip(f"{name}: its data set is not in the shared data root ({str(missing).splitlines()[0]})")
+    assert summary["global_step"] == 1
+
+
+@pytest.mark.slow
+def test_enwik8_paper_full_size_fast_dev_run(tmp_path: Path, data_dir: Path) -> None:
+    if not (data_dir / "enwik8").exists():
+        pytest.skip(f"enwik8 is not in {data_dir}")
+    overrides = ["experiment=enwik8_paper", "trainer=cpu", "data.batch_size=1", "data.eval_batch_size=1"]
+    overrides += [
+        "+trainer.fast_dev_run=1",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        f"paths.output_dir={tmp_path}",
+    ]
+    assert train(_compose(overrides))["global_step"] == 1
+
+
+def test_optuna_preset_composes() -> None:
+    pytest.importorskip(
+        "hydra_plugins.hydra_optuna_sweeper",
+        reason='hydra-optuna-sweeper is an optional extra (pip install -e ".[optuna]") and is not installed',
+    )
+    cfg = _compose(["+hparams_search=optuna", "experiment=smoke"], hydra_config=True)
+    assert cfg.optimized_metric == "val/bpb"
+    assert cfg.hydra.sweeper.direction == "minimize"
+    assert "module.lr" in cfg.hydra.sweeper.params
+
+
+@GROUP
+def test_multirun_one_run_dir_per_job(small_sweep: Path) -> None:
+    assert sorted(p.name for p in small_sweep.iterdir() if p.is_dir()) == sorted(OK_JOBS)
+    for job in OK_JOBS:
+        run = small_sweep / job
+        assert list((run / "tensorboard").glob("events.out.tfevents.*")), job
+        assert (run / ".hydra" / "overrides.yaml").is_file() and (run / "config.yaml").is_file()
+        assert not (run / sweeps.ERROR_FILE).exists()
+
+
+def test_objective_returns_metric_and_isolates_failures_only_in_multirun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = DictConfig({"paths": {"output_dir": str(tmp_path)}})
+    summary = {"best_val_bpb": 1.5, "val": {"loss": 1.0, "bpb": 1.6}}
+    assert sweeps.objective(cfg, lambda _: summary) == 1.5
+    cfg.optimized_metric = "val/loss"
+    assert sweeps.objective(cfg, lambda _: summary) == 1.0
+
+    def fail(_: DictConfig) -> dict:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        sweeps.objective(cfg, fail)
+    monkeypatch.setattr(sweeps, "in_multirun", lambda: True)
+    assert sweeps.objective(cfg, fail) == math.inf
+    assert "RuntimeError: boom" in (tmp_path / sweeps.ERROR_FILE).read_text()

@@ -1,0 +1,137 @@
+"""Bad overrides are refused when the config is composed, with one line naming the key.
+
+Most cases compose ``train.yaml`` with ``hydra.compose`` and call :func:`tvq_exp.run.validation.validate`; a few
+go through the real ``train.py`` (exit status 2, one line on stderr, no traceback, no data read).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from tvq_exp.run.validation import ConfigError, validate
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+TINY = ["experiment=smoke"]
+
+# (overrides, the key the message must name)
+BAD_OVERRIDES: list[tuple[list[str], str]] = [
+    (["model.attention.block_len=0"], "model.attention.block_len"),
+    (["model.attention.block_len=-32"], "model.attention.block_len"),
+    (["model.attention.block_len=128"], "model.attention.block_len"),  # > data.seq_len=64
+    (["model.attention.codebook_size=1"], "model.attention.codebook_size"),
+    (["model.attention.codebook_size=0"], "model.attention.codebook_size"),
+    (["model.attention.window_len=64"], "model.attention.window_len"),  # > block_len=32
+    (["model.attention.name=nope"], "model.attention.name"),
+    (["+model.attention.codebok_size=8"], "model.attention.codebok_size"),
+    (["model.d_model=0"], "model.d_model"),
+    (["model.n_layers=0"], "model.n_layers"),
+    (["model.vocab_size=-1"], "model.vocab_size"),
+    (["model.embed_dropout=1.5"], "model.embed_dropout"),
+    (["model.block.d_k=0"], "model.block.d_k"),
+    (["model.block.dropout=-0.1"], "model.block.dropout"),
+    (["model.block.position=alibi"], "model.block.position"),
+    (["model.d_model=abc"], "model.d_model"),
+    (["model.attention.codebook.decay=1.5"], "model.attention.codebook.decay"),
+    (["model.attention.codebook.strategy=adam"], "model.attention.codebook.strategy"),
+    (["model.attention.codebook.commit_weight=-1"], "model.attention.codebook.commit_weight"),
+    (["model=mha_talking_heads", "model/attention=vq"], "talking_heads"),
+    (["model=mha_dense", "model.block.heads=0"], "model.block.heads"),
+    (["model=mha_dense", "model.block.kv_heads=3"], "model.block.kv_heads"),
+    (["model.block._target_=tvq_exp.blocks.Nope"], "model.block._target_"),
+    (["data.seq_len=0"], "data.seq_len"),
+    (["data.batch_size=0"], "data.batch_size"),
+    (["+data.corpus.pth=x"], "data.corpus.pth"),
+]
+
+
+def compose_train(overrides: list[str]) -> DictConfig:
+    """``train.yaml`` composed with the smoke preset and ``overrides``."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=[*TINY, *overrides])
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(BAD_OVERRIDES) >= 20
+
+
+def test_the_smoke_preset_itself_is_valid() -> None:
+    validate(compose_train([]))
+
+
+MODEL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", MODEL_PRESETS)
+def test_every_model_preset_passes_validation(model: str) -> None:
+    """Validation must accept every shipped preset: `python train.py model=NAME` may not be refused."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        validate(compose("train", overrides=[f"model={model}"]))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_passes_validation(experiment: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        validate(compose("train", overrides=[f"experiment={experiment}"]))
+
+
+@pytest.mark.parametrize("override", ["model/attention=dense", "model/attention=flash_chunk"])
+def test_flash_window_defaults_but_dense_window_is_required(override: str) -> None:
+    cfg = compose_train(["model=gau_dense", override, "model.attention.window_len=null"])
+    if override.endswith("dense"):
+        with pytest.raises(ConfigError, match="model.attention.window_len"):
+            validate(cfg)
+    else:
+        validate(cfg)
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
+def test_bad_override_names_the_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        validate(compose_train(overrides))
+    message = str(error.value)
+    assert key in message, message
+    assert "\n" not in message
+
+
+def run_script(script: str, *overrides: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with ``overrides`` (outputs under ``tmp_path``)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *overrides, f"paths.log_dir={tmp_path}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["experiment=smoke", "model.attention.codebook_size=1"], "model.attention.codebook_size"),
+        (["experiment=smoke", "model.attention.codebok_size=8"], "codebok_size"),  # not in the config
+        (["experiment=smoke", "model=nope"], "model"),  # unknown group option
+    ],
+)
+def test_train_script_prints_one_line_and_exits_2(overrides: list[str], key: str, tmp_path: Path) -> None:
+    result = run_script("train.py", *overrides, tmp_path=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_eval_script_refuses_a_missing_checkpoint_in_one_line(tmp_path: Path) -> None:
+    result = run_script("eval.py", f"ckpt_path={tmp_path / 'none.ckpt'}", tmp_path=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "none.ckpt" in lines[0], result.stderr

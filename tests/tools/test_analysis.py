@@ -1,0 +1,131 @@
+"""``tvq_exp.analysis`` on a real sweep (one table row per run, plots, Markdown) and on synthetic event
+files; the TensorBoard HParams plugin data holds each run's final validation metric; text samples."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
+from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+from torch.utils.tensorboard import SummaryWriter
+
+from tvq_exp import analysis
+from tvq_exp.tools.analysis.frontier import frontier_config
+from tvq_exp.run.build import build_module, to_dict
+
+SWEPT = "model.attention.codebook_size"
+
+
+@pytest.fixture
+def small_sweep(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Path:
+    """The shared small sweep (see ``sweep_fixture``)."""
+    return make_small_sweep(tmp_path_factory.getbasetemp())
+
+
+def _accumulator(run: Path) -> EventAccumulator:
+    accumulator = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+@GROUP
+def test_analysis_command_writes_table_and_plots(small_sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    analysis.main([str(small_sweep), "--out", str(out)])
+    table = analysis.load_sweep(small_sweep)
+    assert len(table) == len(OK_JOBS) and table.attrs["swept"] == [SWEPT]
+    assert sorted(table[SWEPT], key=int) == ["16", "32"] and list(table["status"]) == ["ok", "ok"]
+    assert table["final val/bpb"].between(1.0, 9.0).all() and (table["steps"] == 4).all()
+    assert (table["wall_time_s"] > 0).all()
+    summary = (out / "summary.md").read_text()
+    assert summary.count("| small_sweep/") == len(table)
+    pngs = {p.name for p in out.glob("*.png")}
+    assert {
+        "val_bpb_vs_step.png",
+        "val_bpb_vs_wall_time.png",
+        "final_val_bpb_vs_model_attention_codebook_size.png",
+    } <= pngs
+    assert all((out / name).stat().st_size > 1000 for name in pngs)
+
+
+@GROUP
+def test_frontier_report_names_each_backend_run(small_sweep: Path, tmp_path: Path) -> None:
+    """The frontier's report step on real runs laid out as ``runs/<model>`` (its training step is
+    ``train.py`` itself): one row per model, named after its folder, and the plot."""
+    runs = sorted(p for p in small_sweep.iterdir() if (p / "tensorboard").is_dir())
+    (tmp_path / "runs").mkdir()
+    for name, run in zip(("gau_vq", "gau_dense"), runs, strict=False):
+        (tmp_path / "runs" / name).symlink_to(run, target_is_directory=True)
+    table = analysis.frontier_report(tmp_path, ["gau_vq", "gau_dense"], 60)
+    assert sorted(table["model"]) == ["gau_dense", "gau_vq"]
+    report = (tmp_path / "frontier.md").read_text()
+    assert "| gau_vq |" in report and "| gau_dense |" in report
+    assert (tmp_path / "frontier.png").stat().st_size > 1000
+
+
+@GROUP
+def test_hparams_plugin_holds_final_validation_metric(small_sweep: Path) -> None:
+    for job in OK_JOBS:
+        accumulator = _accumulator(small_sweep / job)
+        content = accumulator.PluginTagToContent("hparams")
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        metric_tags = {info.name.tag for info in experiment.metric_infos}
+        assert {"final/val_bpb", "final/best_val_bpb", "final/train_loss"} <= metric_tags
+        start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+        hparams = start.session_start_info.hparams
+        expected = yaml.safe_load((small_sweep / job / ".hydra" / "overrides.yaml").read_text())
+        assert f"{SWEPT}={int(hparams[SWEPT].number_value)}" in expected
+        final = accumulator.Scalars("final/val_bpb")[-1].value
+        last_val = accumulator.Scalars("val/bpb")[-1].value
+        assert math.isclose(final, last_val, rel_tol=1e-6)
+
+
+@GROUP
+def test_scalar_groups_and_text_samples_logged(small_sweep: Path) -> None:
+    accumulator = _accumulator(small_sweep / OK_JOBS[0])
+    tags = accumulator.Tags()["scalars"]
+    for group in ("train/", "val/", "codebook/layer0/", "throughput/", "lr/"):
+        assert any(tag.startswith(group) for tag in tags), group
+    assert "samples/text/text_summary" in accumulator.Tags()["tensors"]
+    text = accumulator.Tensors("samples/text/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert text.strip("`\n").startswith("The ")
+
+
+def test_load_scalars_and_summary_on_synthetic_runs(tmp_path: Path) -> None:
+    for job, final in (("0", 2.0), ("1", 1.5)):
+        run = tmp_path / job
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- +sweep=x\n- model.block.heads={int(job) + 1}\n")
+        writer = SummaryWriter(run / "tensorboard")
+        for step, value in enumerate((3.0, final + 0.5, final)):
+            writer.add_scalar("val/bpb", value, step, walltime=100.0 + 10 * step)
+        writer.close()
+    table = analysis.load_sweep(tmp_path)
+    assert table.attrs["swept"] == ["model.block.heads"]
+    assert list(table["final val/bpb"]) == [2.0, 1.5] and list(table["best val/bpb"]) == [2.0, 1.5]
+    assert list(table["wall_time_s"]) == [20.0, 20.0]
+    markdown = analysis.markdown_table(table)
+    assert markdown.splitlines()[0].startswith("| run | model.block.heads | status")
+    assert len(markdown.splitlines()) == 4
+
+
+@pytest.mark.parametrize("model", frontier_config()["models"])
+def test_frontier_configs_compose_at_equal_width(model: str, tmp_path: Path) -> None:
+    overrides = [o for o in analysis.frontier_overrides(model, 60, tmp_path) if not o.startswith("hydra.")]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+    assert cfg.trainer.max_time == "00:00:01:00"
+    assert cfg.data.sampler == "random"  # every backend trains as it is validated: from an empty state
+    module = build_module(to_dict(cfg))
+    assert module.model.d_model == 128
+    assert len(module.model.blocks) == 4

@@ -1,0 +1,119 @@
+"""The benchmark CLI on tiny configurations (the FLOP formulas it reports: tests/models/test_flops.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+
+from tvq_exp import bench
+from tvq_exp.tools.bench.cases import compose_model
+from tvq_exp.tools.bench.driver import MODEL_SETTINGS, model_settings
+
+FIELDS = {
+    "backend",
+    "seq_len",
+    "mode",
+    "ms",
+    "tokens_per_s",
+    "peak_mem_mb",
+    "gflops",
+    "gflops_per_s",
+    "mm_fraction",
+}
+TINY = ["--reps", "1", "--budget", "0", "--threads", "1"]
+
+
+def test_attention_bench_writes_documented_records(tmp_path: Path) -> None:
+    out = tmp_path / "attn.json"
+    argv = [
+        "attention",
+        "--backends",
+        "vq,no_such_backend",
+        "--lengths",
+        "64",
+        "--mode",
+        "fwdbwd",
+        "--mm-size",
+        "64",
+    ]
+    bench.main([*argv, *TINY, "--json", str(out)])
+    records = json.loads(out.read_text())
+    assert len(records) == 2 and all(FIELDS <= rec.keys() for rec in records)
+    vq, missing = records
+    assert vq["backend"] == "vq" and vq["seq_len"] == 64 and vq["mode"] == "fwdbwd"
+    assert vq["ms"] > 0 and vq["tokens_per_s"] > 0 and vq["peak_mem_mb"] >= 0
+    assert vq["gflops"] > 0 and vq["mm_fraction"] > 0
+    assert "unknown backend" in missing["error"] and missing["ms"] is None
+
+
+def test_model_bench_writes_records_and_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "model.json", tmp_path / "model.png"
+    argv = [
+        "model",
+        "--models",
+        "gau_vq,no_such_preset",
+        "--lengths",
+        "64",
+        "--mm-size",
+        "64",
+        *TINY,
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+    ]
+    bench.main(argv)
+    records = json.loads(out.read_text())
+    assert [r["backend"] for r in records] == ["gau_vq", "no_such_preset"]
+    assert all(FIELDS <= rec.keys() for rec in records)
+    assert records[0]["tokens_per_s"] > 0 and records[0]["peak_mem_mb"] >= 0
+    model = instantiate(compose_model("gau_vq", MODEL_SETTINGS).model)
+    assert records[0]["gflops"] * 1e9 == pytest.approx(model.flops(64, 1, backward=True), rel=1e-12)
+    assert records[0]["mm_fraction"] > 0
+    assert "no conf/model/no_such_preset.yaml" in records[1]["error"]
+    assert png.stat().st_size > 0
+
+
+def test_model_preset_is_composed_at_bench_width() -> None:
+    cfg = compose_model("gau_vq", MODEL_SETTINGS)
+    assert cfg.model.d_model == 256 and cfg.model.n_layers == 4
+    assert cfg.model.attention.codebook_size == 512 and cfg.model.attention.block_len == 512
+
+
+def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None:
+    """``--d-model``, ``--n-layers`` and ``--set MODEL:KEY=VALUE`` shape the measured model (e.g. the
+    dense GAU without its XL bias, so it runs scaled_dot_product_attention)."""
+    args = bench.parser().parse_args(
+        ["model", "--models", "gau_dense,gau_vq", "--d-model", "32", "--n-layers", "1"]
+        + ["--set", "gau_dense:block.position=none", "--set", "block.d_k=8"]
+    )
+    dense, vq = (model_settings(args, name) for name in ("gau_dense", "gau_vq"))
+    assert dense["overrides"] == ["block.position=none", "block.d_k=8"] and vq["overrides"] == ["block.d_k=8"]
+    cfg = compose_model("gau_dense", dense)
+    assert (cfg.model.d_model, cfg.model.n_layers) == (32, 1)
+    assert cfg.model.block.position == "none" and cfg.model.block.d_k == 8
+    assert compose_model("gau_vq", vq).model.block.position == "xl"
+    out = tmp_path / "m.json"
+    bench.main(["model", "--models", "gau_dense", "--lengths", "32", "--mm-size", "64", *TINY, "--json", str(out)]
+               + ["--d-model", "32", "--n-layers", "1", "--set", "gau_dense:block.position=none"])
+    (rec,) = json.loads(out.read_text())
+    assert rec["overrides"] == ["block.position=none"] and rec["d_model"] == 32 and rec["ms"] > 0
+
+
+def test_model_bench_refuses_a_malformed_override() -> None:
+    with pytest.raises(SystemExit):
+        bench.parser().parse_args(["model", "--set", "gau_dense:block.position"])
+
+
+def test_a_configuration_that_does_not_fit_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    """Dense attention needs ~T² memory: under a 64 MiB cap T=4096 fails to allocate, is recorded as
+    out of memory, and the next (smaller) configuration is still measured."""
+    out = tmp_path / "attn.json"
+    argv = ["attention", "--backends", "dense", "--lengths", "4096,256", "--mode", "fwd", "--mm-size", "64"]
+    bench.main([*argv, *TINY, "--mem-limit-mb", "64", "--json", str(out)])
+    big, small = json.loads(out.read_text())
+    assert big["error"].startswith("out of memory") and big["ms"] is None
+    assert small["ms"] > 0 and "error" not in small

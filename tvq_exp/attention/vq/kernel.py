@@ -1,0 +1,221 @@
+"""The fused window + cache step of Transformer-VQ attention: chunked, recomputed in the backward.
+
+Each **item** is one query block: ``R = G·Lq`` query rows (``G`` grouped query heads stacked, ``Lq``
+positions) that attend to
+
+- the **window**: key blocks ``i`` (the previous block) and ``i + 1`` (the block of the queries),
+  ``2L`` keys (or, for a one-block window, block ``i`` alone: a sequence's first block with nothing
+  before it). Their additive term is looked up by ``index (Lq, W)`` in the row's table
+  ``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]``: the XL bias inside the window (distances ``0..M``),
+  zero beyond it, ``-inf`` for the causal mask. Without the bias the table is ``[0, -inf]``.
+- the **cache**: the ``S`` codes, additive term ``log n_s``, with the cache means as values.
+
+One softmax over ``[window; cache]`` per row (its row max is the paper's shared stop-gradient max)
+and ``out = Σ p·[values; means]``.
+
+The forward walks the items in chunks small enough to stay in the processor's cache and keeps only
+its inputs and the output; the backward recomputes each chunk's probabilities, as flash attention
+does. Nothing of size ``T·(2L + S)`` or ``T·M`` is ever materialised: memory is
+``O(T·(d_k + d_v))`` and the memory traffic per token does not grow with the sequence length.
+:func:`tvq_exp.attention.vq.naive.window_cache_attention` is the same function written plainly (full tensors, autograd); the
+tests hold the two equal, forward and every gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.base import accumulation_dtype
+
+# working-set budget of one chunk of items (the fp32 scores of all its rows): cache-sized on a CPU;
+# large on a GPU, where fewer and bigger kernels win
+CHUNK_BYTES = {"cpu": 4 << 20, "cuda": 1 << 30}
+
+
+def window_cache_attention(
+    q: Tensor,
+    kb: Tensor,
+    vb: Tensor,
+    index: Tensor,
+    bias_q: Tensor | None = None,
+    rel: Tensor | None = None,
+    codebook: Tensor | None = None,
+    log_n: Tensor | None = None,
+    mu: Tensor | None = None,
+    prev_masked: bool = False,
+    chunk: int | None = None,
+) -> Tensor:
+    """Attention of every item's queries over its two-block window and the compressive cache.
+
+    Args:
+        q: content queries ``(N, I, R, d_k)``; ``R = G·Lq`` rows (``G`` heads of ``Lq`` positions).
+        kb, vb: key / value blocks ``(N, I + 1, L, d)``: item ``i`` sees blocks ``i`` and ``i + 1``;
+            or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``.
+        index: ``(Lq, W)`` table column of each of the ``W = 2L`` (or ``L``) window keys (the same for
+            every head and item).
+        bias_q: bias queries ``q + v`` ``(N, I, R, d_k)`` (None: no XL bias).
+        rel: projected relative embeddings ``(N, G, M + 1, d_k)``, with ``bias_q``.
+        codebook: codes ``(N, S, d_k)`` or None (no cache); never receives a gradient.
+        log_n: ``(N, I, S)`` log code counts (``-inf`` for empty codes); no gradient.
+        mu: cache means ``(N, I, S, d_v)``.
+        prev_masked: item 0 has no previous block (its first ``L`` window keys are masked).
+        chunk: items per chunk (default: :data:`CHUNK_BYTES` of fp32 scores).
+
+    Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb, bias_q, rel`` and ``mu``.
+    """
+    if chunk is None:
+        window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
+        chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[1]))
+    return _WindowCache.apply(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk)
+
+
+def default_chunk(q: Tensor, columns: int) -> int:
+    """Items per chunk so that one chunk's fp32 scores (``columns`` per row) fit :data:`CHUNK_BYTES`
+    of ``q``'s device."""
+    budget = CHUNK_BYTES.get(q.device.type, CHUNK_BYTES["cuda"])
+    per_item = 4 * q.shape[0] * q.shape[2] * columns
+    return max(1, budget // per_item)
+
+
+def window_index(distance: Tensor, max_distance: int | None) -> Tensor:
+    """Table columns of window keys at ``distance`` (query minus key): ``d`` inside the bias window
+    ``0..M``, ``M + 1`` (zero) beyond it, ``M + 2`` (``-inf``) for future keys. ``max_distance``
+    None: no bias, columns ``0`` (visible) and ``1`` (masked)."""
+    m = -1 if max_distance is None else max_distance
+    return distance.clamp_max(m + 1).masked_fill(distance < 0, m + 2)
+
+
+class _WindowCache(torch.autograd.Function):
+    """Forward and backward of :func:`window_cache_attention`, chunk by chunk. Autocast is off
+    inside: matmuls run in the inputs' dtype, logits and softmax in fp32 (fp64 for fp64 inputs)."""
+
+    @staticmethod
+    def forward(ctx, q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk):  # noqa: ANN001
+        with torch.autocast(q.device.type, enabled=False):
+            parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
+            out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
+            for i0, i1 in _chunks(q.shape[1], chunk):
+                p, _, vals = parts.probabilities(i0, i1)
+                out[:, i0:i1] = p.to(vals.dtype) @ vals
+        ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out)
+        ctx.prev_masked, ctx.chunk = prev_masked, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001
+        q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
+        with torch.autocast(q.device.type, enabled=False):
+            parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
+            dq, dkb, dvb, dbq, drel, dmu = parts.backward(grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8])
+        return dq, dkb, dvb, None, dbq, drel, None, None, dmu, None, None
+
+
+class _Parts:
+    """The tensors of one call and the per-chunk pieces shared by the forward and the backward."""
+
+    def __init__(
+        self,
+        q: Tensor,
+        kb: Tensor,
+        vb: Tensor,
+        index: Tensor,
+        bias_q: Tensor | None,
+        rel: Tensor | None,
+        codebook: Tensor | None,
+        log_n: Tensor | None,
+        mu: Tensor | None,
+        prev_masked: bool,
+    ) -> None:
+        self.q, self.kb, self.vb, self.bias_q, self.rel = q, kb, vb, bias_q, rel
+        self.codebook, self.log_n, self.mu, self.prev_masked = codebook, log_n, mu, prev_masked
+        self.acc = accumulation_dtype(q.dtype)
+        self.n, self.rows, self.block = q.shape[0], q.shape[2], kb.shape[2]
+        self.blocks = kb.shape[1] - q.shape[1] + 1  # blocks per window: 2, or 1 for a lone first block
+        self.index = index.repeat(self.rows // index.shape[0], 1)  # (R, W): the same for every head
+        if rel is None:  # the table [0, -inf] of every row, looked up once
+            self.fixed = torch.tensor([0.0, float("-inf")], dtype=self.acc, device=q.device)[self.index]
+
+    def _expand(self, x: Tensor, c: int) -> Tensor:
+        return x.expand(self.n, c, *x.shape[-2:])
+
+    def distance_logits(self, i0: int, i1: int) -> Tensor:
+        """``(q + v)·r_d`` of items ``i0..i1-1``: ``(N, c, R, M + 1)`` (per head of the rows)."""
+        n, c, g = self.n, i1 - i0, self.rel.shape[1]
+        bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
+        return (bq @ self.rel[:, None].transpose(-1, -2)).view(n, c, self.rows, -1)
+
+    def window_logits(self, i0: int, i1: int) -> Tensor:
+        """Additive window terms ``(N, c, R, W)`` (``(R, W)`` without the bias)."""
+        if self.rel is None:
+            return self.fixed
+        dl = self.distance_logits(i0, i1).to(self.acc)
+        edge = dl.new_tensor([0.0, float("-inf")]).expand(*dl.shape[:-1], 2)
+        return torch.cat([dl, edge], dim=-1).gather(-1, self._expand(self.index, i1 - i0))
+
+    def probabilities(self, i0: int, i1: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Attention weights ``(N, c, R, W [+ S])`` of items ``i0..i1-1``, with their keys and values.
+
+        Recomputing them in the backward (one fused softmax) is cheaper than keeping a log-sum-exp.
+        """
+        keys = [self.kb[:, i0 + j : i1 + j] for j in range(self.blocks)]
+        vals = [self.vb[:, i0 + j : i1 + j] for j in range(self.blocks)]
+        if self.codebook is not None:
+            keys.append(self._expand(self.codebook[:, None].to(self.kb.dtype), i1 - i0))
+            vals.append(self.mu[:, i0:i1].to(self.vb.dtype))
+        keys, vals = torch.cat(keys, dim=2), torch.cat(vals, dim=2)  # (N, c, W [+ S], d)
+        s = (self.q[:, i0:i1] @ keys.transpose(-1, -2)).to(self.acc)
+        w = self.blocks * self.block
+        s[..., :w] += self.window_logits(i0, i1)
+        if self.codebook is not None:
+            s[..., w:] += self.log_n[:, i0:i1, None, :].to(self.acc)
+        if self.prev_masked and i0 == 0:
+            s[:, 0, :, : self.block] = float("-inf")
+        return torch.softmax(s, dim=-1), keys, vals
+
+    def backward(self, grad_out: Tensor, out: Tensor, chunk: int, want_mu: bool) -> tuple[Tensor | None, ...]:
+        """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_mu``) ``mu``, chunk by chunk."""
+        q, L = self.q, self.block
+        w = self.blocks * L
+        dq = torch.empty_like(q)
+        dkb, dvb = torch.zeros_like(self.kb), torch.zeros_like(self.vb)
+        dmu = torch.empty_like(self.mu) if want_mu else None
+        dbq = None if self.rel is None else torch.empty_like(self.bias_q)
+        drel = None if self.rel is None else torch.zeros_like(self.rel, dtype=self.acc)
+        for i0, i1 in _chunks(q.shape[1], chunk):
+            p, keys, vals = self.probabilities(i0, i1)
+            do = grad_out[:, i0:i1]
+            delta = (do.to(self.acc) * out[:, i0:i1].to(self.acc)).sum(-1, keepdim=True)
+            dvals = (p if want_mu else p[..., :w]).to(do.dtype).transpose(-1, -2) @ do  # (N, c, W [+ S], d_v)
+            ds = (do @ vals.transpose(-1, -2)).to(self.acc).sub_(delta).mul_(p)  # d logits
+            ds_low = ds.to(q.dtype)
+            dq[:, i0:i1] = ds_low @ keys
+            dkw = ds_low[..., :w].transpose(-1, -2) @ q[:, i0:i1]  # (N, c, W, d_k)
+            for j in range(self.blocks):
+                dkb[:, i0 + j : i1 + j] += dkw[:, :, j * L : (j + 1) * L]
+                dvb[:, i0 + j : i1 + j] += dvals[:, :, j * L : (j + 1) * L]
+            if dmu is not None:
+                dmu[:, i0:i1] = dvals[:, :, w:]
+            if drel is not None:
+                self._bias_backward(ds[..., :w], i0, i1, dbq, drel)
+        return dq, dkb, dvb, dbq, None if drel is None else drel.to(self.rel.dtype), dmu
+
+    def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
+        """Scatter the window logit gradients back to the distance logits, then to ``bias_q, rel``."""
+        n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
+        ddl = ds_window.new_zeros(n, c, self.rows, m1 + 2).scatter_add_(-1, self._expand(self.index, c), ds_window)
+        ddl = ddl[..., :m1].reshape(n, c, g, -1, m1).to(self.q.dtype)  # (N, c, G, Lq, M + 1)
+        bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
+        dbq[:, i0:i1] = (ddl @ self.rel[:, None]).view(n, c, self.rows, -1)
+        drel += (ddl.transpose(-1, -2) @ bq).sum(1).to(drel.dtype)
+
+
+def _chunks(items: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of consecutive chunks of ``chunk`` items."""
+    for i0 in range(0, items, chunk):
+        yield i0, min(items, i0 + chunk)
+
+
+__all__ = ["CHUNK_BYTES", "default_chunk", "window_cache_attention", "window_index"]

@@ -1,0 +1,262 @@
+"""Transformer-VQ attention: quantised keys, an exact two-block window and a compressive cache.
+
+Query ``i`` in block ``r`` (blocks of ``L`` positions) attends to
+- blocks ``r-1`` and ``r`` exactly (causally), with the XL bias for distances ``<= window_len``;
+- blocks ``0..r-2`` through the cache: per code ``s`` a count ``n_s`` and the mean value ``μ_s``,
+  scored ``(q_i + u)·C_s + log n_s``.
+Because quantised keys equal codebook rows, this is exactly softmax attention over the quantised
+keys (bias clipped at the window), for every block length ``L >= window_len``. Cost per layer:
+``O(T·(2L + S)·(d_k + d_v))``.
+
+All blocks are computed at once. A carried state (the keys and values since the start of the
+previous block plus the cache) is prepended as keys only, so a segment may start at any position:
+continuation, partial blocks and token-by-token decoding share one code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.vq.bidirectional import encoder_attention
+from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
+from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
+from tvq_exp.nn.position import XLRelativeBias, window_distances
+from tvq_exp.quantize.codebook import VectorQuantizer
+
+
+class VQAttention(AttentionBackend):
+    """Transformer-VQ attention backend (``causal=False``: the encoder form of :mod:`.bidirectional`).
+
+    Args:
+        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
+        codebook_size: ``S``, codes per key head.
+        block_len: ``L``; the result does not depend on it as long as ``L >= window_len``.
+        window_bias: Transformer-XL relative bias inside the window.
+        window_len: ``M``, bias window (default ``block_len``).
+        use_cache: False drops the compressive cache (a pure two-block sliding window).
+        grad_through_cache: let value gradients flow through the cache inside a segment.
+        codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (strategy, decay, ...).
+
+    Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
+    State: ``k, v, codes`` of positions ``max(0, (t//L - 1)·L) .. t-1``; ``cache_n (B, H_kv, S)``,
+    ``cache_mu (B, H_kv, S, d_v)`` summarising all earlier blocks; the position ``t``.
+    """
+
+    def __init__(
+        self,
+        d_k: int,
+        d_v: int,
+        heads: int = 1,
+        codebook_size: int = 512,
+        block_len: int = 512,
+        window_bias: bool = True,
+        window_len: int | None = None,
+        use_cache: bool = True,
+        grad_through_cache: bool = True,
+        causal: bool = True,
+        kv_heads: int | None = None,
+        codebook: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(d_k, d_v, heads, causal, kv_heads)
+        if block_len < 1:
+            raise ValueError(f"vq attention: block_len must be >= 1, got {block_len}")
+        window_len = block_len if window_len is None else window_len
+        if not 0 <= window_len <= block_len:
+            raise ValueError(f"vq attention: window_len must be in [0, block_len={block_len}], got {window_len}")
+        self.block_len, self.window_len = block_len, window_len
+        self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
+        self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
+        self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
+        self.register_buffer("dist", window_distances(block_len), persistent=False)
+
+    @property
+    def codebook(self) -> Tensor:
+        """Code vectors in use, ``(H_kv, S, d_k)``."""
+        return self.quantizer.codebook
+
+    @property
+    def codebook_size(self) -> int:
+        return self.quantizer.codebook_size
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
+        """Nearest-code search, then per query row one product with the ``W = 2L`` window keys plus ``S``
+        codes and one with the matching values (plus the XL bias). A fresh sequence of one block has a
+        one-block window (``W = L``); the codes enter only when ``T > 2L`` (a block sees blocks two back).
+
+        Query rows: ``T`` padded to whole blocks (a single block: its ``T`` rows only). The backward
+        kernel recomputes the scores (and the distance logits) and takes gradients of everything but
+        the codes: ``2·attend + H·2L·d_k`` per row (``+ H·(M + 1)·d_k`` with the bias) besides the
+        forward, less the cache means' gradient ``H·S·d_v`` without ``grad_through_cache``.
+        ``O(T·(2L + S)·(d_k + d_v))``: linear in ``T``. The encoder form has no formula (``None``).
+        """
+        if not self.causal:
+            return None
+        L, S, heads, d_k, d_v = self.block_len, self.codebook_size, self.heads, self.d_k, self.d_v
+        lone = seq_len <= L  # one block: its rows only, a one-block window
+        rows = seq_len if lone else padded(seq_len, L)
+        window = L if lone else 2 * L
+        cache = self.use_cache and seq_len > 2 * L  # some block sees blocks two back
+        keys = window + (S if cache else 0)
+        attend = heads * (mm(rows, keys, d_k) + mm(rows, d_v, keys))
+        extra = heads * (mm(rows, window, d_k) + (mm(rows, self.window_len + 1, d_k) if self.bias is not None else 0))
+        if cache and not self.grad_through_cache:
+            extra -= heads * mm(S, d_v, rows)
+        total = batch * (
+            self.kv_heads * mm(seq_len, S, d_k) + with_backward(attend, backward) + (extra if backward else 0)
+        )
+        if self.bias is not None:
+            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward)
+        return total
+
+    def state_floats(self, seq_len: int) -> int:
+        """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and
+        ``S`` means of ``d_v``), per key/value head."""
+        window = seq_len - max(0, (seq_len // self.block_len - 1) * self.block_len)
+        cache = self.codebook_size * (1 + self.d_v)
+        return self.kv_heads * (window * (self.d_k + self.d_v + 1) + cache)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+        self.check_inputs(q, k, v)
+        if not self.causal and state is not None:
+            raise ValueError("vq attention: a carried state only makes sense for causal attention")
+        k_hat, codes, aux = self.quantizer(k)
+        if not self.causal:
+            out = encoder_attention(
+                q, k_hat, codes, v, self.quantizer.codebook, self.bias, self.block_len,
+                self.use_cache, self.grad_through_cache,
+            )  # fmt: skip
+            return out, {"t": q.shape[2]}, aux
+        state = state if state is not None else self.empty_state(k)
+        t0, t_new = int(state["t"]), q.shape[2]
+        n_buf = state["k"].shape[2]
+        keys = torch.cat([state["k"].to(k_hat.dtype), k_hat], dim=2)
+        values = torch.cat([state["v"].to(v.dtype), v], dim=2)
+        all_codes = torch.cat([state["codes"], codes], dim=2)
+        kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
+        vals = vb if self.grad_through_cache else vb.detach()
+        prefix = tuple(
+            x.unflatten(0, cb.shape[:2])
+            for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
+        )
+        out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf)
+        new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
+        return out, new_state, aux
+
+    def empty_state(self, k: Tensor) -> State:
+        """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
+        b, h, _, dk = k.shape
+        s = self.quantizer.codebook_size
+        return {
+            "k": k.new_zeros(b, h, 0, dk),
+            "v": k.new_zeros(b, h, 0, self.d_v),
+            "codes": torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
+            "cache_n": torch.zeros(b, h, s, device=k.device),
+            "cache_mu": torch.zeros(b, h, s, self.d_v, device=k.device),
+            "t": 0,
+        }
+
+    def _attend(
+        self, q: Tensor, kb: Tensor, vb: Tensor, prefix: tuple[Tensor, Tensor], n_buf: int, cached_before: bool
+    ) -> Tensor:
+        """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
+        keys ``kb (B, Hk, R, L, d_k)`` (values ``vb``), through :func:`window_cache_attention`.
+
+        Only blocks holding queries are computed. Queries inside one block (decoding, short
+        continuations) are taken as they are; queries spanning several blocks are padded to whole
+        blocks (the padding rows are dropped). Work that can only be masked is skipped: a lone first
+        block gets a one-block window, and the cache is left out while no query can see a cached
+        block (``cached_before``: the state's cache holds blocks before ``kb``).
+        """
+        b, h, t, _ = q.shape
+        hk, L = kb.shape[1], self.block_len
+        first, last = n_buf // L, (n_buf + t - 1) // L
+        items = last - first + 1
+        rows, offset = (t, n_buf - first * L) if items == 1 else (L, 0)
+        front = 0 if items == 1 else n_buf - first * L
+        shape = (b, hk, h // hk, items, rows, front, items * rows - front - t)
+        acc = accumulation_dtype(q.dtype)
+
+        qc = q if self.bias is None else self.bias.content_query(q)
+        blocks = slice(max(first - 1, 0), last + 1)
+        kw, vw = kb[:, :, blocks].flatten(0, 1), vb[:, :, blocks].flatten(0, 1)
+        lone = first == 0 and items == 1  # a sequence's first block: a one-block window
+        if first == 0 and not lone:  # no block before the first: a masked zero block
+            kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
+        dist = self.dist[offset : offset + rows, L if lone else 0 :]
+        index = window_index(dist, None if self.bias is None else self.bias.max_distance)
+        bias_q = rel = codebook = log_n = mu = None
+        if self.bias is not None:
+            bias_q = _to_items(self.bias.position_query(q), shape)
+            rel = self.bias.rel().to(q.dtype)
+            rel = rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)  # (B·Hk, G, M+1, d_k)
+        if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
+            cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
+            log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
+            mu = cache_mu  # detached above unless grad_through_cache
+            codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
+        out = window_cache_attention(
+            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0 and not lone
+        )
+        return _from_items(out, shape)
+
+    def _next_state(
+        self, keys: Tensor, values: Tensor, codes: Tensor, prefix: tuple[Tensor, Tensor], t0: int, t_new: int, p0: int
+    ) -> State:
+        """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
+        L = self.block_len
+        t_end = t0 + t_new
+        c_end = t_end // L
+        start = max(0, (c_end - 1) * L)
+        last_cached = c_end - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
+        j = max(last_cached + 1, 0)
+        return {
+            "k": keys[:, :, start - p0 :].detach(),
+            "v": values[:, :, start - p0 :].detach(),
+            "codes": codes[:, :, start - p0 :],
+            "cache_n": prefix[0][:, :, j].detach(),
+            "cache_mu": prefix[1][:, :, j].detach(),
+            "t": t_end,
+        }
+
+
+def _to_blocks(keys: Tensor, values: Tensor, codes: Tensor, block_len: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Pad ``(B, Hk, n, ·)`` keys, values and codes to whole blocks: ``(B, Hk, R, L, ·)``, with the
+    ``(R, L)`` mask of real (unpadded) positions."""
+    b, hk, n = codes.shape
+    r = -(-n // block_len)
+    pad = r * block_len - n
+    valid = torch.arange(r * block_len, device=codes.device) < n
+    kb, vb = (torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, hk, r, block_len, -1) for x in (keys, values))
+    return kb, vb, torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len), valid.view(r, block_len)
+
+
+def _flat_cache(state: State) -> tuple[Tensor, Tensor]:
+    """The state's cache counts ``(B·Hk, S)`` and means ``(B·Hk, S, d_v)``."""
+    return state["cache_n"].flatten(0, 1), state["cache_mu"].flatten(0, 1)
+
+
+def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
+    """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2."""
+    if first > 0:
+        return prefix[:, :, first - 1 : last]
+    return torch.cat([prefix[:, :, :1], prefix[:, :, : last]], dim=2)
+
+
+def _to_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``(B, H, T, d)`` -> ``(B·Hk, I, G·rows, d)``: padded to whole items, grouped heads stacked."""
+    b, hk, g, items, rows, front, back = shape
+    x = torch.nn.functional.pad(x, (0, 0, front, back))
+    return x.view(b, hk, g, items, rows, -1).transpose(2, 3).reshape(b * hk, items, g * rows, -1)
+
+
+def _from_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Inverse of :func:`_to_items`, padding dropped: ``(B·Hk, I, G·rows, d)`` -> ``(B, H, T, d)``."""
+    b, hk, g, items, rows, front, back = shape
+    x = x.view(b, hk, items, g, rows, -1).transpose(2, 3).reshape(b, hk * g, items * rows, -1)
+    return x[:, :, front : items * rows - back]

@@ -1,0 +1,88 @@
+"""Plain references of Transformer-VQ attention: the whole layer as one dense softmax over the quantised
+keys, the fused window + cache step, and the compressive cache's running means. Written for clarity,
+not speed; :mod:`tvq_exp.attention.vq` is tested against them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.base import repeat_kv
+from tvq_exp.attention.naive import window_bias_matrix
+from tvq_exp.attention.vq.cache import block_stats
+
+
+def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """:class:`~tvq_exp.attention.vq.VQAttention` (causal or encoder) as one dense softmax over the
+    quantised keys: content query ``q + u``, XL bias at ``|i - j| <= M`` (causal: ``0 <= i - j``).
+    Keys carry their straight-through gradient only where their block is within one block of the
+    query's (the exact window), values only there unless ``grad_through_cache``; ``use_cache=False``
+    masks everything else."""
+    k_hat, _, _ = attn.quantizer(k)
+    k_hat, v = repeat_kv(k_hat, q.shape[1]), repeat_kv(v, q.shape[1])
+    t = q.shape[2]
+    block = torch.arange(t, device=q.device) // attn.block_len
+    near = (block[:, None] - block[None, :]).abs() <= 1
+    qc = q if attn.bias is None else attn.bias.content_query(q)
+    logits = torch.where(near, qc @ k_hat.transpose(-1, -2), qc @ k_hat.detach().transpose(-1, -2))
+    if attn.bias is not None:
+        logits = logits + window_bias_matrix(attn.bias, q, attn.causal)
+    visible = near if not attn.use_cache else torch.ones_like(near)
+    if attn.causal:
+        visible = visible & torch.ones_like(near).tril()
+    a = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
+    far_v = v if attn.grad_through_cache else v.detach()
+    return (a * near) @ v + (a * ~near) @ far_v
+
+
+
+def window_cache_attention(
+    q: Tensor,
+    kb: Tensor,
+    vb: Tensor,
+    index: Tensor,
+    bias_q: Tensor | None = None,
+    rel: Tensor | None = None,
+    codebook: Tensor | None = None,
+    log_n: Tensor | None = None,
+    mu: Tensor | None = None,
+    prev_masked: bool = False,
+) -> Tensor:
+    """:func:`window_cache_attention` written plainly: full tensors, one softmax, autograd."""
+    n, items, rows, _ = q.shape
+    L, blocks = kb.shape[2], kb.shape[1] - items + 1
+    keys = torch.cat([kb[:, j : j + items] for j in range(blocks)], dim=2)
+    vals = torch.cat([vb[:, j : j + items] for j in range(blocks)], dim=2)
+    edge = q.new_tensor([0.0, float("-inf")]).expand(n, items, rows, 2)
+    if rel is None:
+        table = edge
+    else:
+        g = rel.shape[1]
+        bq = bias_q.reshape(n, items, g, -1, bias_q.shape[-1])
+        table = torch.cat([(bq @ rel[:, None].transpose(-1, -2)).reshape(n, items, rows, -1), edge], dim=-1)
+    logits = table.gather(-1, index.repeat(rows // index.shape[0], 1).expand(n, items, rows, blocks * L))
+    if prev_masked:
+        first = torch.zeros(items, 1, blocks * L, dtype=torch.bool, device=q.device)
+        first[0, :, :L] = True
+        logits = logits.masked_fill(first, float("-inf"))
+    if codebook is not None:
+        keys = torch.cat([keys, codebook[:, None].expand(n, items, -1, -1)], dim=2)
+        vals = torch.cat([vals, mu], dim=2)
+        logits = torch.cat([logits, log_n[:, :, None, :].expand(n, items, rows, -1)], dim=-1)
+    return torch.softmax(q @ keys.transpose(-1, -2) + logits, dim=-1) @ vals
+
+
+def running_code_means(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`running_code_means` as a plain Chan recurrence under autograd."""
+    counts, means = block_stats(codes, values, valid, n0.shape[-1])
+    n_run, mu_run = n0.to(counts.dtype), mu0.to(means.dtype)
+    out_n, out_mu = [n_run], [mu_run]
+    for count, mean in zip(counts.unbind(1), means.unbind(1), strict=True):
+        n_run = n_run + count
+        mu_run = mu_run + (count / n_run.clamp_min(1))[..., None] * (mean - mu_run)
+        out_n.append(n_run)
+        out_mu.append(mu_run)
+    return torch.stack(out_n, 1), torch.stack(out_mu, 1)

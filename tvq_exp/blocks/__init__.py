@@ -1,6 +1,0 @@
-"""Residual blocks: GAU and multi-head attention + GLU."""
-
-from tvq_exp.blocks.gau import GAUBlock
-from tvq_exp.blocks.mha import GLUFeedForward, MHABlock
-
-__all__ = ["GAUBlock", "GLUFeedForward", "MHABlock"]

@@ -1,0 +1,42 @@
+"""Where checkpoints go and when: the best by the monitored metric, and ``last.ckpt`` after every validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+CHECKPOINT_DIR = "checkpoints"
+LAST = "last.ckpt"
+
+
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``last.ckpt`` follows every validation.
+
+    Since Lightning 2.6 a monitored ``ModelCheckpoint`` writes ``last.ckpt`` only when it also writes a
+    new top-k file, so once the monitored metric stops improving ``last.ckpt`` stays behind (a resume
+    from it would repeat, or lose, every step since the best). Here ``last.ckpt`` is written at the
+    end of every validation in any case; the top-k files follow the monitor as before.
+    """
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)  # top-k (and last, when a top-k file was written)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            if not self._should_save_on_train_epoch_end(trainer):
+                self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def checkpoint_dir(trainer: L.Trainer) -> Path:
+    """The run's checkpoint folder: the ``ModelCheckpoint``'s ``dirpath``, else ``<root>/checkpoints``."""
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+        return Path(callback.dirpath)
+    return Path(trainer.default_root_dir) / CHECKPOINT_DIR
+
+
+def save_last(trainer: L.Trainer) -> Path:
+    """Write ``last.ckpt`` now (call at the end of a training batch) and return its path."""
+    path = checkpoint_dir(trainer) / LAST
+    trainer.save_checkpoint(path)
+    return path

@@ -1,0 +1,20 @@
+"""A quiet Rich progress bar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+
+class QuietProgressBar(RichProgressBar):
+    """Rich progress bar that disappears when done and hides Lightning's ``v_num``."""
+
+    def __init__(self, refresh_rate: int = 10) -> None:
+        super().__init__(refresh_rate=refresh_rate, leave=False)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)
+        return metrics

@@ -1,0 +1,75 @@
+"""Text samples in TensorBoard after each validation."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from tvq_exp.callbacks.final_hparams import tensorboard_loggers
+from tvq_exp.models.generation import generate
+
+TEXT_VOCAB = 256
+
+
+class TextSamples(Callback):
+    """After each validation during ``fit``, log ``num_bytes`` sampled after ``prompt`` (text models, rank 0)
+    as TensorBoard text ``samples/text``.
+
+    Args:
+        prompt: the text to continue.
+        num_bytes: bytes generated per sample.
+        temperature, top_k: sampling settings (see :func:`tvq_exp.models.generation.generate`).
+        seed: the sampling generator's seed (the same at every validation, so samples are comparable).
+    """
+
+    def __init__(
+        self,
+        prompt: str = "The ",
+        num_bytes: int = 128,
+        temperature: float = 0.8,
+        top_k: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.prompt = prompt.encode("utf-8") or b"\n"
+        self.num_bytes, self.temperature, self.top_k, self.seed = num_bytes, temperature, top_k, seed
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (
+            trainer.sanity_checking
+            or trainer.state.fn != "fit"
+            or getattr(pl_module, "kind", "text") != "text"
+        ):
+            return
+        self.log_sample(trainer, pl_module)
+
+    def sample(self, pl_module: L.LightningModule) -> str:
+        """One continuation of the prompt, decoded as UTF-8 (invalid bytes replaced)."""
+        model = pl_module.model
+        was_training = model.training
+        device = pl_module.device
+        prompt = torch.tensor([list(self.prompt)], device=device)
+        generator = torch.Generator(device=device).manual_seed(self.seed)
+        with torch.no_grad():
+            tokens = generate(
+                model,
+                prompt,
+                self.num_bytes,
+                self.temperature,
+                self.top_k,
+                generator=generator,
+                vocab_limit=TEXT_VOCAB,
+            )
+        model.train(was_training)
+        return (self.prompt + bytes(tokens[0].tolist())).decode("utf-8", errors="replace")
+
+    @rank_zero_only
+    def log_sample(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Generate and log one sample (rank 0)."""
+        loggers = tensorboard_loggers(trainer)
+        if not loggers:
+            return
+        text = self.sample(pl_module)
+        for logger in loggers:
+            logger.experiment.add_text("samples/text", f"```\n{text}\n```", global_step=trainer.global_step)

@@ -1,0 +1,16 @@
+"""Batch samplers over a 1-D byte array: random windows, contiguous streams, whole-split evaluation."""
+
+from tvq_exp.data.samplers.evaluation import EvalSegmentSampler
+from tvq_exp.data.samplers.loader import TrainLoader, TrainSampler, check_split_size, window_batch
+from tvq_exp.data.samplers.stream import StreamSampler
+from tvq_exp.data.samplers.windows import RandomWindowSampler
+
+__all__ = [
+    "EvalSegmentSampler",
+    "RandomWindowSampler",
+    "StreamSampler",
+    "TrainLoader",
+    "TrainSampler",
+    "check_split_size",
+    "window_batch",
+]

@@ -1,0 +1,90 @@
+"""Transformer-XL style contiguous streams with the state carried from one step to the next."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from tvq_exp.batch import Batch
+from tvq_exp.data.samplers.loader import check_split_size, window_batch
+
+
+class StreamSampler:
+    """Transformer-XL style contiguous streams.
+
+    The training split (after a random start offset in ``[0, T)`` drawn once per epoch) is cut into
+    ``batch_size * world_size`` equal streams of length ``L``; rank ``r`` owns streams
+    ``r*B ... r*B + B - 1``. Step ``j`` yields bytes ``[j*T, j*T + T]`` of each owned stream, so row ``b`` of
+    step ``j + 1`` continues row ``b`` of step ``j``. ``reset`` is True on step 0 of each epoch only.
+    ``state_dict`` holds the position and the offset generator's state so a resume continues exactly.
+    """
+
+    def __init__(
+        self,
+        data: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        random_offset: bool = True,
+    ) -> None:
+        check_split_size("train", len(data), seq_len)
+        num_streams = batch_size * world_size
+        self.stream_len = (len(data) - (seq_len - 1 if random_offset else 0)) // num_streams
+        self.steps = (self.stream_len - 1) // seq_len
+        if self.steps < 1:
+            raise ValueError(
+                f"split 'train' has {len(data)} bytes: too few for {num_streams} streams of at least "
+                f"seq_len + 1 = {seq_len + 1} bytes; lower batch_size or seq_len"
+            )
+        self.data = data
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.random_offset = random_offset
+        self.rng = np.random.default_rng(seed)
+        self.epoch = 0
+        self.step = 0
+        self.offset: int | None = None
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first step with a fresh offset (no-op when already in it)."""
+        if epoch != self.epoch:
+            self.epoch, self.step, self.offset = epoch, 0, None
+
+    def stream_starts(self) -> np.ndarray:
+        """Start index of each stream owned by this rank, ``(B,)``, for the current epoch's offset."""
+        if self.offset is None:
+            self.offset = int(self.rng.integers(self.seq_len)) if self.random_offset else 0
+        streams = self.rank * self.batch_size + np.arange(self.batch_size)
+        return self.offset + streams * self.stream_len
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.step >= self.steps:
+            self.set_epoch(self.epoch + 1)
+        starts = self.stream_starts()
+        for step in range(self.step, self.steps):
+            self.step = step + 1
+            yield window_batch(self.data, starts + step * self.seq_len, self.seq_len, reset=step == 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, step, this epoch's offset and the offset generator (JSON, safe for ``weights_only`` loads)."""
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "offset": self.offset,
+            "rng": json.dumps(self.rng.bit_generator.state),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.offset = None if state["offset"] is None else int(state["offset"])
+        self.rng.bit_generator.state = json.loads(state["rng"])

@@ -1,0 +1,62 @@
+"""The shared Project Gutenberg books, split by their catalogue."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from tvq_exp.data.paths import CorruptFileError, not_found, resolve
+from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
+from tvq_exp.data.text.files import concat_files
+
+
+class GutenbergCorpus(ByteCorpus):
+    """The shared Gutenberg folder: splits from ``CATALOG.tsv``'s ``split`` column.
+
+    Each split is its books concatenated in sorted file-name order with ``separator`` between them. Every
+    book's size is checked against the catalogue's ``bytes`` column.
+    """
+
+    name = "gutenberg"
+
+    def __init__(
+        self, path: str = "text/gutenberg", separator: str = "\n\n", catalog: str = "CATALOG.tsv"
+    ) -> None:
+        self.path = path
+        self.separator = separator.encode()
+        self.catalog = catalog
+
+    def split_files(self, root: Path) -> dict[str, list[Path]]:
+        """Split name -> sorted book paths, as listed by the catalogue (sizes verified)."""
+        folder = resolve(self.path, root)
+        catalog = folder / self.catalog
+        if not catalog.is_file():
+            raise not_found(
+                "Gutenberg catalogue",
+                [catalog],
+                f"put the gutenberg folder (with {self.catalog}) there",
+                root,
+            )
+        files: dict[str, list[Path]] = {split: [] for split in SPLITS}
+        with open(catalog, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE):
+                if row["split"] not in files:
+                    raise CorruptFileError(f"{catalog}: unknown split {row['split']!r} for {row['file']}")
+                files[row["split"]].append(self._checked_book(folder / row["file"], int(row["bytes"]), root))
+        return {split: sorted(paths, key=lambda path: path.name) for split, paths in files.items()}
+
+    @staticmethod
+    def _checked_book(path: Path, expected_size: int, root: Path) -> Path:
+        """``path`` after checking it exists and has the catalogued size."""
+        if not path.is_file():
+            raise not_found(
+                f"Gutenberg book {path.name}", [path], "restore the file listed in CATALOG.tsv", root
+            )
+        if path.stat().st_size != expected_size:
+            raise CorruptFileError(
+                f"{path} has {path.stat().st_size} bytes, CATALOG.tsv says {expected_size}"
+            )
+        return path
+
+    def load(self, root: Path) -> Splits:
+        return {split: concat_files(paths, self.separator) for split, paths in self.split_files(root).items()}

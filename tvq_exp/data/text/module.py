@@ -1,0 +1,130 @@
+"""The byte-level language-modelling data module over a :class:`~tvq_exp.data.text.corpus.ByteCorpus`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvq_exp.data.module import RootedDataModule, check_positive
+from tvq_exp.data.paths import CorruptFileError, resolve
+from tvq_exp.data.samplers import (
+    EvalSegmentSampler,
+    RandomWindowSampler,
+    StreamSampler,
+    TrainLoader,
+    check_split_size,
+)
+from tvq_exp.data.text.corpus import SPLITS, ByteCorpus
+
+TEXT_VOCAB_SIZE = 256
+SAMPLERS = ("random", "stream")
+
+
+class TextDataModule(RootedDataModule):
+    """Byte-level language modelling over a :class:`~tvq_exp.data.text.corpus.ByteCorpus`.
+
+    Training (``sampler``): ``"random"`` windows (seeded by ``seed`` + rank + epoch; ``steps_per_epoch``
+    defaults to ``len(train) // (batch_size * seq_len * world_size)``) or ``"stream"`` (Transformer-XL
+    contiguous streams, ``batch_size`` per rank; resumable through the loader's ``state_dict``).
+    Validation/test cover the whole split once in ``eval_batch_size`` contiguous streams (a job-wide count,
+    split over ranks) of ``seq_len`` segments; :meth:`split_tokens` gives the number of targets.
+    Batches: ``input``/``target`` ``(B, T)`` int64 with ``T = seq_len``, ``reset`` ``(B,)`` bool.
+    """
+
+    def __init__(
+        self,
+        corpus: ByteCorpus,
+        seq_len: int = 512,
+        batch_size: int = 16,
+        eval_batch_size: int = 16,
+        sampler: str = "random",
+        seed: int = 0,
+        steps_per_epoch: int | None = None,
+        random_offset: bool = True,
+        vocab_size: int = TEXT_VOCAB_SIZE,
+        kind: str = "text",
+        root: str | None = None,
+    ) -> None:
+        super().__init__(root)
+        check_positive(seq_len=seq_len, batch_size=batch_size, eval_batch_size=eval_batch_size)
+        if steps_per_epoch is not None:
+            check_positive(steps_per_epoch=steps_per_epoch)
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if vocab_size != TEXT_VOCAB_SIZE or kind != "text":
+            raise ValueError(
+                f"byte corpora need vocab_size={TEXT_VOCAB_SIZE} and kind='text', got {vocab_size}, {kind!r}"
+            )
+        self.corpus = corpus
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.sampler = sampler
+        self.seed = seed
+        self.steps_per_epoch = steps_per_epoch
+        self.random_offset = random_offset
+        self.vocab_size = vocab_size
+        self.kind = kind
+        self.splits: dict[str, np.ndarray] | None = None
+
+    def prepare_data(self) -> None:
+        self.corpus.prepare(self.root)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits is not None:
+            return
+        splits = self.corpus.load(self.root)
+        for split in SPLITS:
+            try:
+                check_split_size(split, len(splits[split]), self.seq_len)
+            except ValueError as error:
+                raise CorruptFileError(
+                    f"{error} in {self.corpus_source()}: the corpus is smaller than one sequence; "
+                    "lower data.seq_len or use a larger corpus"
+                ) from None
+        self.splits = splits
+
+    def corpus_source(self) -> str:
+        """The corpus file or folder (its ``path`` under the data root), else its name: for messages."""
+        path = getattr(self.corpus, "path", None)
+        if path:
+            return str(resolve(path, self.root))
+        return f"{getattr(self.corpus, 'name', type(self.corpus).__name__)} (data root {self.root})"
+
+    def split(self, name: str) -> np.ndarray:
+        """The bytes of split ``name``, ``(n,)`` uint8 (after :meth:`setup`)."""
+        if self.splits is None:
+            raise RuntimeError("call setup() before reading splits")
+        return self.splits[name]
+
+    def train_sampler(self, rank: int, world_size: int) -> RandomWindowSampler | StreamSampler:
+        """The training sampler this configuration uses, for the given rank."""
+        data = self.split("train")
+        if self.sampler == "stream":
+            return StreamSampler(
+                data,
+                self.seq_len,
+                self.batch_size,
+                self.seed,
+                rank,
+                world_size,
+                random_offset=self.random_offset,
+            )
+        steps = self.steps_per_epoch or max(1, len(data) // (self.batch_size * self.seq_len * world_size))
+        return RandomWindowSampler(data, self.seq_len, self.batch_size, steps, self.seed, rank, world_size)
+
+    def eval_sampler(self, split: str, rank: int = 0, world_size: int = 1) -> EvalSegmentSampler:
+        """Whole-split evaluation sampler of ``split`` for the given rank."""
+        return EvalSegmentSampler(self.split(split), self.seq_len, self.eval_batch_size, rank, world_size)
+
+    def split_tokens(self, split: str) -> int:
+        """Number of evaluation targets in ``split`` (all ranks together)."""
+        return EvalSegmentSampler.count_targets(len(self.split(split)), self.eval_batch_size)
+
+    def train_dataloader(self) -> TrainLoader:
+        return TrainLoader(self.train_sampler(*self.distributed()))
+
+    def val_dataloader(self) -> EvalSegmentSampler:
+        return self.eval_sampler("validation", *self.distributed())
+
+    def test_dataloader(self) -> EvalSegmentSampler:
+        return self.eval_sampler("test", *self.distributed())

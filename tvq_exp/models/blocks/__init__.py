@@ -1,0 +1,6 @@
+"""Residual blocks: GAU and multi-head attention + GLU."""
+
+from tvq_exp.models.blocks.gau import GAUBlock
+from tvq_exp.models.blocks.mha import GLUFeedForward, MHABlock
+
+__all__ = ["GAUBlock", "GLUFeedForward", "MHABlock"]

@@ -1,0 +1,72 @@
+"""Gated Attention Unit (Hua et al. 2022) as used by Transformer-VQ."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tvq_exp.attention.base import Aux, State
+from tvq_exp.models.blocks.common import AttentionFactory, build_block_attention, check_position, rotate
+from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.nn.dropout import StochasticDepth
+from tvq_exp.nn.norms import rms_normalize
+
+
+class GAUBlock(nn.Module):
+    """Pre-norm GAU: ``x + W_o(attn(q, k, v) ⊙ g)``.
+
+    ``q = RMS(xW_q)·d_k^-1/4``, ``k = RMS(xW_k)·d_k^-1/4``, ``v = SiLU(xW_v)``, ``g = SiLU(xW_g)``
+    with ``d_v = expansion·d_model`` split over ``heads``.
+
+    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: the attention's state and ``t``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: AttentionFactory,
+        d_k: int = 128,
+        expansion: int = 2,
+        heads: int = 1,
+        position: str = "xl",
+        dropout: float = 0.0,
+        layerdrop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        d_v = expansion * d_model
+        if d_v % heads:
+            raise ValueError(f"GAU: expansion*d_model={d_v} must be divisible by heads={heads}")
+        self.d_model, self.expansion, self.heads, self.d_k, self.d_v = d_model, expansion, heads, d_k, d_v
+        self.position = check_position(position)
+        self.norm = nn.RMSNorm(d_model)
+        self.w_qk = nn.Linear(d_model, 2 * heads * d_k, bias=False)
+        self.w_vg = nn.Linear(d_model, 2 * d_v, bias=False)
+        self.w_o = nn.Linear(d_v, d_model, bias=False)
+        self.attn = build_block_attention(attention, position, d_k, d_v // heads, heads)
+        self.dropout = nn.Dropout(dropout)
+        self.layerdrop = StochasticDepth(layerdrop)
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
+        """Projections ``W_qk, W_vg, W_o`` plus the attention's (``None`` when it has no formula):
+        ``2T·d_model·(2H·d_k + 2d_v) + 2T·d_v·d_model`` per sequence besides the attention."""
+        attn = self.attn.flops(seq_len, batch, backward)
+        if attn is None:
+            return None
+        d_model, d_v = self.d_model, self.d_v
+        proj = mm(seq_len, 2 * self.heads * self.d_k, d_model) + mm(seq_len, 2 * d_v, d_model) + mm(seq_len, d_model, d_v)
+        return attn + with_backward(batch * proj, backward)
+
+    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+        b, t, _ = x.shape
+        h = self.norm(x)
+        scale = self.d_k**-0.25
+        q, k = self.w_qk(h).view(b, t, 2, self.heads, self.d_k).permute(2, 0, 3, 1, 4)
+        q, k = rms_normalize(q) * scale, rms_normalize(k) * scale
+        v, g = F.silu(self.w_vg(h)).chunk(2, dim=-1)
+        v = v.view(b, t, self.heads, -1).transpose(1, 2)
+        t0 = 0 if state is None else int(state["t"])
+        q, k = rotate(q, k, t0, self.position)
+        o, attn_state, aux = self.attn(q, k, v, None if state is None else state["attn"])
+        o = o.transpose(1, 2).reshape(b, t, self.d_v)
+        out = self.w_o(self.dropout(o * g))
+        return x + self.layerdrop(self.dropout(out)), {"attn": attn_state, "t": t0 + t}, aux

@@ -1,0 +1,104 @@
+"""Multi-head attention block with a GLU feed-forward."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tvq_exp.attention.base import Aux, State
+from tvq_exp.models.blocks.common import AttentionFactory, build_block_attention, check_position, rotate
+from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.nn.dropout import StochasticDepth
+from tvq_exp.nn.norms import rms_normalize
+
+
+def glu_hidden(d_model: int, ff_mult: float) -> int:
+    """Hidden width of the SwiGLU feed-forward, ``int(ff_mult·d_model·2/3)``: as many weights as a plain
+    MLP ``ff_mult`` times as wide as the model."""
+    return int(ff_mult * d_model * 2 / 3)
+
+
+class GLUFeedForward(nn.Module):
+    """SwiGLU feed-forward: ``W_2(SiLU(xW_g) ⊙ xW_1)``; ``(B, T, d) -> (B, T, d)``."""
+
+    def __init__(self, d_model: int, hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.w_in = nn.Linear(d_model, 2 * hidden, bias=False)
+        self.w_out = nn.Linear(hidden, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, g = self.w_in(x).chunk(2, dim=-1)
+        return self.w_out(self.dropout(a * F.silu(g)))
+
+
+class MHABlock(nn.Module):
+    """Pre-norm multi-head attention + GLU feed-forward.
+
+    ``key_size`` (per-head ``d_k``) is independent of ``head_size`` (per-head ``d_v``); ``kv_heads``
+    groups keys/values (multi-query when 1). ``q·kᵀ`` is scaled by ``key_size^-1/2``, split evenly
+    between ``q`` and ``k``; with ``qk_norm`` both are RMS-normalised first (keeps VQ codebooks stable).
+
+    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: AttentionFactory,
+        heads: int = 4,
+        head_size: int | None = None,
+        key_size: int | None = None,
+        kv_heads: int | None = None,
+        ff_mult: float = 4.0,
+        qk_norm: bool = True,
+        position: str = "xl",
+        dropout: float = 0.0,
+        layerdrop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        head_size = head_size or d_model // heads
+        key_size = key_size or head_size
+        kv_heads = kv_heads or heads
+        if heads % kv_heads:
+            raise ValueError(f"MHA: kv_heads={kv_heads} must divide heads={heads}")
+        self.heads, self.kv_heads, self.head_size, self.key_size = heads, kv_heads, head_size, key_size
+        self.d_model, self.ff_mult = d_model, ff_mult
+        self.position, self.qk_norm = check_position(position), qk_norm
+        self.norm1, self.norm2 = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+        self.w_q = nn.Linear(d_model, heads * key_size, bias=False)
+        self.w_kv = nn.Linear(d_model, kv_heads * (key_size + head_size), bias=False)
+        self.w_o = nn.Linear(heads * head_size, d_model, bias=False)
+        extra = {"kv_heads": kv_heads} if kv_heads != heads else {}
+        self.attn = build_block_attention(attention, position, key_size, head_size, heads, **extra)
+        self.ff = GLUFeedForward(d_model, glu_hidden(d_model, ff_mult), dropout)
+        self.dropout = nn.Dropout(dropout)
+        self.layerdrop = StochasticDepth(layerdrop)
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
+        """``W_q, W_kv, W_o``, the attention's and the SwiGLU ``W_in, W_out`` (``None`` when the attention
+        has no formula): with ``F`` the GLU width, ``2T·d_model·(H·d_k + H_kv·(d_k + d_v) + H·d_v + 3F)``
+        per sequence besides the attention."""
+        attn = self.attn.flops(seq_len, batch, backward)
+        if attn is None:
+            return None
+        hidden = glu_hidden(self.d_model, self.ff_mult)
+        heads, kv, d_k, d_v = self.heads, self.kv_heads, self.key_size, self.head_size
+        widths = heads * d_k + kv * (d_k + d_v) + heads * d_v + 3 * hidden
+        return attn + with_backward(batch * mm(seq_len, widths, self.d_model), backward)
+
+    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+        b, t, _ = x.shape
+        h = self.norm1(x)
+        q = self.w_q(h).view(b, t, self.heads, self.key_size).transpose(1, 2)
+        k, v = self.w_kv(h).view(b, t, self.kv_heads, -1).transpose(1, 2).split([self.key_size, self.head_size], -1)
+        if self.qk_norm:
+            q, k = rms_normalize(q), rms_normalize(k)
+        scale = self.key_size**-0.25
+        t0 = 0 if state is None else int(state["t"])
+        q, k = rotate(q * scale, k * scale, t0, self.position)
+        o, attn_state, aux = self.attn(q, k, v.contiguous(), None if state is None else state["attn"])
+        o = self.w_o(o.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.layerdrop(self.dropout(o))
+        x = x + self.layerdrop(self.dropout(self.ff(self.norm2(x))))
+        return x, {"attn": attn_state, "t": t0 + t}, aux

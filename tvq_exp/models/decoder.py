@@ -1,0 +1,137 @@
+"""The decoder: token embeddings -> N residual blocks -> norm -> logits, with streaming state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.quantize.codebook import VectorQuantizer
+
+ModelState = list[dict[str, Any]]
+BlockFactory = Callable[..., nn.Module]
+
+
+@dataclass
+class DecoderOutput:
+    """``logits (B, T, V)``; ``state`` per layer (pass back to continue); ``aux``: ``loss`` (sum of
+    auxiliary losses over layers, a scalar tensor) and detached per-layer metrics ``layerN/name``."""
+
+    logits: Tensor
+    state: ModelState
+    aux: dict[str, Tensor]
+
+
+class Decoder(nn.Module):
+    """Byte / sub-pixel decoder.
+
+    Args:
+        vocab_size: number of token ids (256 bytes; image levels + 1 BOS).
+        d_model, n_layers: width and number of blocks.
+        block: factory ``block(d_model=..., attention=...) -> nn.Module`` (a Hydra partial).
+        attention: factory for the blocks' attention backends (a Hydra partial of ``build_attention``).
+        tie_embeddings: share the embedding matrix with the output head.
+        final_norm: RMSNorm before the head.
+        embed_dropout: dropout on the embeddings.
+        pos_embedding: optional module mapping absolute positions ``(T,)`` to ``(T, d_model)``
+            (images: row / column / channel embeddings).
+
+    Shapes: ``tokens (B, T)`` -> ``DecoderOutput(logits (B, T, V), state, aux)``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        n_layers: int,
+        block: BlockFactory,
+        attention: Callable[..., AttentionBackend],
+        tie_embeddings: bool = True,
+        final_norm: bool = True,
+        embed_dropout: float = 0.0,
+        pos_embedding: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if vocab_size < 2 or d_model < 1 or n_layers < 1:
+            raise ValueError(f"bad model size: vocab_size={vocab_size}, d_model={d_model}, n_layers={n_layers}")
+        self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
+        self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
+        self.pos_embedding = pos_embedding
+        self.embed_dropout = nn.Dropout(embed_dropout)
+        self.blocks = nn.ModuleList(block(d_model=d_model, attention=attention) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(d_model) if final_norm else nn.Identity()
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+        self.logit_scale = d_model**-0.5 if tie_embeddings else 1.0
+
+    def forward(self, tokens: Tensor, state: ModelState | None = None) -> DecoderOutput:
+        t0 = 0 if state is None else int(state[0]["t"])
+        x = self.embed(tokens) * self.d_model**0.5
+        if self.pos_embedding is not None:
+            x = x + self.pos_embedding(t0 + torch.arange(tokens.shape[1], device=tokens.device)).to(x.dtype)
+        x = self.embed_dropout(x)
+        new_state: ModelState = []
+        aux_loss = x.new_zeros((), dtype=torch.float32)
+        metrics: dict[str, Tensor] = {}
+        for i, blk in enumerate(self.blocks):
+            x, s, aux = blk(x, None if state is None else state[i])
+            new_state.append(s)
+            for name, value in aux.items():
+                if name.endswith("_loss"):
+                    aux_loss = aux_loss + value
+                metrics[f"layer{i}/{name}"] = value.detach()
+        logits = self.head(self.norm(x)) * self.logit_scale
+        return DecoderOutput(logits, new_state, {"loss": aux_loss, **metrics})
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
+        """Matmul FLOPs on ``batch`` fresh sequences of ``seq_len``: every block plus the output head
+        ``2T·d_model·V`` (embeddings are lookups: free). With ``backward`` a whole training step's
+        matmuls (the optimiser runs none). ``None`` when a block has no formula."""
+        total = with_backward(batch * mm(seq_len, self.vocab_size, self.d_model), backward)
+        for block in self.blocks:
+            flops = block.flops(seq_len, batch, backward) if hasattr(block, "flops") else None
+            if flops is None:
+                return None
+            total += flops
+        return total
+
+    def attention_modules(self) -> list[AttentionBackend]:
+        """The attention backend of every block, in order."""
+        return [m for m in self.modules() if isinstance(m, AttentionBackend)]
+
+    def quantizers(self) -> list[VectorQuantizer]:
+        """Every vector quantiser in the model (empty for non-VQ models)."""
+        return [m for m in self.modules() if isinstance(m, VectorQuantizer)]
+
+    @torch.no_grad()
+    def codebook_step(self) -> None:
+        """Apply accumulated codebook statistics: call once per optimiser step."""
+        for q in self.quantizers():
+            q.update()
+
+    def discard_codebook_statistics(self) -> None:
+        """Drop the codebook statistics gathered since the last :meth:`codebook_step` (a skipped step)."""
+        for q in self.quantizers():
+            q.discard_pending()
+
+
+def detach_state(state: ModelState | None) -> ModelState | None:
+    """Detach every tensor of a carried state (gradients never cross segments)."""
+    if state is None:
+        return None
+    return [_detach(s) for s in state]
+
+
+def _detach(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach()
+    if isinstance(x, dict):
+        return {k: _detach(v) for k, v in x.items()}
+    return x

@@ -1,0 +1,316 @@
+"""The LightningModule: losses, whole-split metrics, AdamW + warmup/cosine, clipping, carried state.
+
+Batches are ``{"input": (B, T) int64, "target": (B, T) int64 (-100 = ignore), "reset": (B,) bool}``.
+Losses are in nats per target; bits per byte (or per dim for images) = nats / ln 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch import Tensor, nn
+from torch.optim import AdamW, Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import SumMetric
+
+from tvq_exp.batch import IGNORE_INDEX
+from tvq_exp.models.decoder import Decoder, ModelState, detach_state
+
+
+EVAL_STAGES = ("val", "test")
+
+
+def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
+    """LR multiplier at optimiser ``step``: linear warmup ``0 -> 1`` over ``warmup_steps``, then cosine
+    ``1 -> min_ratio`` at ``max_steps`` (constant afterwards)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class AutoregressiveLitModule(L.LightningModule):
+    """Next-token training and evaluation of a :class:`~tvq_exp.models.decoder.Decoder`, for text (bytes) and
+    images (sub-pixels).
+
+    Args:
+        model: the decoder.
+        lr, betas, eps: AdamW settings (paper: betas (0.9, 0.98), eps 1e-9).
+        weight_decay: applied to weight matrices only (no decay on norms, biases, embeddings, codebooks).
+        warmup_steps, max_steps, min_lr_ratio: linear warmup then cosine decay to ``min_lr_ratio * lr``.
+        grad_clip: max global gradient norm over every parameter except codebooks (0 = off).
+        carry_state: training walks contiguous streams; the state is carried (detached) between steps
+            and dropped where a batch has ``reset``.
+        eval_carry_state: evaluation carries the state across the whole split (False: reset per
+            segment, the paper's protocol).
+        kind: ``"text"`` or ``"image"`` (images also log ``bpd``).
+        run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
+            the model.
+
+    Logged: ``train/{loss,bpb,aux_loss,grad_norm}``, ``lr/lr``, ``{val,test}/{loss,bpb[,bpd]}`` over the
+    whole split (token-weighted, DDP-reduced), ``codebook/layerN/*`` averaged over each logging interval.
+    """
+
+    def __init__(
+        self,
+        model: Decoder,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        betas: Sequence[float] = (0.9, 0.98),
+        eps: float = 1e-9,
+        warmup_steps: int = 0,
+        max_steps: int = 1,
+        min_lr_ratio: float = 0.1,
+        grad_clip: float = 0.0,
+        carry_state: bool = False,
+        eval_carry_state: bool = False,
+        kind: str = "text",
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if kind not in ("text", "image"):
+            raise ValueError(f"kind must be 'text' or 'image', got {kind!r}")
+        self.save_hyperparameters(ignore=["model"])
+        self.model = model
+        self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
+        if warmup_steps < 0 or max_steps < 1 or not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(
+                f"bad schedule: warmup_steps={warmup_steps}, max_steps={max_steps}, min_lr_ratio={min_lr_ratio}"
+            )
+        # a partial keeps no state in the scheduler's state_dict: a resumed run follows its own max_steps
+        self.schedule = functools.partial(
+            warmup_cosine, warmup_steps=warmup_steps, max_steps=max_steps, min_ratio=min_lr_ratio
+        )
+        self.grad_clip = grad_clip
+        self.carry_state, self.eval_carry_state, self.kind = carry_state, eval_carry_state, kind
+        self.train_state: ModelState | None = None
+        self.eval_state: ModelState | None = None
+        self.eval_sums = nn.ModuleDict(
+            {stage: nn.ModuleDict({"nats": _sum_metric(), "tokens": _sum_metric()}) for stage in EVAL_STAGES}
+        )
+        self.eval_results: dict[str, dict[str, float]] = {}
+        self._codebook_sums: dict[str, Tensor] = {}
+        self._codebook_batches = 0
+        self.skipped_steps, self.consecutive_bad_steps, self.step_skipped = 0, 0, False
+
+    # ------------------------------------------------------------------------------------ forward / loss
+
+    def forward(self, tokens: Tensor, state: ModelState | None = None) -> Any:
+        """``tokens (B, T)`` -> :class:`~tvq_exp.models.decoder.DecoderOutput`."""
+        return self.model(tokens, state)
+
+    def _step(self, batch: Mapping[str, Tensor], state: ModelState | None) -> tuple[Tensor, Tensor, Any]:
+        """Run the model on a batch; returns ``(nats summed over targets, number of targets, output)``."""
+        out = self.model(batch["input"], state)
+        logits = out.logits.float()
+        nats = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            batch["target"].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+        return nats, (batch["target"] != IGNORE_INDEX).sum(), out
+
+    @staticmethod
+    def _continue(state: ModelState | None, batch: Mapping[str, Tensor]) -> ModelState | None:
+        """The carried state (on the batch's device) unless the batch resets it (all rows reset together)."""
+        if state is None or bool(batch["reset"].any()):
+            return None
+        return move_data_to_device(state, batch["input"].device)
+
+    def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
+        state = self._continue(self.train_state, batch) if self.carry_state else None
+        nats, count, out = self._step(batch, state)
+        if self.carry_state:
+            self.train_state = detach_state(out.state)
+        loss = nats / count.clamp_min(1)
+        aux_loss = out.aux["loss"]
+        self._accumulate_codebook_metrics(out.aux)
+        bits = loss.detach() / math.log(2)
+        self.log("train/loss", loss.detach(), prog_bar=True)
+        self.log("train/bpb", bits)
+        if self.kind == "image":
+            self.log("train/bpd", bits)
+        self.log("train/aux_loss", aux_loss.detach())
+        self.log("lr/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss + aux_loss
+
+    # ------------------------------------------------------------------------------------ evaluation
+
+    def _eval_step(self, batch: Mapping[str, Tensor], stage: str) -> None:
+        state = self._continue(self.eval_state, batch) if self.eval_carry_state else None
+        nats, count, out = self._step(batch, state)
+        if self.eval_carry_state:
+            self.eval_state = out.state
+        sums = self.eval_sums[stage]
+        sums["nats"].update(nats.double())
+        sums["tokens"].update(count.double())
+
+    def _eval_start(self) -> None:
+        self.eval_state = None
+
+    def _eval_end(self, stage: str) -> None:
+        sums = self.eval_sums[stage]
+        nats, tokens = sums["nats"].compute(), sums["tokens"].compute()
+        sums["nats"].reset()
+        sums["tokens"].reset()
+        self.eval_state = None
+        loss = (nats / tokens.clamp_min(1)).float()
+        bits = loss / math.log(2)
+        metrics = {f"{stage}/loss": loss, f"{stage}/bpb": bits}
+        if self.kind == "image":
+            metrics[f"{stage}/bpd"] = bits
+        # callback metrics (checkpointing, progress bar) through Lightning (the sums are already global:
+        # sync_dist averages identical values); the loggers get the values at the optimiser step they
+        # belong to (Lightning would use the step before)
+        self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
+        for logger in self.loggers:
+            logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.global_step)
+        self.eval_results[stage] = {
+            **{k.split("/")[1]: float(v) for k, v in metrics.items()},
+            "tokens": int(tokens),
+        }
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_start()
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_end("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_start()
+
+    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_end("test")
+
+    # ------------------------------------------------------------------------------------ optimisation
+
+    def codebook_parameter_ids(self) -> set[int]:
+        """``id`` of every codebook parameter (``gradient`` strategy): no decay, no clipping."""
+        return {id(p) for q in self.model.quantizers() for p in q.parameters()}
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """AdamW groups: decayed weight matrices, and everything else (norms, biases, embeddings, codebooks)."""
+        skip = self.codebook_parameter_ids()
+        skip |= {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 and id(p) not in skip else no_decay).append(p)
+        return [
+            {"params": decay, "weight_decay": self.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = AdamW(self.parameter_groups(), lr=self.lr, betas=self.betas, eps=self.eps)
+        scheduler = LambdaLR(optimizer, self.schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip the global norm of every gradient except the codebook's to ``grad_clip``; log the norm."""
+        skip = self.codebook_parameter_ids()
+        params = [p for p in self.model.parameters() if p.grad is not None and id(p) not in skip]
+        if not params:
+            return
+        max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.log("train/grad_norm", norm)
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        """One optimiser step, then the codebook update (exactly once per step, also with accumulation).
+
+        Forward and backward run first; a step whose loss or gradients are not finite (on any rank) runs
+        neither the optimiser nor the codebook update (:meth:`discard_step`) and is counted in
+        :attr:`skipped_steps` / :attr:`consecutive_bad_steps` (the NumericsGuard callback reports them
+        and stops the run past its limit).
+        """
+        loss = optimizer_closure()
+        finite = all_finite(loss, self.model.parameters())
+        self.step_skipped = not self.trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if self.step_skipped:
+            self.skipped_steps += 1
+            self.consecutive_bad_steps += 1
+            self.discard_step()
+        else:
+            self.consecutive_bad_steps = 0
+            super().optimizer_step(epoch, batch_idx, optimizer, lambda: loss)
+            self.model.codebook_step()
+        self._maybe_log_codebook_metrics()
+
+    def discard_step(self) -> None:
+        """Drop what a skipped step left: pending codebook statistics and keys, the carried state, metrics."""
+        self.model.discard_codebook_statistics()
+        self.train_state = None
+        self._codebook_sums, self._codebook_batches = {}, 0
+
+    # ------------------------------------------------------------------------------------ codebook metrics
+
+    def _accumulate_codebook_metrics(self, aux: Mapping[str, Tensor]) -> None:
+        for name, value in aux.items():
+            if name != "loss":
+                self._codebook_sums[name] = self._codebook_sums.get(name, 0.0) + value.detach().float()
+        self._codebook_batches += 1
+
+    def _maybe_log_codebook_metrics(self) -> None:
+        """Every ``log_every_n_steps`` optimiser steps, log the interval's mean of each metric."""
+        every = max(1, self.trainer.log_every_n_steps)
+        if not self._codebook_sums or self.global_step % every:
+            return
+        n = max(1, self._codebook_batches)
+        metrics = {f"codebook/{name}": float(total) / n for name, total in self._codebook_sums.items()}
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.global_step)
+        self._codebook_sums, self._codebook_batches = {}, 0
+
+    # ------------------------------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["train_state"] = self.train_state
+        checkpoint["codebook_metrics"] = (self._codebook_sums, self._codebook_batches)
+        checkpoint["bad_steps"] = {"skipped": self.skipped_steps, "consecutive": self.consecutive_bad_steps}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.train_state = checkpoint.get("train_state")
+        self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
+        bad = checkpoint.get("bad_steps") or _legacy_guard_counts(checkpoint)
+        self.skipped_steps, self.consecutive_bad_steps = int(bad["skipped"]), int(bad["consecutive"])
+
+
+def all_finite(loss: Tensor | None, parameters: Iterable[nn.Parameter]) -> bool:
+    """Whether ``loss`` (if any) and every gradient are finite."""
+    values = [] if loss is None else [loss.detach().float().reshape(-1)]
+    values += [p.grad.detach().float().reshape(-1) for p in parameters if p.grad is not None]
+    return all(bool(torch.isfinite(v).all()) for v in values)
+
+
+def _legacy_guard_counts(checkpoint: Mapping[str, Any]) -> dict[str, int]:
+    """Bad-step counters of a checkpoint written before they lived in the module (in the guard
+    callback's state), else zeros."""
+    states = checkpoint.get("callbacks") or {}
+    return next((s for key, s in states.items() if "NumericsGuard" in str(key)), {"skipped": 0, "consecutive": 0})
+
+
+def _sum_metric() -> SumMetric:
+    """A float64 sum, all-reduced across ranks on ``compute``."""
+    return SumMetric(nan_strategy="error").set_dtype(torch.float64)

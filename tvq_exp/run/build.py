@@ -1,0 +1,59 @@
+"""Building what a run needs from a resolved config: the Lightning module (and from a checkpoint), the
+callbacks, the loggers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_class, instantiate
+from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from tvq_exp.models.module import AutoregressiveLitModule
+from tvq_exp.run import resolvers  # noqa: F401  (the config tree's resolvers)
+from tvq_exp.run.checkpoints import read_checkpoint
+from tvq_exp.run.legacy import upgrade_run_config
+
+
+def to_dict(cfg: DictConfig) -> dict[str, Any]:
+    """The fully resolved config as plain containers."""
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def build_module(config: dict[str, Any]) -> AutoregressiveLitModule:
+    """Instantiate the decoder and its :class:`AutoregressiveLitModule` from a resolved run config."""
+    model = instantiate(config["model"])
+    options = {k: v for k, v in config["module"].items() if k != "_target_"}
+    return get_class(config["module"]["_target_"])(model=model, run_config=config, **options)
+
+
+def build_callbacks(cfg: DictConfig) -> list[Callback]:
+    """Callbacks from ``cfg.callbacks`` (progress bars dropped when ``trainer.enable_progress_bar`` is off)."""
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    if not cfg.trainer.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    return callbacks
+
+
+def build_loggers(cfg: DictConfig) -> list[Logger]:
+    """Loggers from ``cfg.logger`` (empty: logging off)."""
+    return [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+
+
+def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The resolved run config a :class:`AutoregressiveLitModule` checkpoint carries."""
+    return upgrade_run_config(checkpoint["hyper_parameters"]["run_config"])
+
+
+def load_checkpoint(path: str | Path) -> tuple[AutoregressiveLitModule, dict[str, Any], dict[str, Any]]:
+    """Rebuild the module stored at ``path`` -> ``(module, run config, raw checkpoint)`` (weights loaded)."""
+    checkpoint = read_checkpoint(path)
+    config = run_config(checkpoint)
+    module = build_module(config)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module, config, checkpoint
+
+
+__all__ = ["build_callbacks", "build_loggers", "build_module", "load_checkpoint", "run_config", "to_dict"]

@@ -1,0 +1,130 @@
+"""Checkpoint files that survive crashes: atomic writes, truncation checks, ``resume=auto``'s choice.
+
+* :class:`AtomicCheckpointIO` (a Lightning ``CheckpointIO`` plugin) writes every checkpoint to a temporary
+  file in the same folder, fsyncs it and ``os.replace``-s it into place; the file it overwrites
+  (``last.ckpt``) is kept as ``last.prev.ckpt``. Loading refuses a truncated or corrupt file with a
+  :class:`CheckpointError` naming it.
+* :func:`newest_good_checkpoint` picks the newest checkpoint of a run folder that loads; a run that ended
+  normally leaves ``finished.json`` (:func:`mark_finished`), so relaunching it skips it.
+* Which checkpoints are written is :class:`~tvq_exp.callbacks.checkpoint.BestAndLastCheckpoint`'s job, the
+  RNG states in them :class:`~tvq_exp.callbacks.rng_state.RngState`'s.
+
+See ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+
+from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR, LAST
+
+PREVIOUS_SUFFIX = ".prev"
+FINISHED = "finished.json"
+REQUIRED_KEYS = ("state_dict", "global_step")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used (truncated, corrupt, not a Lightning checkpoint)."""
+
+
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint that ``path`` replaces is kept: ``last.ckpt`` -> ``last.prev.ckpt``."""
+    return path.with_name(f"{path.stem}{PREVIOUS_SUFFIX}{path.suffix}")
+
+
+def read_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by this project; raise :class:`CheckpointError` if it is unusable."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; check ckpt_path")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({type(error).__name__}: {str(error).splitlines()[0]}); "
+            f"delete it and resume from an older one (resume=auto picks the newest good one)"
+        ) from None
+    missing = [key for key in REQUIRED_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is not a training checkpoint (no {', '.join(missing)})")
+    return checkpoint
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``torch.save`` to a temporary file, fsync, then ``os.replace``: a checkpoint is whole or absent.
+
+    An overwritten checkpoint is kept as ``<stem>.prev.ckpt`` (the fallback when the new one is damaged
+    on disk later). Loading goes through :func:`read_checkpoint` (clear error for truncated files).
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
+    ) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with open(temporary, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            if path.is_file():
+                os.replace(path, previous_path(path))
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def load_checkpoint(
+        self, path: str | os.PathLike[str], map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return read_checkpoint(path, map_location or "cpu")
+
+
+def checkpoint_candidates(folder: Path) -> list[Path]:
+    """Every checkpoint in ``folder``, newest first (``last.ckpt`` before others written at the same time)."""
+    if not folder.is_dir():
+        return []
+    files = [p for p in folder.glob("*.ckpt") if p.is_file() and not p.name.startswith(".")]
+    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name == LAST), reverse=True)
+
+
+def newest_good_checkpoint(folder: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint in ``folder`` that loads, and one line per newer file that was refused."""
+    refused: list[str] = []
+    for path in checkpoint_candidates(folder):
+        try:
+            read_checkpoint(path)
+        except CheckpointError as error:
+            refused.append(str(error))
+            continue
+        return path, refused
+    return None, refused
+
+
+def mark_finished(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Record that the run in ``run_dir`` reached its last step (``resume=auto`` then skips it)."""
+    (run_dir / FINISHED).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of a finished run in ``run_dir``, or ``None`` when it has not finished."""
+    marker = run_dir / FINISHED
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "AtomicCheckpointIO",
+    "CheckpointError",
+    "checkpoint_candidates",
+    "finished_summary",
+    "mark_finished",
+    "newest_good_checkpoint",
+    "read_checkpoint",
+]

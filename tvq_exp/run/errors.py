@@ -1,0 +1,81 @@
+"""Running a Hydra entry point so that user errors end in one line on stderr, not a traceback.
+
+``train.py``, ``eval.py`` and ``sample.py`` decorate their task with :func:`reported` (below
+``@hydra.main``) and call it through :func:`run`. Errors a user can fix (bad config, override, data or
+checkpoint) print ``error: <message>`` on one line of stderr and exit with status 2; the numerics guard
+stopping a run exits with status 1 the same way. :func:`run` turns Hydra's own reporting off
+(``HYDRA_FULL_ERROR=1``) so composition errors (unknown key, unknown group option) reach it unchanged;
+:func:`reported` catches errors inside the task, before Hydra adds its "Error executing job" line.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from tvq_exp.callbacks.numerics_guard import NumericsError
+from tvq_exp.data import ChecksumError, CorruptFileError, DataNotFoundError
+from tvq_exp.run.checkpoints import CheckpointError
+from tvq_exp.run.validation import ConfigError
+
+USAGE_ERRORS = (
+    ConfigError,
+    HydraException,
+    OmegaConfBaseException,
+    DataNotFoundError,
+    ChecksumError,
+    CorruptFileError,
+    CheckpointError,
+)
+USAGE_STATUS = 2
+FAILURE_STATUS = 1
+T = TypeVar("T")
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message, and its cause's first line when that adds something, as one line."""
+    message = " ".join(str(error).split())
+    cause = error.__cause__
+    first = str(cause).strip().splitlines()[0].strip() if cause is not None and str(cause).strip() else ""
+    return f"{message} ({first})" if first and first not in message else message
+
+
+def fail(error: BaseException, status: int) -> NoReturn:
+    """Print ``error: <message>`` on one line of stderr and exit with ``status``."""
+    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
+    """Decorate a Hydra task function: user errors and guard stops end as one line (see module doc)."""
+
+    @functools.wraps(task)
+    def wrapper(cfg: DictConfig) -> T:
+        try:
+            return task(cfg)
+        except USAGE_ERRORS as error:
+            fail(error, USAGE_STATUS)
+        except NumericsError as error:
+            fail(error, FAILURE_STATUS)
+
+    return wrapper
+
+
+def run(main: Callable[[], object]) -> None:
+    """Call ``main`` (a ``@hydra.main`` function); composition errors end as one line with status 2."""
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except USAGE_ERRORS as error:
+        fail(error, USAGE_STATUS)
+
+
+__all__ = ["FAILURE_STATUS", "USAGE_ERRORS", "USAGE_STATUS", "fail", "one_line", "reported", "run"]

@@ -1,0 +1,1 @@
+"""Tools around the library: benchmarks (:mod:`.bench`) and run analysis (:mod:`.analysis`)."""

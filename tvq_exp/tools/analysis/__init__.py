@@ -1,0 +1,1 @@
+"""Reading runs into tables and plots (``python -m tvq_exp.analysis``): see :mod:`.cli`."""

@@ -1,0 +1,3 @@
+from tvq_exp.tools.analysis.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Attention and model benchmarks (``python -m tvq_exp.bench``): see :mod:`.cli`."""

@@ -1,0 +1,3 @@
+from tvq_exp.tools.bench.cli import main
+
+main()

@@ -1,0 +1,146 @@
+"""The benchmark worker: one configuration measured in a fresh process (attention call, model training step,
+or the ``torch.mm`` reference)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tvq_exp.measure.memory import PeakMemory, limit_address_space
+from tvq_exp.measure.timing import time_calls
+
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+
+
+def _autocast(device: torch.device, dtype: str) -> torch.autocast:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
+
+
+def attention_options(backend: str, settings: dict[str, Any], window_bias: bool) -> dict[str, Any]:
+    """``build_attention`` options of ``backend`` for the benchmark settings."""
+    opts: dict[str, Any] = {"d_k": settings["d_k"], "d_v": settings["d_v"], "heads": settings["heads"]}
+    if backend == "vq":
+        opts.update(
+            codebook_size=settings["codebook_size"], block_len=settings["block_len"], window_bias=window_bias
+        )
+    elif backend == "dense":
+        opts.update(window_bias=window_bias, window_len=settings["block_len"] if window_bias else None)
+    return opts
+
+
+def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int | None]:
+    """The timed call of one attention configuration and its FLOPs (the backend's ``flops()``)."""
+    from tvq_exp.attention import build_attention
+
+    s, t = spec["settings"], spec["seq_len"]
+    dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
+    opts = attention_options(spec["backend"], s, spec["window_bias"])
+    attn = build_attention(spec["backend"], **opts).to(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    b, h, dk, dv = s["batch"], s["heads"], s["d_k"], s["d_v"]
+    # GAU scaling: unit-RMS rows times d_k^-1/4, as the blocks feed the backends
+    q, k = (torch.randn(b, h, t, dk, generator=gen) * dk**-0.25 for _ in range(2))
+    v = torch.randn(b, h, t, dv, generator=gen)
+    train = spec["mode"] == "fwdbwd"
+    q, k, v = (x.to(device, dtype).requires_grad_(train) for x in (q, k, v))
+    grad_out = torch.randn(b, h, t, dv, generator=gen).to(device, dtype) if train else None
+
+    def call() -> None:
+        with torch.set_grad_enabled(train), _autocast(device, spec["dtype"]):
+            out, _, _ = attn(q, k, v)
+        if grad_out is not None:
+            out.backward(grad_out)  # a dense gradient: ``out.sum()`` would give a stride-0 one
+
+    return call, attn.flops(t, b, backward=train)
+
+
+def compose_model(name: str, settings: dict[str, Any]) -> Any:
+    """The Hydra preset ``conf/model/<name>.yaml`` at the benchmark's width and depth, with the
+    ``settings["overrides"]`` (``key=value`` below ``model.``) applied (a DictConfig)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    if not (CONF_DIR / "model" / f"{name}.yaml").is_file():
+        raise LookupError(f"unknown model preset {name!r}: no conf/model/{name}.yaml yet")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(overrides=[f"+model={name}", *(f"model.{item}" for item in settings.get("overrides", ()))])
+    with open_dict(cfg):
+        cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
+        cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]
+        if cfg.model.attention.get("name") == "vq":
+            cfg.model.attention.codebook_size = settings["codebook_size"]
+            cfg.model.attention.block_len = settings["block_len"]
+    return cfg
+
+
+def model_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int | None]:
+    """One training step (forward, backward, AdamW step, codebook step) of a model preset."""
+    from hydra.utils import instantiate
+
+    s, t = spec["settings"], spec["seq_len"]
+    model = instantiate(compose_model(spec["backend"], s).model).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(0, s["vocab_size"], (s["batch"], t + 1), generator=gen).to(device)
+
+    def call() -> None:
+        with _autocast(device, spec["dtype"]):
+            out = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                out.logits.flatten(0, 1).float(), tokens[:, 1:].flatten()
+            )
+        (loss + out.aux["loss"]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        model.codebook_step()
+
+    return call, model.flops(t, s["batch"], backward=True)
+
+
+def mm_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int]:
+    """A square ``torch.mm`` of size ``spec['size']`` in the benchmark's dtype."""
+    n, dtype = spec["size"], torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    return (lambda: torch.mm(a, b)), 2 * n**3
+
+
+CASES = {"attention": attention_case, "model": model_case, "mm": mm_case}
+
+
+def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Measure one configuration in this process: ``{ms, ms_min, reps, peak_mem_mb, flops}``."""
+    device = torch.device(spec["device"])
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    if spec.get("mem_limit_mb"):
+        limit_address_space(spec["mem_limit_mb"])
+    call, flops = CASES[spec["kind"]](spec, device)
+    mem = PeakMemory(device)
+    mem.start()
+    times = time_calls(call, device, spec["reps"], spec["budget_s"])
+    return {
+        "ms": statistics.median(times),
+        "ms_min": min(times),
+        "reps": len(times),
+        "peak_mem_mb": mem.peak_mb(),
+        "flops": flops,
+    }
+
+
+def worker_main(spec_json: str) -> None:
+    try:
+        result = run_worker(json.loads(spec_json))
+    except (torch.OutOfMemoryError, MemoryError) as err:
+        result = {"error": f"out of memory ({type(err).__name__})"}
+    except RuntimeError as err:
+        if "alloc" not in str(err).lower() and "memory" not in str(err).lower():
+            raise
+        result = {"error": f"out of memory ({str(err).splitlines()[0][:120]})"}
+    except LookupError as err:
+        result = {"error": str(err)}
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,106 @@
+"""Attention and model benchmarks: time, tokens/s, peak memory and FLOP utilisation.
+
+Usage::
+
+    python -m tvq_exp.bench attention --backends dense,vq --lengths 2048,8192,16384,32768 \\
+        --mode fwd,fwdbwd --json attn.json [--plot attn.png] [--device cpu|cuda] [--dtype fp32|bf16]
+    python -m tvq_exp.bench model --models gau_dense,gau_vq,gau_linear,gau_flash,mha_dense \\
+        --lengths 1024,2048,4096,8192,16384,32768 --json model.json --plot model.png
+
+Method:
+- Every configuration runs in a **fresh subprocess** (``python -m tvq_exp.tools.bench _worker SPEC``):
+  one warm-up call, then up to ``--reps`` timed calls (fewer when one call is slow, never fewer
+  than one); ``ms`` is their median, ``ms_min`` the fastest. A crash, a kill by the kernel or an
+  allocation failure is reported as ``"error": "out of memory ..."`` (``--mem-limit-mb`` caps what
+  a CPU worker may allocate, to ask what fits in less memory); a configuration over
+  ``--timeout`` seconds (measured, or extrapolated quadratically from the previous length) as
+  ``"error": "skipped: too slow ..."``.
+- **Peak memory**: on CPU the growth of the worker's resident set over the run: the kernel's
+  high-water mark ``VmHWM`` is reset (``/proc/self/clear_refs``) after the inputs / model are built,
+  and ``peak_mem_mb = VmHWM - VmRSS_at_reset`` after the warm-up and timed calls (everything the
+  computation touched: activations, gradients, allocator caches). On CUDA,
+  ``torch.cuda.max_memory_allocated`` minus the allocation at the start.
+- **FLOPs**: each backend's and model's ``flops()`` (matmuls only: the attention call, or the model's whole training
+  step); ``gflops_per_s = gflops / (ms / 1000)`` and ``mm_fraction`` is that over the ``torch.mm``
+  GFLOP/s (square matmul of ``--mm-size`` in ``--dtype``) measured by the same run in a worker of
+  its own, before and after the configurations (the larger of the two is the reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tvq_exp.tools.bench.cases import worker_main
+from tvq_exp.tools.bench.driver import MODEL_SETTINGS, run
+
+
+def model_override(text: str) -> tuple[str, str]:
+    """``[MODEL:]KEY=VALUE`` -> ``(MODEL or "*", "KEY=VALUE")``."""
+    model, _, item = text.rpartition(":") if ":" in text.split("=", 1)[0] else ("*", "", text)
+    if "=" not in item or not item.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"--set takes [MODEL:]KEY=VALUE (e.g. gau_dense:block.position=none), got {text!r}")
+    return model or "*", item
+
+
+def _csv(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    return lambda text: [cast(x) for x in text.split(",") if x]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command-line interface (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m tvq_exp.bench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--lengths", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384, 32768])
+    common.add_argument("--json", help="write the records to this JSON file")
+    common.add_argument("--plot", help="write a log-log PNG plot here")
+    common.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
+    )
+    common.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    common.add_argument("--reps", type=int, default=5, help="timed calls after the warm-up (at most)")
+    common.add_argument("--budget", type=float, default=20.0, help="seconds of timed calls per configuration")
+    common.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds per configuration before skipping"
+    )
+    common.add_argument("--threads", type=int, default=0, help="torch threads (0: all available)")
+    common.add_argument("--window-bias", action="store_true", help="XL bias in the attention backends")
+    common.add_argument("--mm-size", type=int, default=2048, help="size of the torch.mm reference matmul")
+    common.add_argument(
+        "--mem-limit-mb", type=float, default=0, help="CPU: memory a configuration may add (0: no limit)"
+    )
+    att = sub.add_parser("attention", parents=[common], help="one attention backend on (B, H, T, d) inputs")
+    att.add_argument("--backends", type=_csv(str), default=["dense", "vq"])
+    att.add_argument("--mode", type=_csv(str), default=["fwd", "fwdbwd"])
+    mod = sub.add_parser("model", parents=[common], help="training step of a Hydra model preset")
+    mod.add_argument(
+        "--models", type=_csv(str), default=["gau_dense", "gau_vq", "gau_linear", "gau_flash", "mha_dense"]
+    )
+    mod.add_argument("--d-model", type=int, default=MODEL_SETTINGS["d_model"], help="model width")
+    mod.add_argument("--n-layers", type=int, default=MODEL_SETTINGS["n_layers"], help="blocks")
+    mod.add_argument(
+        "--set",
+        type=model_override,
+        action="append",
+        default=[],
+        metavar="[MODEL:]KEY=VALUE",
+        help="override below model. for one preset (or all), e.g. gau_dense:block.position=none",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
+    """Entry point; ``_worker SPEC`` is the internal per-configuration subprocess."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_worker"]:
+        worker_main(argv[1])
+        return None
+    args = parser().parse_args(argv)
+    if args.command == "attention" and not set(args.mode) <= {"fwd", "fwdbwd"}:
+        raise SystemExit(f"--mode takes fwd and/or fwdbwd, got {','.join(args.mode)}")
+    return run(args)
