@@ -79,7 +79,7 @@ def test_dense_state_continuation_and_decoding() -> None:
 
 
 def test_unknown_backend_and_bad_shapes_are_refused() -> None:
-    with pytest.raises(ValueError, match="unknown attention backend 'nope'"):
+    with pytest.raises(ValueError, match="name='nope': unknown attention backend"):
         build_attention("nope", d_k=4, d_v=4)
     attn = build_attention("dense", d_k=4, d_v=3, heads=2)
     with pytest.raises(ValueError, match="expected"):

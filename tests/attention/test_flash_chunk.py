@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tests.attention.test_linear import (
     D_K,
     D_V,
@@ -16,7 +17,6 @@ from tests.attention.test_linear import (
     rel_err,
     tiny_decoder,
 )
-
 from tvq_exp.attention import DenseAttention, FlashChunkAttention, build_attention
 from tvq_exp.attention.naive import dense_attention as dense_reference
 from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference

@@ -13,15 +13,15 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+
 from tests.attention.test_flash_chunk import with_random_bias
 from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
-
 from tvq_exp.attention import DenseAttention, build_attention
 from tvq_exp.attention.base import repeat_kv
-from tvq_exp.attention.naive import softmax_attention
 from tvq_exp.attention.naive import dense_attention as dense_reference
 from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
 from tvq_exp.attention.naive import linear_attention as linear_reference
+from tvq_exp.attention.naive import softmax_attention
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 
@@ -74,7 +74,7 @@ def test_talking_heads_equal_reference(dtype: torch.dtype, post: bool) -> None:
 @pytest.mark.parametrize("name", ["vq", "linear", "flash_chunk"])
 @pytest.mark.parametrize("flag", ["talking_heads", "talking_heads_post"])
 def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
-    with pytest.raises(ValueError, match=f"{name}.*{flag}.*dense"):
+    with pytest.raises(ValueError, match=f"{flag}.*{name}.*dense"):
         build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: True})
     attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: False})
     assert not isinstance(attn, DenseAttention)

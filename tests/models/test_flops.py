@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from tvq_exp.attention import VQAttention, build_attention
-from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.callbacks.throughput import Throughput, precision_dtype
 from tvq_exp.measure.timing import matmul_peak_flops
-from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
+from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
+from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))

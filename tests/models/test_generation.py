@@ -15,15 +15,15 @@ from omegaconf import DictConfig
 from PIL import Image
 from torch import Tensor, nn
 
-import tvq_exp.run.resolvers  # noqa: F401 (registers the config resolvers)
+import tvq_exp  # noqa: F401 (registers the config resolvers)
 from tvq_exp.attention import build_attention
-from tvq_exp.models.blocks import GAUBlock
-from tvq_exp.run.validation import validate
 from tvq_exp.callbacks.image_samples import ImageSamples
 from tvq_exp.data.images.render import completion_grid, grid_shape, image_grid, levels_to_uint8, save_png
-from tvq_exp.models.generation import complete_images, sample_images
+from tvq_exp.models.blocks import GAUBlock
 from tvq_exp.models.decoder import Decoder, DecoderOutput, ModelState
+from tvq_exp.models.generation import complete_images, sample_images
 from tvq_exp.nn import ImagePositionEmbedding
+from tvq_exp.run.validation import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SHAPE = (4, 3, 3)  # H, W, C: 36 sub-pixels

@@ -15,10 +15,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tvq_exp.models.generation import filter_logits, generate, sample_next
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
-from tvq_exp.models.generation import filter_logits, generate, sample_next
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"

@@ -9,8 +9,13 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from tvq_exp.run.build import build_callbacks, build_loggers, build_module, to_dict  # registers the tvq.* resolvers
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
+from tvq_exp.run.build import (  # registers the tvq.* resolvers
+    build_callbacks,
+    build_loggers,
+    build_module,
+    to_dict,
+)
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))

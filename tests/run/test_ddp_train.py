@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from tests.helpers.sweeps import REPO, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tvq_exp.run.evaluate import evaluate
+from tests.helpers.sweeps import REPO, run_train
 from tvq_exp.callbacks.codebook_sync import SYNC_FILE
 from tvq_exp.callbacks.global_batch import GlobalBatchSize, global_batch_size
+from tvq_exp.run.evaluate import evaluate
 
 STEPS = 3
 DDP_OVERRIDES = [

@@ -13,9 +13,9 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tvq_exp.data.images.render import grid_shape
 from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
-from tvq_exp.data.images.render import grid_shape
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3

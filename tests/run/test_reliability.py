@@ -19,13 +19,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.demos.boring_classes import BoringModel
-from tests.helpers.reliability import read_records
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tvq_exp.run.train import train
+from tests.helpers.reliability import read_records
 from tvq_exp.callbacks.checkpoint import BestAndLastCheckpoint
-from tvq_exp.run.checkpoints import CheckpointError, newest_good_checkpoint, read_checkpoint
 from tvq_exp.callbacks.numerics_guard import NumericsError
+from tvq_exp.run.checkpoints import CheckpointError, newest_good_checkpoint, read_checkpoint
+from tvq_exp.run.train import train
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"

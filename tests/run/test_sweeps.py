@@ -11,12 +11,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
-from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 
+from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
+from tvq_exp.data.paths import DataNotFoundError
 from tvq_exp.run import sweeps
 from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.run.train import train
-from tvq_exp.data.paths import DataNotFoundError
 
 CONF = REPO / "conf"
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))

@@ -15,13 +15,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tvq_exp.run.build import build_module, to_dict
-from tvq_exp.run.evaluate import evaluate
-from tvq_exp.run.train import train
+from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.dense_to_vq import collect_keys, init_from_dense, load_dense_weights
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
 from tvq_exp.models.module import warmup_cosine
-from tvq_exp.models.decoder import Decoder
+from tvq_exp.run.build import build_module, to_dict
+from tvq_exp.run.evaluate import evaluate
+from tvq_exp.run.train import train
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TINY = ["model.d_model=64", "model.n_layers=2", "model.block.d_k=32"]

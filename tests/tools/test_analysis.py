@@ -11,14 +11,14 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
-from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 from torch.utils.tensorboard import SummaryWriter
 
+from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tvq_exp import analysis
-from tvq_exp.tools.analysis.frontier import frontier_config
 from tvq_exp.run.build import build_module, to_dict
+from tvq_exp.tools.analysis.frontier import frontier_config
 
 SWEPT = "model.attention.codebook_size"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
 from tests.helpers.sweeps import GROUP, REPO, make_small_sweep
 
 NOTEBOOK = REPO / "notebooks" / "compare_runs.ipynb"

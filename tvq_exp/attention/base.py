@@ -14,10 +14,12 @@ blocks scale ``q`` and ``k`` themselves.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
+
+from tvq_exp.options import AtLeast, OptionError, checked
 
 State = dict[str, Any]
 Aux = dict[str, Tensor]
@@ -29,22 +31,31 @@ class AttentionBackend(nn.Module):
     supports_kv_groups: bool = True
     supports_window_bias: bool = True
 
-    def __init__(self, d_k: int, d_v: int, heads: int = 1, causal: bool = True, kv_heads: int | None = None) -> None:
+    @checked
+    def __init__(
+        self,
+        d_k: Annotated[int, AtLeast(1)],
+        d_v: Annotated[int, AtLeast(1)],
+        heads: Annotated[int, AtLeast(1)] = 1,
+        causal: bool = True,
+        kv_heads: Annotated[int, AtLeast(1)] | None = None,
+    ) -> None:
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
-        for name, value in (("d_k", d_k), ("d_v", d_v), ("heads", heads), ("kv_heads", kv_heads)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"attention {name} must be a positive integer, got {value!r}")
         if heads % kv_heads:
-            raise ValueError(f"attention kv_heads={kv_heads} must divide heads={heads}")
+            raise OptionError("kv_heads", kv_heads, f"must divide heads={heads}", type(self))
         if kv_heads != heads and not self.supports_kv_groups:
-            raise ValueError(f"{type(self).__name__} does not support grouped key/value heads (kv_heads={kv_heads})")
+            raise OptionError("kv_heads", kv_heads, "grouped key/value heads are not supported", type(self))
         self.d_k, self.d_v, self.heads, self.kv_heads, self.causal = d_k, d_v, heads, kv_heads, causal
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
         """Matmul FLOPs of one call on ``batch`` fresh sequences of ``seq_len`` positions (forward, or
         forward + backward), as :mod:`tvq_exp.measure.flops` counts them; ``None`` without a formula."""
         return None
+
+    def check_context(self, length: int) -> None:
+        """Raise :class:`~tvq_exp.options.OptionError` if this backend's options make no sense for sequences
+        (contexts) of ``length`` positions; the default accepts any."""
 
     def state_floats(self, seq_len: int) -> int:
         """Size of the recurrent inference state per sequence after ``seq_len`` positions: the number of

@@ -3,6 +3,8 @@ ReLU² scoring (FLASH-Quad) and talking-heads mixing of the logits."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
+from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 SCORES = ("softmax", "relu2")
 LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
@@ -42,6 +45,7 @@ class DenseAttention(AttentionBackend):
     State: ``{"k", "v"}`` past keys and values ``(B, H_kv, t, d)`` and the position ``"t"``.
     """
 
+    @checked
     def __init__(
         self,
         d_k: int,
@@ -49,18 +53,16 @@ class DenseAttention(AttentionBackend):
         heads: int = 1,
         causal: bool = True,
         window_bias: bool = False,
-        window_len: int | None = None,
-        memory_len: int | None = None,
+        window_len: Annotated[int, AtLeast(1)] | None = None,
+        memory_len: Annotated[int, AtLeast(1)] | None = None,
         kv_heads: int | None = None,
-        score: str = "softmax",
+        score: Annotated[str, OneOf(*SCORES)] = "softmax",
         talking_heads: bool = False,
         talking_heads_post: bool = False,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if window_bias and (window_len is None or window_len < 1):
-            raise ValueError(f"window_bias needs a positive window_len, got {window_len!r}")
-        if score not in SCORES:
-            raise ValueError(f"dense attention: score must be one of {SCORES}, got {score!r}")
+        if window_bias and window_len is None:
+            raise OptionError("window_len", window_len, "the window bias needs a window length >= 1", type(self))
         self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
         self.memory_len, self.score = memory_len, score
         self.mix_pre = nn.Parameter(torch.eye(heads)) if talking_heads else None

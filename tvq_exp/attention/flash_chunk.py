@@ -12,6 +12,8 @@ the current total length: streaming and token-by-token decoding equal the parall
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,6 +21,7 @@ from torch import Tensor
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
+from tvq_exp.options import Above, AtLeast, OneOf, checked
 
 SCORES = ("relu2", "softmax")
 NORMS = ("count", "fixed")
@@ -46,6 +49,7 @@ class FlashChunkAttention(AttentionBackend):
     the sum of ``k_j v_jᵀ`` over all complete groups, their length ``n`` and the position ``t``.
     """
 
+    @checked
     def __init__(
         self,
         d_k: int,
@@ -53,20 +57,14 @@ class FlashChunkAttention(AttentionBackend):
         heads: int = 1,
         causal: bool = True,
         kv_heads: int | None = None,
-        group_size: int = 256,
-        score: str = "relu2",
-        norm: str = "count",
-        norm_scale: float | None = None,
+        group_size: Annotated[int, AtLeast(1)] = 256,
+        score: Annotated[str, OneOf(*SCORES)] = "relu2",
+        norm: Annotated[str, OneOf(*NORMS)] = "count",
+        norm_scale: Annotated[float, Above(0)] | None = None,
         window_bias: bool = False,
-        window_len: int | None = None,
+        window_len: Annotated[int, AtLeast(0)] | None = None,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if group_size < 1:
-            raise ValueError(f"flash_chunk attention: group_size must be >= 1, got {group_size}")
-        if score not in SCORES:
-            raise ValueError(f"flash_chunk attention: score must be one of {SCORES}, got {score!r}")
-        if norm not in NORMS:
-            raise ValueError(f"flash_chunk attention: norm must be one of {NORMS}, got {norm!r}")
         window_len = group_size if window_len is None else window_len
         self.group_size, self.score, self.norm = group_size, score, norm
         self.norm_scale = float(group_size if norm_scale is None else norm_scale)

@@ -10,6 +10,7 @@ normaliser are kept in the accumulation dtype (fp32 under autocast).
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, mm, padded, with_backward
+from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 FEATURE_MAPS = ("elu1", "relu", "favor")
 
@@ -42,6 +44,7 @@ class LinearAttention(AttentionBackend):
 
     supports_window_bias = False
 
+    @checked
     def __init__(
         self,
         d_k: int,
@@ -49,25 +52,18 @@ class LinearAttention(AttentionBackend):
         heads: int = 1,
         causal: bool = True,
         kv_heads: int | None = None,
-        feature_map: str = "elu1",
-        chunk_size: int = 64,
-        eps: float = 1e-6,
-        num_features: int | None = None,
+        feature_map: Annotated[str, OneOf(*FEATURE_MAPS)] = "elu1",
+        chunk_size: Annotated[int, AtLeast(1)] = 64,
+        eps: Annotated[float, AtLeast(0)] = 1e-6,
+        num_features: Annotated[int, AtLeast(1)] | None = None,
         seed: int = 0,
         window_bias: bool = False,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         if window_bias:
-            raise ValueError(
-                "linear attention has no relative position bias (the block asked for it with position=xl); "
-                "use block.position=rope or block.position=none"
+            raise OptionError(
+                "position", "xl", "linear attention has no relative position bias; use position=rope or position=none", type(self)
             )
-        if feature_map not in FEATURE_MAPS:
-            raise ValueError(
-                f"linear attention: feature_map must be one of {FEATURE_MAPS}, got {feature_map!r}"
-            )
-        if chunk_size < 1:
-            raise ValueError(f"linear attention: chunk_size must be >= 1, got {chunk_size}")
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
         self.num_features = num_features or d_k
         self.seed, self.draws = seed, 0

@@ -10,6 +10,7 @@ from tvq_exp.attention.dense import DenseAttention
 from tvq_exp.attention.flash_chunk import FlashChunkAttention
 from tvq_exp.attention.linear import LinearAttention
 from tvq_exp.attention.vq.layer import VQAttention
+from tvq_exp.options import OptionError
 
 BACKENDS: dict[str, type[AttentionBackend]] = {
     "dense": DenseAttention,
@@ -26,14 +27,15 @@ def build_attention(name: str, **options: Any) -> AttentionBackend:
     Example: ``build_attention("vq", d_k=128, d_v=256, heads=1, codebook_size=512, block_len=512)``.
     """
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
+        raise OptionError("name", name, f"unknown attention backend; choose one of {', '.join(sorted(BACKENDS))}")
     talking = [key for key in ("talking_heads", "talking_heads_post") if options.get(key)]
     if talking and name not in TALKING_HEADS_BACKENDS:
-        raise ValueError(
-            f"attention {name!r} does not support {' / '.join(talking)}: talking heads mixes the full T×T "
-            f"logits across heads, which only {TALKING_HEADS_BACKENDS} materialise; use model.attention=dense "
-            "or turn talking heads off"
-        )
+        raise OptionError(
+            talking[0], True, f"the {name} backend cannot mix logits across heads (talking heads need the full "
+            f"T×T logits, which only {', '.join(TALKING_HEADS_BACKENDS)} materialises); use model/attention=dense "
+            "or turn them off",
+            BACKENDS[name],
+        )  # fmt: skip
     if name not in TALKING_HEADS_BACKENDS:  # switched off: drop the (false) flags the backend does not know
         options = {key: value for key, value in options.items() if not key.startswith("talking_heads")}
     return BACKENDS[name](**options)

@@ -13,13 +13,14 @@ updated them), stops training and records :attr:`NumericsGuard.failure`; the tra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from tvq_exp.callbacks.checkpoint import save_last
 from tvq_exp.console import say
+from tvq_exp.options import AtLeast, checked
 
 
 class NumericsError(RuntimeError):
@@ -29,9 +30,8 @@ class NumericsError(RuntimeError):
 class NumericsGuard(Callback):
     """Report skipped steps and stop after ``max_bad_steps`` (>= 1) consecutive ones; see the module docstring."""
 
-    def __init__(self, max_bad_steps: int = 10) -> None:
-        if max_bad_steps < 1:
-            raise ValueError(f"guard.max_bad_steps must be >= 1, got {max_bad_steps}")
+    @checked
+    def __init__(self, max_bad_steps: Annotated[int, AtLeast(1)] = 10) -> None:
         self.max_bad_steps = max_bad_steps
         self.failure: str | None = None
 

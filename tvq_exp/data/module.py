@@ -1,4 +1,4 @@
-"""What every data module shares: the data root, the process's rank, and positive-size checks.
+"""What every data module shares: the data root and the process's rank.
 
 Construction is cheap (no file access): downloads happen in ``prepare_data`` and files are read in
 ``setup``. Batches follow :mod:`tvq_exp.batch`.
@@ -12,13 +12,6 @@ from pathlib import Path
 import lightning as L
 
 from tvq_exp.data.paths import data_root
-
-
-def check_positive(**values: int) -> None:
-    """Raise ``ValueError`` for any non-positive integer setting."""
-    for name, value in values.items():
-        if int(value) < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}")
 
 
 class RootedDataModule(L.LightningDataModule):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
 
 from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.options import AtLeast, Between, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 ModelState = list[dict[str, Any]]
@@ -44,21 +45,20 @@ class Decoder(nn.Module):
     Shapes: ``tokens (B, T)`` -> ``DecoderOutput(logits (B, T, V), state, aux)``.
     """
 
+    @checked
     def __init__(
         self,
-        vocab_size: int,
-        d_model: int,
-        n_layers: int,
+        vocab_size: Annotated[int, AtLeast(2)],
+        d_model: Annotated[int, AtLeast(1)],
+        n_layers: Annotated[int, AtLeast(1)],
         block: BlockFactory,
         attention: Callable[..., AttentionBackend],
         tie_embeddings: bool = True,
         final_norm: bool = True,
-        embed_dropout: float = 0.0,
+        embed_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         pos_embedding: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if vocab_size < 2 or d_model < 1 or n_layers < 1:
-            raise ValueError(f"bad model size: vocab_size={vocab_size}, d_model={d_model}, n_layers={n_layers}")
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)
@@ -101,6 +101,12 @@ class Decoder(nn.Module):
                 return None
             total += flops
         return total
+
+    def check_context(self, length: int) -> None:
+        """Ask every attention backend whether its options fit contexts of ``length`` positions (raises
+        :class:`~tvq_exp.options.OptionError`)."""
+        for attn in self.attention_modules():
+            attn.check_context(length)
 
     def attention_modules(self) -> list[AttentionBackend]:
         """The attention backend of every block, in order."""

@@ -6,10 +6,10 @@ Images are ``(N, H, W, C)`` pixel levels flattened row-major with channels inter
 
 from __future__ import annotations
 
-import torch
 import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from tvq_exp.models.decoder import Decoder

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import lightning as L
 import torch
@@ -22,7 +22,7 @@ from torchmetrics import SumMetric
 
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
-
+from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
 EVAL_STAGES = ("val", "test")
 
@@ -58,32 +58,29 @@ class AutoregressiveLitModule(L.LightningModule):
     whole split (token-weighted, DDP-reduced), ``codebook/layerN/*`` averaged over each logging interval.
     """
 
+    @checked
     def __init__(
         self,
         model: Decoder,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
+        lr: Annotated[float, Above(0)] = 1e-3,
+        weight_decay: Annotated[float, AtLeast(0)] = 0.0,
         betas: Sequence[float] = (0.9, 0.98),
-        eps: float = 1e-9,
-        warmup_steps: int = 0,
-        max_steps: int = 1,
-        min_lr_ratio: float = 0.1,
-        grad_clip: float = 0.0,
+        eps: Annotated[float, Above(0)] = 1e-9,
+        warmup_steps: Annotated[int, AtLeast(0)] = 0,
+        max_steps: Annotated[int, AtLeast(1)] = 1,
+        min_lr_ratio: Annotated[float, Between(0, 1)] = 0.1,
+        grad_clip: Annotated[float, AtLeast(0)] = 0.0,
         carry_state: bool = False,
         eval_carry_state: bool = False,
-        kind: str = "text",
+        kind: Annotated[str, OneOf("text", "image")] = "text",
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        if kind not in ("text", "image"):
-            raise ValueError(f"kind must be 'text' or 'image', got {kind!r}")
+        if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
+            raise OptionError("betas", list(betas), "must be two numbers in [0, 1)", type(self))
         self.save_hyperparameters(ignore=["model"])
         self.model = model
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
-        if warmup_steps < 0 or max_steps < 1 or not 0.0 <= min_lr_ratio <= 1.0:
-            raise ValueError(
-                f"bad schedule: warmup_steps={warmup_steps}, max_steps={max_steps}, min_lr_ratio={min_lr_ratio}"
-            )
         # a partial keeps no state in the scheduler's state_dict: a resumed run follows its own max_steps
         self.schedule = functools.partial(
             warmup_cosine, warmup_steps=warmup_steps, max_steps=max_steps, min_ratio=min_lr_ratio

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
+
+from tvq_exp.options import Between, checked
 
 
 class StochasticDepth(nn.Module):
@@ -12,10 +16,9 @@ class StochasticDepth(nn.Module):
     The branch is still computed, so carried attention state stays consistent. ``x: (B, ...)``.
     """
 
-    def __init__(self, p: float = 0.0) -> None:
+    @checked
+    def __init__(self, p: Annotated[float, Between(0, 1, "[)")] = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"layerdrop must be in [0, 1), got {p}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from torch import Tensor, nn
+
+from tvq_exp.options import AtLeast, checked
 
 
 class ImagePositionEmbedding(nn.Module):
@@ -15,10 +19,15 @@ class ImagePositionEmbedding(nn.Module):
     Shapes: ``positions (T,)`` int -> ``(T, d_model)``.
     """
 
-    def __init__(self, d_model: int, height: int, width: int, channels: int) -> None:
+    @checked
+    def __init__(
+        self,
+        d_model: Annotated[int, AtLeast(1)],
+        height: Annotated[int, AtLeast(1)],
+        width: Annotated[int, AtLeast(1)],
+        channels: Annotated[int, AtLeast(1)],
+    ) -> None:
         super().__init__()
-        if min(height, width, channels) < 1:
-            raise ValueError(f"image shape must be positive, got {(height, width, channels)}")
         self.shape = (height, width, channels)
         self.row = nn.Embedding(height, d_model)
         self.col = nn.Embedding(width, d_model)

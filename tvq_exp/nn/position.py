@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor, nn
+
+from tvq_exp.options import AtLeast, checked
 
 
 def sinusoid_table(n: int, dim: int, base: float = 1e5) -> Tensor:
@@ -26,10 +30,11 @@ class XLRelativeBias(nn.Module):
     Shapes: ``u, v: (H, d_k)``; :meth:`rel` is ``(H, max_distance + 1, d_k)``.
     """
 
-    def __init__(self, heads: int, d_k: int, max_distance: int, base: float = 1e5) -> None:
+    @checked
+    def __init__(
+        self, heads: Annotated[int, AtLeast(1)], d_k: Annotated[int, AtLeast(1)], max_distance: Annotated[int, AtLeast(0)], base: float = 1e5
+    ) -> None:
         super().__init__()
-        if max_distance < 0:
-            raise ValueError(f"max_distance must be >= 0, got {max_distance}")
         self.heads, self.d_k, self.max_distance = heads, d_k, max_distance
         self.u = nn.Parameter(torch.zeros(heads, d_k))
         self.v = nn.Parameter(torch.zeros(heads, d_k))

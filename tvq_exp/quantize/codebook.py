@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tvq_exp.options import AtLeast, Between, OneOf, checked
 from tvq_exp.quantize.kmeans import kmeans, nearest_code
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 
-Strategy = Literal["ema", "gradient"]
+STRATEGIES = ("ema", "gradient")
 
 
 class VectorQuantizer(nn.Module):
@@ -32,28 +33,23 @@ class VectorQuantizer(nn.Module):
     training batch's keys.
     """
 
+    @checked
     def __init__(
         self,
-        heads: int,
-        codebook_size: int,
-        dim: int,
-        strategy: Strategy = "ema",
-        decay: float = 0.99,
-        eps: float = 1e-5,
-        commit_weight: float = 1e-4,
-        codebook_weight: float = 1.0,
-        dead_code_threshold: float = 0.0,
+        heads: Annotated[int, AtLeast(1)],
+        codebook_size: Annotated[int, AtLeast(2)],
+        dim: Annotated[int, AtLeast(1)],
+        strategy: Annotated[str, OneOf(*STRATEGIES)] = "ema",
+        decay: Annotated[float, Between(0, 1, "()")] = 0.99,
+        eps: Annotated[float, AtLeast(0)] = 1e-5,
+        commit_weight: Annotated[float, AtLeast(0)] = 1e-4,
+        codebook_weight: Annotated[float, AtLeast(0)] = 1.0,
+        dead_code_threshold: Annotated[float, AtLeast(0)] = 0.0,
         kmeans_init: bool = False,
-        kmeans_iters: int = 10,
-        sample_keys: int = 4096,
+        kmeans_iters: Annotated[int, AtLeast(1)] = 10,
+        sample_keys: Annotated[int, AtLeast(1)] = 4096,
     ) -> None:
         super().__init__()
-        if strategy not in ("ema", "gradient"):
-            raise ValueError(f"codebook strategy must be 'ema' or 'gradient', got {strategy!r}")
-        if codebook_size < 2:
-            raise ValueError(f"codebook_size must be >= 2, got {codebook_size}")
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"codebook decay must be in (0, 1), got {decay}")
         self.heads, self.codebook_size, self.dim = heads, codebook_size, dim
         self.strategy, self.decay, self.eps = strategy, decay, eps
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight

@@ -12,7 +12,6 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.models.module import AutoregressiveLitModule
-from tvq_exp.run import resolvers  # noqa: F401  (the config tree's resolvers)
 from tvq_exp.run.checkpoints import read_checkpoint
 from tvq_exp.run.legacy import upgrade_run_config
 

@@ -1,34 +1,52 @@
-"""Validation of a composed Hydra config, before any data is loaded or any model is built.
+"""Validation of a composed Hydra config, before any data is read or any step is trained.
 
-Two layers:
-1. **Structured schemas.** For each node with a ``_target_`` (the model, its block, attention and
-   codebook, the data module and its corpus), a dataclass is generated from the target's
-   constructor signature and the node is merged into it with OmegaConf: unknown keys (typos) and
-   values of the wrong type are refused with the full key.
-2. **Cross-field rules** (ranges, divisibility, backend/option combinations).
+Every rule lives in the constructors (:mod:`tvq_exp.options`); this module only asks them, and names the
+config key when they refuse:
 
-Every failure is a :class:`ConfigError` whose one-line message names the key, the bad value and
-what is allowed.
+1. **Types and unknown keys.** For each node with a ``_target_`` (the model, its block, attention and
+   codebook, the position embedding, the data module and its corpus or image source, the Lightning
+   module), a dataclass is generated from the target's constructor signature and the node is merged into
+   it with OmegaConf: unknown keys (typos) and values of the wrong type are refused with the full key.
+2. **Single-option rules** (ranges, choices): the ``Annotated`` constraints of the same signature.
+3. **Rules that tie options together** (``kv_heads`` divides ``heads``, ``window_len <= block_len``, the
+   image shape of a data set, ...): the model is built on the meta device (no memory, no data) and the
+   data module as configured; an :class:`~tvq_exp.options.OptionError` is traced back to its key.
+4. **Model against data**: the model's own :meth:`~tvq_exp.models.decoder.Decoder.check_context`.
+
+Every failure is a :class:`ConfigError` whose one-line message names the key, the bad value and what is
+allowed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from hydra.utils import get_method, get_object
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import get_method, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tvq_exp.attention import BACKENDS
+from tvq_exp.attention.registry import BACKENDS, build_attention
+from tvq_exp.options import OptionError, check_values, constraints
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 SIMPLE_TYPES = (int, float, bool, str)
+# arguments a parent passes to its child's constructor (not config keys of the child's node)
+INJECTED = {
+    "model": {"block", "attention", "pos_embedding"},
+    "model.block": {"d_model", "attention"},
+    "model.attention": {"d_k", "d_v", "heads", "kv_heads", "window_bias", "codebook"},
+    "model.attention.codebook": {"heads", "codebook_size", "dim"},
+    "module": {"model", "run_config"},
+}
 
 
 class ConfigError(ValueError):
@@ -37,6 +55,15 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!r}: {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """A config node with a ``_target_``: its key, the node, and the class (or function) it builds."""
+
+    key: str
+    node: DictConfig
+    target: Any
 
 
 # --------------------------------------------------------------------------------------- schemas
@@ -48,21 +75,24 @@ def _field_type(annotation: Any) -> Any:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
         return typing.Optional[rest[0]] if len(rest) == 1 and rest[0] in SIMPLE_TYPES else Any  # noqa: UP045
-    if typing.get_origin(annotation) is typing.Literal:
-        return str if all(isinstance(a, str) for a in args) else Any
     return Any
+
+
+def _constructor(target: Callable[..., Any]) -> Callable[..., Any]:
+    """The function whose signature states ``target``'s options (a class's undecorated ``__init__``)."""
+    return inspect.unwrap(target.__init__ if inspect.isclass(target) else target)
 
 
 def schema_for(target: Callable[..., Any], skip: set[str] = frozenset()) -> type:
     """A dataclass with one field per keyword argument of ``target`` (``**kwargs`` targets: None)."""
-    fn = target.__init__ if inspect.isclass(target) else target
+    fn = _constructor(target)
     hints = typing.get_type_hints(fn)
     fields = []
     for name, p in inspect.signature(fn).parameters.items():
         if name in ("self", *skip) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         default = dataclasses.MISSING if p.default is p.empty else p.default
-        if isinstance(default, (list, dict, tuple)) or (default is not dataclasses.MISSING and not isinstance(default, (*SIMPLE_TYPES, type(None)))):
+        if default is not dataclasses.MISSING and not isinstance(default, (*SIMPLE_TYPES, type(None))):
             default = None
         typ = _field_type(hints.get(name, Any))
         fields.append((name, typ, dataclasses.field(default=default)) if default is not dataclasses.MISSING else (name, typ))
@@ -71,8 +101,10 @@ def schema_for(target: Callable[..., Any], skip: set[str] = frozenset()) -> type
 
 
 def check_node(node: DictConfig, key: str, target: Callable[..., Any], skip: set[str] = frozenset(), nested: set[str] = frozenset()) -> None:
-    """Type-check ``node`` against ``target``'s signature; ``nested`` keys are checked separately."""
-    schema = OmegaConf.structured(schema_for(target, skip | nested))
+    """Type-check ``node`` against ``target``'s signature, then its single-option rules; ``nested`` keys
+    (child nodes) are checked separately."""
+    schema_class = schema_for(target, skip | nested)
+    schema = OmegaConf.structured(schema_class)
     plain = {k: v for k, v in node.items() if k not in HYDRA_KEYS | nested}
     allowed = sorted(set(schema.keys()))
     for name in plain:
@@ -83,12 +115,16 @@ def check_node(node: DictConfig, key: str, target: Callable[..., Any], skip: set
     except OmegaConfBaseException as err:
         bad = str(getattr(err, "full_key", "") or err).split("\n")[0]
         name = bad if bad in plain else next((n for n in plain if n in str(err)), bad)
-        expected = schema_for(target, skip | nested).__dataclass_fields__.get(name)
+        expected = schema_class.__dataclass_fields__.get(name)
         kind = getattr(expected.type, "__name__", str(expected.type)) if expected else "a valid value"
         raise ConfigError(f"{key}.{name}", plain.get(name), f"must be of type {kind}") from None
     for name in schema.keys():
         if OmegaConf.is_missing(schema, name) and name not in plain:
             raise ConfigError(f"{key}.{name}", "???", f"required by {_name(target)}")
+    try:
+        check_values(None, constraints(_constructor(target)), plain)
+    except OptionError as err:
+        raise ConfigError(f"{key}.{err.option}", err.value, err.allowed) from None
 
 
 def _name(target: Any) -> str:
@@ -105,119 +141,98 @@ def _target(node: DictConfig, key: str) -> Any:
         raise ConfigError(f"{key}._target_", path, "cannot be imported; check the dotted path") from None
 
 
-# ---------------------------------------------------------------------------------------- rules
-def _require(cond: bool, key: str, value: Any, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(key, value, allowed)
-
-
-def _positive_int(node: DictConfig, key: str, name: str, required: bool = True) -> None:
-    value = node.get(name)
-    if value is None and not required:
-        return
-    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{key}.{name}", value, "must be a positive integer")
-
-
-def _fraction(node: DictConfig, key: str, name: str) -> None:
-    value = node.get(name, 0.0)
-    _require(isinstance(value, (int, float)) and 0.0 <= value < 1.0, f"{key}.{name}", value, "must be in [0, 1)")
-
-
-def check_attention(att: DictConfig, block: DictConfig, key: str = "model.attention") -> str:
-    """Check the attention node; returns the backend name."""
-    name = att.get("name")
-    _require(name in BACKENDS, f"{key}.name", name, f"unknown backend; choose one of {', '.join(sorted(BACKENDS))}")
-    check_node(att, key, BACKENDS[name], skip={"d_k", "d_v", "heads", "kv_heads", "window_bias"}, nested={"name", "codebook"})
-    if att.get("codebook") is not None:
-        check_codebook(att.codebook, name, f"{key}.codebook")
-    position = block.get("position", "xl")
-    if name == "vq":
-        _positive_int(att, key, "block_len")
-        _require(isinstance(att.get("codebook_size"), int) and att.codebook_size >= 2, f"{key}.codebook_size", att.get("codebook_size"), "must be an integer >= 2")
-        window = att.get("window_len")
-        _require(window is None or (isinstance(window, int) and 0 <= window <= att.block_len), f"{key}.window_len", window, f"must be null or in [0, block_len={att.block_len}]")
-    if position == "xl" and "window_len" in att and name != "vq":  # dense needs a window; others default it
-        _positive_int(att, key, "window_len", required=name == "dense")
-    if position == "xl" and not BACKENDS[name].supports_window_bias:
-        raise ConfigError("model.block.position", position, f"the {name} backend has no relative bias; use rope or none")
-    for opt in ("talking_heads", "talking_heads_post"):
-        if block.get(opt) or att.get(opt):
-            _require(name == "dense", f"model.block.{opt}", True, f"talking heads mix dense logits; not possible with the {name} backend (use model/attention=dense)")
-    return name
-
-
-def check_block(block: DictConfig, d_model: int, key: str = "model.block") -> None:
-    target = _target(block, key)
-    check_node(block, key, target, skip={"d_model", "attention"})
-    _require(block.get("position", "xl") in ("xl", "rope", "none"), f"{key}.position", block.get("position"), "must be one of xl, rope, none")
-    _fraction(block, key, "dropout")
-    _fraction(block, key, "layerdrop")
-    heads = block.get("heads", 1)
-    _positive_int(block, key, "heads")
-    _positive_int(block, key, "kv_heads", required=False)
-    kv = block.get("kv_heads") or heads
-    _require(heads % kv == 0, f"{key}.kv_heads", block.get("kv_heads"), f"must divide heads={heads}")
-    if "d_k" in block:
-        _positive_int(block, key, "d_k")
-    if "expansion" in block:
-        _positive_int(block, key, "expansion")
-        _require(block.expansion * d_model % heads == 0, f"{key}.heads", heads, f"must divide expansion*d_model={block.expansion * d_model}")
-    if "head_size" in block and block.get("head_size") is None:
-        _require(d_model % heads == 0, f"{key}.heads", heads, f"must divide d_model={d_model} (or set head_size)")
-    for name in ("head_size", "key_size"):
-        _positive_int(block, key, name, required=False)
-
-
-def check_codebook(codebook: DictConfig, backend: str, key: str = "model.attention.codebook") -> None:
-    _require(backend == "vq", key, "...", f"codebook options only apply to the vq backend, not {backend} (drop model/attention/codebook)")
-    check_node(codebook, key, VectorQuantizer, skip={"heads", "codebook_size", "dim"})
-    _require(codebook.get("strategy", "ema") in ("ema", "gradient"), f"{key}.strategy", codebook.get("strategy"), "must be ema or gradient")
-    decay = codebook.get("decay", 0.99)
-    _require(0.0 < decay < 1.0, f"{key}.decay", decay, "must be in (0, 1)")
-    for name in ("commit_weight", "codebook_weight", "dead_code_threshold", "eps"):
-        value = codebook.get(name, 0.0)
-        _require(value >= 0, f"{key}.{name}", value, "must be >= 0")
-    _positive_int(codebook, key, "kmeans_iters", required=False)
-
-
-def check_model(model: DictConfig) -> None:
-    """Check ``cfg.model`` (Decoder + block + attention + codebook)."""
-    target = _target(model, "model")
-    check_node(model, "model", target, skip={"pos_embedding"} if "pos_embedding" not in model else set(), nested={"block", "attention", "pos_embedding"})
-    for name in ("vocab_size", "d_model", "n_layers"):
-        _positive_int(model, "model", name)
-    _fraction(model, "model", "embed_dropout")
+# --------------------------------------------------------------------------------------- the tree
+def model_nodes(model: DictConfig) -> list[Node]:
+    """The model's target nodes, most specific first: codebook, attention, block, position embedding, decoder."""
+    nodes = [Node("model", model, _target(model, "model"))]
     block = model.get("block")
-    _require(isinstance(block, DictConfig), "model.block", block, "a block config with _target_ is required")
-    check_block(block, model.d_model)
-    check_attention(model.attention, block)
+    if not isinstance(block, DictConfig):
+        raise ConfigError("model.block", block, "a block config with _target_ is required")
+    nodes.insert(0, Node("model.block", block, _target(block, "model.block")))
+    if isinstance(model.get("pos_embedding"), DictConfig):
+        nodes.insert(0, Node("model.pos_embedding", model.pos_embedding, _target(model.pos_embedding, "model.pos_embedding")))
+    attention = model.get("attention")
+    if not isinstance(attention, DictConfig):
+        raise ConfigError("model.attention", attention, "an attention config (model/attention=...) is required")
+    name = attention.get("name")
+    if _target(attention, "model.attention") is build_attention and name not in BACKENDS:
+        raise ConfigError("model.attention.name", name, f"unknown backend; choose one of {', '.join(sorted(BACKENDS))}")
+    nodes.insert(0, Node("model.attention", attention, BACKENDS.get(name, build_attention)))
+    if isinstance(attention.get("codebook"), DictConfig):
+        if name != "vq":
+            raise ConfigError("model.attention.codebook", "...", f"codebook options only apply to the vq backend, not {name}")
+        nodes.insert(0, Node("model.attention.codebook", attention.codebook, VectorQuantizer))
+    return nodes
 
 
-def check_data(data: DictConfig, model: DictConfig | None = None) -> None:
-    """Check ``cfg.data`` (the datamodule node and its nested corpus/source)."""
-    target = _target(data, "data")
-    nested = {k for k, v in data.items() if isinstance(v, DictConfig) and "_target_" in v}
-    check_node(data, "data", target, nested=nested)
-    for name in ("seq_len", "batch_size", "vocab_size"):
-        _positive_int(data, "data", name)
-    for name in nested:
-        check_node(data[name], f"data.{name}", _target(data[name], f"data.{name}"))
-    if model is not None and model.attention.get("name") == "vq":
-        block_len = model.attention.block_len
-        _require(block_len <= data.seq_len, "model.attention.block_len", block_len, f"must be <= data.seq_len={data.seq_len} (a block longer than the sequence never uses the cache)")
+def data_nodes(data: DictConfig) -> list[Node]:
+    """The data module's target nodes: its corpus / image source first, then the module."""
+    nodes = [Node(f"data.{k}", v, _target(v, f"data.{k}")) for k, v in data.items() if isinstance(v, DictConfig) and "_target_" in v]
+    return [*nodes, Node("data", data, _target(data, "data"))]
 
 
+def check_nodes(nodes: list[Node]) -> None:
+    """Types, unknown keys and single-option rules of every node."""
+    children = {n.key: {m.key.rpartition(".")[2] for m in nodes if m.key.rpartition(".")[0] == n.key} for n in nodes}
+    for n in nodes:
+        nested = children[n.key] | ({"name"} if n.key == "model.attention" else set())
+        check_node(n.node, n.key, n.target, skip=INJECTED.get(n.key, set()), nested=nested)
+
+
+def locate(error: OptionError, nodes: list[Node]) -> str:
+    """The config key an :class:`OptionError` is about: the option in the node that builds its owner, else
+    in the nearest node above it that has that key (``heads`` of the attention is ``model.block.heads``)."""
+    owners = [i for i, n in enumerate(nodes) if inspect.isclass(n.target) and error.owner is not None and issubclass(error.owner, n.target)]
+    start = owners[0] if owners else len(nodes) - 1
+    for n in nodes[start:]:
+        if error.option in n.node:
+            return f"{n.key}.{error.option}"
+    return f"{nodes[start].key}.{error.option}"
+
+
+def built(cfg: DictConfig, nodes: list[Node], meta: bool) -> Any:
+    """Instantiate ``cfg`` (on the meta device: no memory is allocated), an :class:`OptionError` from any
+    constructor turned into a :class:`ConfigError` on its key."""
+    try:
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            return instantiate(cfg)
+    except (InstantiationException, OptionError) as err:
+        cause = next((e for e in _causes(err) if isinstance(e, OptionError)), None)
+        if cause is None:
+            raise
+        raise ConfigError(locate(cause, nodes), cause.value, cause.allowed) from None
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+# --------------------------------------------------------------------------------------- entry point
 def validate(cfg: DictConfig) -> None:
     """Validate a composed config: raises :class:`ConfigError` naming the first bad key."""
     try:
+        model = data = None
         if "model" in cfg:
-            check_model(cfg.model)
+            nodes = model_nodes(cfg.model)
+            check_nodes(nodes)
+            model = built(cfg.model, nodes, meta=True)
         if "data" in cfg:
-            check_data(cfg.data, cfg.get("model"))
+            nodes = data_nodes(cfg.data)
+            check_nodes(nodes)
+            data = built(cfg.data, nodes, meta=False)
+        if isinstance(cfg.get("module"), DictConfig):
+            check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
+        if model is not None and data is not None:
+            try:
+                model.check_context(data.context_len)
+            except OptionError as err:
+                raise ConfigError(locate(err, model_nodes(cfg.model)), err.value, err.allowed) from None
     except ConfigError:
         raise
     except OmegaConfBaseException as err:  # interpolation or missing-value errors
         raise ConfigError(str(getattr(err, "full_key", "config")), "?", str(err).split("\n")[0]) from None
 
 
-__all__ = ["ConfigError", "check_data", "check_model", "schema_for", "validate"]
+__all__ = ["ConfigError", "check_node", "schema_for", "validate"]

@@ -16,7 +16,7 @@ continuation, partial blocks and token-by-token decoding share one code path.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
 from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias, window_distances
+from tvq_exp.options import AtLeast, OptionError, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
@@ -48,15 +49,16 @@ class VQAttention(AttentionBackend):
     ``cache_mu (B, H_kv, S, d_v)`` summarising all earlier blocks; the position ``t``.
     """
 
+    @checked
     def __init__(
         self,
         d_k: int,
         d_v: int,
         heads: int = 1,
         codebook_size: int = 512,
-        block_len: int = 512,
+        block_len: Annotated[int, AtLeast(1)] = 512,
         window_bias: bool = True,
-        window_len: int | None = None,
+        window_len: Annotated[int, AtLeast(0)] | None = None,
         use_cache: bool = True,
         grad_through_cache: bool = True,
         causal: bool = True,
@@ -64,11 +66,9 @@ class VQAttention(AttentionBackend):
         codebook: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if block_len < 1:
-            raise ValueError(f"vq attention: block_len must be >= 1, got {block_len}")
         window_len = block_len if window_len is None else window_len
-        if not 0 <= window_len <= block_len:
-            raise ValueError(f"vq attention: window_len must be in [0, block_len={block_len}], got {window_len}")
+        if window_len > block_len:
+            raise OptionError("window_len", window_len, f"must be <= block_len={block_len}", type(self))
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
@@ -113,6 +113,14 @@ class VQAttention(AttentionBackend):
         if self.bias is not None:
             total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward)
         return total
+
+    def check_context(self, length: int) -> None:
+        """A block longer than the context never uses the cache: ``block_len <= length``."""
+        if self.block_len > length:
+            raise OptionError(
+                "block_len", self.block_len, f"must be <= the context length {length} (data.seq_len; with TBPTT "
+                "data.sequence_len): a longer block never uses the cache", type(self),
+            )  # fmt: skip
 
     def state_floats(self, seq_len: int) -> int:
         """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 from torch.utils.data import DataLoader
 
 from tvq_exp.data.images.sources import ImageSource
 from tvq_exp.data.images.tokens import ImageArray, ImageTokenDataset
-from tvq_exp.data.module import RootedDataModule, check_positive
+from tvq_exp.data.module import RootedDataModule
+from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 
 class ImageDataModule(RootedDataModule):
@@ -22,32 +24,29 @@ class ImageDataModule(RootedDataModule):
     batches are shuffled (Lightning adds a DistributedSampler under DDP).
     """
 
+    @checked
     def __init__(
         self,
         source: ImageSource,
         image_shape: Sequence[int],
-        seq_len: int,
-        vocab_size: int,
-        batch_size: int = 16,
-        eval_batch_size: int = 16,
-        num_workers: int = 0,
+        seq_len: Annotated[int, AtLeast(1)],
+        vocab_size: Annotated[int, AtLeast(2)],
+        batch_size: Annotated[int, AtLeast(1)] = 16,
+        eval_batch_size: Annotated[int, AtLeast(1)] = 16,
+        num_workers: Annotated[int, AtLeast(0)] = 0,
         seed: int = 0,
-        kind: str = "image",
+        kind: Annotated[str, OneOf("image")] = "image",
         root: str | None = None,
     ) -> None:
         super().__init__(root)
-        check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size)
         shape = tuple(int(size) for size in image_shape)
+        owner = type(self)
         if shape != tuple(source.shape):
-            raise ValueError(f"image_shape {list(shape)} does not match {source.name}'s {list(source.shape)}")
+            raise OptionError("image_shape", list(shape), f"{source.name} images are {list(source.shape)}", owner)
         if seq_len != math.prod(shape):
-            raise ValueError(f"seq_len must be H*W*C = {math.prod(shape)} for {source.name}, got {seq_len}")
+            raise OptionError("seq_len", seq_len, f"must be H*W*C = {math.prod(shape)} for {source.name}", owner)
         if vocab_size != source.levels + 1:
-            raise ValueError(
-                f"vocab_size must be levels + 1 (BOS) = {source.levels + 1} for {source.name}, got {vocab_size}"
-            )
-        if kind != "image":
-            raise ValueError(f"image datasets need kind='image', got {kind!r}")
+            raise OptionError("vocab_size", vocab_size, f"must be levels + 1 (BOS) = {source.levels + 1}", owner)
         self.source = source
         self.image_shape = shape
         self.seq_len = seq_len
@@ -58,6 +57,11 @@ class ImageDataModule(RootedDataModule):
         self.seed = seed
         self.kind = kind
         self.images: dict[str, ImageArray] | None = None
+
+    @property
+    def context_len(self) -> int:
+        """Positions a model sees from a fresh state: one whole image."""
+        return self.seq_len
 
     @property
     def bos_id(self) -> int:

@@ -15,7 +15,6 @@ from torch import Tensor
 from torchvision.utils import make_grid
 
 
-
 def levels_to_uint8(images: Tensor, levels: int) -> Tensor:
     """Pixel levels ``0..levels-1`` (any integer dtype, any shape) -> uint8 ``0..255`` (same shape)."""
     if levels < 2:

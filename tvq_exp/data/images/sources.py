@@ -13,16 +13,13 @@ import zipfile
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from tvq_exp.data.download import verify_file
-from tvq_exp.data.paths import CorruptFileError, not_found, resolve
 from tvq_exp.data.images.tokens import ImageArray
+from tvq_exp.data.paths import CorruptFileError, not_found, resolve
 
 IDX_IMAGES_MAGIC = 0x803
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tvq_exp.data.text.corpus import Splits
 from tvq_exp.data.paths import CorruptFileError
+from tvq_exp.data.text.corpus import Splits
 
 ZIP_MAGIC = b"PK\x03\x04"
 GZIP_MAGIC = b"\x1f\x8b"

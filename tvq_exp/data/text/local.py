@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
 from tvq_exp.data.paths import not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
 from tvq_exp.data.text.files import concat_files, read_bytes, split_fractions, text_files
+from tvq_exp.options import Between, OneOf, checked
 
 
 class TextFilesCorpus(ByteCorpus):
@@ -21,15 +23,14 @@ class TextFilesCorpus(ByteCorpus):
 
     name = "text_files"
 
+    @checked
     def __init__(
         self,
         path: str,
-        split_by: str = "file",
+        split_by: Annotated[str, OneOf("file", "bytes")] = "file",
         separator: str = "\n\n",
         suffixes: Sequence[str] = (".txt",),
     ) -> None:
-        if split_by not in ("file", "bytes"):
-            raise ValueError(f"split_by must be 'file' or 'bytes', got {split_by!r}")
         self.path = path
         self.split_by = split_by
         self.separator = separator.encode()
@@ -67,7 +68,14 @@ class TextFilesCorpus(ByteCorpus):
 class SingleFileCorpus(ByteCorpus):
     """One text file split by fractions (train first). ``test_fraction=0`` reuses validation as test."""
 
-    def __init__(self, path: str, name: str, val_fraction: float = 0.1, test_fraction: float = 0.0) -> None:
+    @checked
+    def __init__(
+        self,
+        path: str,
+        name: str,
+        val_fraction: Annotated[float, Between(0, 1, "()")] = 0.1,
+        test_fraction: Annotated[float, Between(0, 1, "[)")] = 0.0,
+    ) -> None:
         self.path = path
         self.name = name
         self.val_fraction = val_fraction
@@ -83,8 +91,12 @@ class KJVCorpus(ByteCorpus):
 
     name = "kjv"
 
+    @checked
     def __init__(
-        self, path: str = "text/kjv_bible.txt", test_marker: str = "Jude 1", val_fraction: float = 0.05
+        self,
+        path: str = "text/kjv_bible.txt",
+        test_marker: str = "Jude 1",
+        val_fraction: Annotated[float, Between(0, 1, "()")] = 0.05,
     ) -> None:
         self.path = path
         self.test_marker = test_marker

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 
-from tvq_exp.data.module import RootedDataModule, check_positive
+from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.paths import CorruptFileError, resolve
 from tvq_exp.data.samplers import (
     EvalSegmentSampler,
@@ -14,6 +16,7 @@ from tvq_exp.data.samplers import (
     check_split_size,
 )
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus
+from tvq_exp.options import AtLeast, OneOf, checked
 
 TEXT_VOCAB_SIZE = 256
 SAMPLERS = ("random", "stream")
@@ -30,30 +33,22 @@ class TextDataModule(RootedDataModule):
     Batches: ``input``/``target`` ``(B, T)`` int64 with ``T = seq_len``, ``reset`` ``(B,)`` bool.
     """
 
+    @checked
     def __init__(
         self,
         corpus: ByteCorpus,
-        seq_len: int = 512,
-        batch_size: int = 16,
-        eval_batch_size: int = 16,
-        sampler: str = "random",
+        seq_len: Annotated[int, AtLeast(1)] = 512,
+        batch_size: Annotated[int, AtLeast(1)] = 16,
+        eval_batch_size: Annotated[int, AtLeast(1)] = 16,
+        sampler: Annotated[str, OneOf(*SAMPLERS)] = "random",
         seed: int = 0,
-        steps_per_epoch: int | None = None,
+        steps_per_epoch: Annotated[int, AtLeast(1)] | None = None,
         random_offset: bool = True,
-        vocab_size: int = TEXT_VOCAB_SIZE,
-        kind: str = "text",
+        vocab_size: Annotated[int, OneOf(TEXT_VOCAB_SIZE)] = TEXT_VOCAB_SIZE,
+        kind: Annotated[str, OneOf("text")] = "text",
         root: str | None = None,
     ) -> None:
         super().__init__(root)
-        check_positive(seq_len=seq_len, batch_size=batch_size, eval_batch_size=eval_batch_size)
-        if steps_per_epoch is not None:
-            check_positive(steps_per_epoch=steps_per_epoch)
-        if sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-        if vocab_size != TEXT_VOCAB_SIZE or kind != "text":
-            raise ValueError(
-                f"byte corpora need vocab_size={TEXT_VOCAB_SIZE} and kind='text', got {vocab_size}, {kind!r}"
-            )
         self.corpus = corpus
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -65,6 +60,11 @@ class TextDataModule(RootedDataModule):
         self.vocab_size = vocab_size
         self.kind = kind
         self.splits: dict[str, np.ndarray] | None = None
+
+    @property
+    def context_len(self) -> int:
+        """Positions a model sees from a fresh state: one segment of ``seq_len``."""
+        return self.seq_len
 
     def prepare_data(self) -> None:
         self.corpus.prepare(self.root)

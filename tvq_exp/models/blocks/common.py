@@ -15,12 +15,6 @@ AttentionFactory = Callable[..., AttentionBackend]
 POSITIONS = ("xl", "rope", "none")
 
 
-def check_position(position: str) -> str:
-    if position not in POSITIONS:
-        raise ValueError(f"block position must be one of {POSITIONS}, got {position!r}")
-    return position
-
-
 def build_block_attention(
     attention: AttentionFactory, position: str, d_k: int, d_v: int, heads: int, **extra: Any
 ) -> AttentionBackend:

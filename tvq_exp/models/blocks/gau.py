@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvq_exp.attention.base import Aux, State
-from tvq_exp.models.blocks.common import AttentionFactory, build_block_attention, check_position, rotate
 from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.models.blocks.common import POSITIONS, AttentionFactory, build_block_attention, rotate
 from tvq_exp.nn.dropout import StochasticDepth
 from tvq_exp.nn.norms import rms_normalize
+from tvq_exp.options import AtLeast, Between, OneOf, OptionError, checked
 
 
 class GAUBlock(nn.Module):
@@ -21,23 +24,24 @@ class GAUBlock(nn.Module):
     Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: the attention's state and ``t``.
     """
 
+    @checked
     def __init__(
         self,
-        d_model: int,
+        d_model: Annotated[int, AtLeast(1)],
         attention: AttentionFactory,
-        d_k: int = 128,
-        expansion: int = 2,
-        heads: int = 1,
-        position: str = "xl",
-        dropout: float = 0.0,
-        layerdrop: float = 0.0,
+        d_k: Annotated[int, AtLeast(1)] = 128,
+        expansion: Annotated[int, AtLeast(1)] = 2,
+        heads: Annotated[int, AtLeast(1)] = 1,
+        position: Annotated[str, OneOf(*POSITIONS)] = "xl",
+        dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
     ) -> None:
         super().__init__()
         d_v = expansion * d_model
         if d_v % heads:
-            raise ValueError(f"GAU: expansion*d_model={d_v} must be divisible by heads={heads}")
+            raise OptionError("heads", heads, f"must divide expansion*d_model={d_v}", type(self))
         self.d_model, self.expansion, self.heads, self.d_k, self.d_v = d_model, expansion, heads, d_k, d_v
-        self.position = check_position(position)
+        self.position = position
         self.norm = nn.RMSNorm(d_model)
         self.w_qk = nn.Linear(d_model, 2 * heads * d_k, bias=False)
         self.w_vg = nn.Linear(d_model, 2 * d_v, bias=False)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvq_exp.attention.base import Aux, State
-from tvq_exp.models.blocks.common import AttentionFactory, build_block_attention, check_position, rotate
 from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.models.blocks.common import POSITIONS, AttentionFactory, build_block_attention, rotate
 from tvq_exp.nn.dropout import StochasticDepth
 from tvq_exp.nn.norms import rms_normalize
+from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
 
 def glu_hidden(d_model: int, ff_mult: float) -> int:
@@ -42,29 +45,32 @@ class MHABlock(nn.Module):
     Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``.
     """
 
+    @checked
     def __init__(
         self,
-        d_model: int,
+        d_model: Annotated[int, AtLeast(1)],
         attention: AttentionFactory,
-        heads: int = 4,
-        head_size: int | None = None,
-        key_size: int | None = None,
-        kv_heads: int | None = None,
-        ff_mult: float = 4.0,
+        heads: Annotated[int, AtLeast(1)] = 4,
+        head_size: Annotated[int, AtLeast(1)] | None = None,
+        key_size: Annotated[int, AtLeast(1)] | None = None,
+        kv_heads: Annotated[int, AtLeast(1)] | None = None,
+        ff_mult: Annotated[float, Above(0)] = 4.0,
         qk_norm: bool = True,
-        position: str = "xl",
-        dropout: float = 0.0,
-        layerdrop: float = 0.0,
+        position: Annotated[str, OneOf(*POSITIONS)] = "xl",
+        dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
     ) -> None:
         super().__init__()
+        if head_size is None and d_model % heads:
+            raise OptionError("heads", heads, f"must divide d_model={d_model} (or set head_size)", type(self))
         head_size = head_size or d_model // heads
         key_size = key_size or head_size
         kv_heads = kv_heads or heads
         if heads % kv_heads:
-            raise ValueError(f"MHA: kv_heads={kv_heads} must divide heads={heads}")
+            raise OptionError("kv_heads", kv_heads, f"must divide heads={heads}", type(self))
         self.heads, self.kv_heads, self.head_size, self.key_size = heads, kv_heads, head_size, key_size
         self.d_model, self.ff_mult = d_model, ff_mult
-        self.position, self.qk_norm = check_position(position), qk_norm
+        self.position, self.qk_norm = position, qk_norm
         self.norm1, self.norm2 = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
         self.w_q = nn.Linear(d_model, heads * key_size, bias=False)
         self.w_kv = nn.Linear(d_model, kv_heads * (key_size + head_size), bias=False)

@@ -1,0 +1,160 @@
+"""Constructor options, checked once: every rule on a single option is declared in the signature.
+
+A constructor states its options' types and allowed values with :data:`typing.Annotated`, and is decorated
+with :func:`checked`::
+
+    @checked
+    def __init__(self, block_len: Annotated[int, AtLeast(1)] = 512, decay: Annotated[float, Between(0, 1, "()")] = 0.99,
+                 strategy: Annotated[str, OneOf("ema", "gradient")] = "ema") -> None: ...
+
+Calling it with a bad value raises :class:`OptionError` naming the option, the value and what is allowed.
+Config validation (:mod:`tvq_exp.run.validation`) reads the same annotations (:func:`constraints`) to check a
+composed config before anything is built, and the fuzz tests draw bad values from them
+(:meth:`Constraint.bad_values`). Rules that tie several options together stay in the constructor's body and
+raise :class:`OptionError` too; config validation finds them by building the model on the meta device.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OptionError(ValueError):
+    """A constructor option with a value that is not allowed: ``str(err)`` is
+    ``"<owner>: <option>=<value>: <allowed>"``; :attr:`option`, :attr:`value`, :attr:`allowed` and
+    :attr:`owner` (the class) are kept for config validation, which names the config key instead."""
+
+    def __init__(self, option: str, value: Any, allowed: str, owner: type | None = None) -> None:
+        self.option, self.value, self.allowed, self.owner = option, value, allowed, owner
+        prefix = f"{owner.__name__}: " if owner is not None else ""
+        super().__init__(f"{prefix}{option}={value!r}: {allowed}")
+
+
+class Constraint:
+    """A rule on one option's value."""
+
+    def violation(self, value: Any) -> str | None:
+        """What is allowed, when ``value`` breaks the rule; ``None`` when it is fine."""
+        raise NotImplementedError
+
+    def bad_values(self) -> list[Any]:
+        """A few values that break the rule (for fuzzing)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Between(Constraint):
+    """A number in an interval; ``ends`` is ``"[]"``, ``"[)"``, ``"(]"`` or ``"()"`` (closed or open ends)."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    ends: str = "[]"
+
+    def violation(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None  # a type error, reported by the type check
+        above = value > self.low if self.ends[0] == "(" else value >= self.low
+        below = value < self.high if self.ends[1] == ")" else value <= self.high
+        return None if above and below and not math.isnan(value) else self.describe()
+
+    def describe(self) -> str:
+        if self.high == math.inf:
+            return f"must be {'>' if self.ends[0] == '(' else '>='} {_number(self.low)}"
+        if self.low == -math.inf:
+            return f"must be {'<' if self.ends[1] == ')' else '<='} {_number(self.high)}"
+        return f"must be in {self.ends[0]}{_number(self.low)}, {_number(self.high)}{self.ends[1]}"
+
+    def bad_values(self) -> list[Any]:
+        values: list[Any] = []
+        if self.low != -math.inf:
+            values.append(self.low if self.ends[0] == "(" else self.low - 1)
+        if self.high != math.inf:
+            values.append(self.high if self.ends[1] == ")" else self.high + 1)
+        return values
+
+
+def AtLeast(low: float) -> Between:  # noqa: N802 (reads as a type in signatures)
+    """``>= low``."""
+    return Between(low, math.inf, "[]")
+
+
+def Above(low: float) -> Between:  # noqa: N802
+    """``> low``."""
+    return Between(low, math.inf, "(]")
+
+
+@dataclass(frozen=True)
+class OneOf(Constraint):
+    """One of a few choices."""
+
+    choices: tuple[Any, ...]
+
+    def __init__(self, *choices: Any) -> None:
+        object.__setattr__(self, "choices", choices)
+
+    def violation(self, value: Any) -> str | None:
+        return None if value in self.choices else f"must be one of {', '.join(map(str, self.choices))}"
+
+    def bad_values(self) -> list[Any]:
+        return ["no_such_choice"]
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def constraints(fn: Callable[..., Any]) -> dict[str, Constraint]:
+    """The :class:`Constraint` of every annotated parameter of ``fn`` (a function or a class's ``__init__``)."""
+    fn = getattr(fn, "__init__", fn) if inspect.isclass(fn) else fn
+    hints = typing.get_type_hints(inspect.unwrap(fn), include_extras=True)
+    found = {}
+    for name, hint in hints.items():
+        for meta in _annotated_metadata(hint):
+            if isinstance(meta, Constraint):
+                found[name] = meta
+    return found
+
+
+def _annotated_metadata(hint: Any) -> tuple[Any, ...]:
+    """The ``Annotated`` metadata of ``hint``, also inside ``Optional[Annotated[...]]``."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return hint.__metadata__
+    return tuple(meta for arg in typing.get_args(hint) for meta in _annotated_metadata(arg))
+
+
+def check_values(owner: type | None, rules: dict[str, Constraint], values: dict[str, Any]) -> None:
+    """Raise :class:`OptionError` for the first value of ``values`` that breaks its rule (``None`` passes:
+    optional options are typed ``X | None``)."""
+    for name, rule in rules.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        allowed = rule.violation(value)
+        if allowed is not None:
+            raise OptionError(name, value, allowed, owner)
+
+
+def checked(init: F) -> F:
+    """Decorate a constructor: its annotated options are checked on every call (see the module doc)."""
+    signature = inspect.signature(init)
+    rules = functools.cache(lambda: constraints(init))  # read on first use: the module is complete by then
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        check_values(type(self), rules(), bound.arguments)
+        return init(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["Above", "AtLeast", "Between", "Constraint", "OneOf", "OptionError", "check_values", "checked", "constraints"]
