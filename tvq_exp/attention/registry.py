@@ -9,6 +9,7 @@ from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.attention.dense import DenseAttention
 from tvq_exp.attention.flash_chunk import FlashChunkAttention
 from tvq_exp.attention.linear import LinearAttention
+from tvq_exp.attention.ovq.layer import OVQAttention
 from tvq_exp.attention.vq.layer import VQAttention
 from tvq_exp.options import OptionError
 
@@ -17,6 +18,7 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
     "vq": VQAttention,
     "linear": LinearAttention,
     "flash_chunk": FlashChunkAttention,
+    "ovq": OVQAttention,
 }
 TALKING_HEADS_BACKENDS = ("dense",)
 
