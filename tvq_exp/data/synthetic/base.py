@@ -1,0 +1,278 @@
+"""What every synthetic probe shares: the example arrays, gap buckets, the seeded samplers, the data module.
+
+A probe writes :class:`Examples`: ``input``, ``target`` and ``bucket``, each ``(N, T)`` int64. ``target`` is
+:data:`~tvq_exp.batch.IGNORE_INDEX` wherever no loss is taken, and ``bucket`` is the bucket id at every
+answer position (``target != IGNORE_INDEX``) and ``-1`` elsewhere. Batches add ``reset`` ``(B,)`` bool, always
+True: every row is one independent sequence.
+
+Seeding: training batch ``j`` (counted over epochs, ``j = epoch * steps_per_epoch + step``) of rank ``r``
+comes from ``numpy.random.default_rng([seed, r, j])``, so a run resumes exactly from its step counter and
+ranks differ. The validation and test sets are generated once from
+``default_rng([val_seed, EVAL_STREAM, 1])`` and ``default_rng([test_seed, EVAL_STREAM, 2])`` (a separate
+stream from any training batch) and do not depend on the world size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tvq_exp.batch import IGNORE_INDEX, Batch
+from tvq_exp.data.module import RootedDataModule
+from tvq_exp.data.samplers import TrainLoader
+
+EVAL_SPLITS = ("validation", "test")
+EVAL_STREAM = 0x5EED_E7A1  # second seed word of the evaluation sets: keeps them apart from training batches
+SPLIT_STREAMS = {"validation": 1, "test": 2}
+NO_BUCKET = -1
+DEFAULT_FIRST_GAP = 32
+
+
+# ----------------------------------------------------------------------------------------------- examples
+
+
+@dataclass(frozen=True)
+class Examples:
+    """``N`` synthetic sequences: ``input``, ``target``, ``bucket``, each ``(N, T)`` int64."""
+
+    input: np.ndarray
+    target: np.ndarray
+    bucket: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input)
+
+    @classmethod
+    def empty(cls, num_examples: int, seq_len: int) -> Examples:
+        """All-padding rows: input 0, target :data:`IGNORE_INDEX`, bucket ``-1``, ``(N, T)`` each."""
+        shape = (num_examples, seq_len)
+        return cls(
+            np.zeros(shape, dtype=np.int64),
+            np.full(shape, IGNORE_INDEX, dtype=np.int64),
+            np.full(shape, NO_BUCKET, dtype=np.int64),
+        )
+
+    def rows(self, index: np.ndarray | slice) -> Examples:
+        """The rows ``index`` (an index array or a slice)."""
+        return Examples(self.input[index], self.target[index], self.bucket[index])
+
+    def concat(self, other: Examples) -> Examples:
+        """These rows followed by ``other``'s."""
+        return Examples(
+            np.concatenate([self.input, other.input]),
+            np.concatenate([self.target, other.target]),
+            np.concatenate([self.bucket, other.bucket]),
+        )
+
+    def to_batch(self) -> Batch:
+        """The batch: ``input``/``target``/``bucket`` ``(B, T)`` int64, ``reset`` ``(B,)`` all True."""
+        return {
+            "input": torch.from_numpy(np.ascontiguousarray(self.input, dtype=np.int64)),
+            "target": torch.from_numpy(np.ascontiguousarray(self.target, dtype=np.int64)),
+            "bucket": torch.from_numpy(np.ascontiguousarray(self.bucket, dtype=np.int64)),
+            "reset": torch.ones(len(self), dtype=torch.bool),
+        }
+
+    def checksum(self) -> str:
+        """SHA-256 hex digest of ``input``, ``target``, ``bucket`` (in that order) as little-endian int64."""
+        digest = hashlib.sha256()
+        for array in (self.input, self.target, self.bucket):
+            digest.update(np.ascontiguousarray(array, dtype="<i8").tobytes())
+        return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------- buckets
+
+
+def gap_edges(seq_len: int, first: int = DEFAULT_FIRST_GAP) -> np.ndarray:
+    """Log-spaced bucket edges ``[0, first, 2*first, 4*first, ...]``, the last one ``>= seq_len``."""
+    edges = [0, first]
+    while edges[-1] < seq_len:
+        edges.append(2 * edges[-1])
+    return np.asarray(edges, dtype=np.int64)
+
+
+def gap_bucket(distance: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bucket id of each distance (``edges[i] <= d < edges[i + 1]`` -> ``i``), same shape as ``distance``."""
+    return np.searchsorted(edges, distance, side="right").astype(np.int64) - 1
+
+
+def gap_bucket_names(edges: np.ndarray) -> list[str]:
+    """``"gap_<lo>_<hi>"`` for each bucket ``[lo, hi)``."""
+    return [f"gap_{lo}_{hi}" for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True)]
+
+
+# ----------------------------------------------------------------------------------------------- samplers
+
+ExampleFn = Callable[[np.random.Generator, int], Examples]
+
+
+class SyntheticTrainSampler:
+    """Training batches generated on the fly: batch ``j`` of rank ``r`` from ``default_rng([seed, r, j])``.
+
+    ``j = epoch * steps_per_epoch + step`` counts batches over epochs, so :meth:`state_dict` (epoch and step)
+    is all a resume needs. Each batch is ``generate(rng, batch_size)`` as a batch dict (:class:`Examples`).
+    """
+
+    def __init__(
+        self, generate: ExampleFn, batch_size: int, steps_per_epoch: int, seed: int, rank: int
+    ) -> None:
+        self.generate = generate
+        self.batch_size = batch_size
+        self.steps_per_epoch = steps_per_epoch
+        self.seed = seed
+        self.rank = rank
+        self.epoch = 0
+        self.step = 0
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first step (no-op when already in it, e.g. after a resume)."""
+        if epoch != self.epoch:
+            self.epoch, self.step = epoch, 0
+
+    def batch(self, index: int) -> Batch:
+        """Batch number ``index`` (counted over epochs) of this rank."""
+        rng = np.random.default_rng([self.seed, self.rank, index])
+        return self.generate(rng, self.batch_size).to_batch()
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.step >= self.steps_per_epoch:
+            self.set_epoch(self.epoch + 1)
+        for step in range(self.step, self.steps_per_epoch):
+            batch = self.batch(self.epoch * self.steps_per_epoch + step)
+            self.step = step + 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position (epoch, step); the generator is re-derived from the seed."""
+        return {"epoch": self.epoch, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+
+
+class SyntheticEvalLoader:
+    """A fixed evaluation set in batches of ``batch_size`` rows, sharded over ranks.
+
+    Rank ``r`` of ``W`` owns rows ``r, r + W, r + 2W, ...``, padded with all-ignored rows to
+    ``ceil(N / W)`` rows so every rank runs the same number of batches; over all ranks every example is
+    seen exactly once.
+    """
+
+    def __init__(self, examples: Examples, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+        rows = math.ceil(len(examples) / world_size)
+        owned = np.arange(rows) * world_size + rank
+        mine = examples.rows(owned[owned < len(examples)])
+        seq_len = examples.input.shape[1]
+        self.examples = mine.concat(Examples.empty(rows - len(mine), seq_len))
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.examples) / self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for start in range(0, len(self.examples), self.batch_size):
+            yield self.examples.rows(slice(start, start + self.batch_size)).to_batch()
+
+
+# ----------------------------------------------------------------------------------------------- data module
+
+
+class SyntheticDataModule(RootedDataModule):
+    """A seeded synthetic probe: training batches on the fly, fixed validation and test sets.
+
+    Subclasses implement :meth:`generate` and :meth:`bucket_names`. Attributes like the text module's:
+    ``seq_len``, ``vocab_size``, ``kind = "synthetic"``, ``batch_size`` (training rows per rank) and
+    ``eval_batch_size``. Batches: ``input``/``target``/``bucket`` ``(B, T)`` int64, ``reset`` ``(B,)`` bool.
+    """
+
+    def __init__(
+        self,
+        seq_len: int,
+        vocab_size: int,
+        batch_size: int,
+        eval_batch_size: int,
+        num_val_examples: int,
+        num_test_examples: int,
+        steps_per_epoch: int,
+        seed: int,
+        val_seed: int,
+        test_seed: int,
+        kind: str = "synthetic",
+        root: str | None = None,
+    ) -> None:
+        super().__init__(root)
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_examples = {"validation": num_val_examples, "test": num_test_examples}
+        self.steps_per_epoch = steps_per_epoch
+        self.seed = seed
+        self.split_seeds = {"validation": val_seed, "test": test_seed}
+        self.kind = kind
+        self.eval_sets: dict[str, Examples] = {}
+
+    @property
+    def context_len(self) -> int:
+        """Positions a model sees from a fresh state: one whole sequence."""
+        return self.seq_len
+
+    def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
+        """``num_examples`` examples of ``split`` (``"train"``, ``"validation"``, ``"test"``) from ``rng``."""
+        raise NotImplementedError
+
+    def bucket_names(self, split: str) -> list[str]:
+        """The name of each bucket id of ``split``."""
+        raise NotImplementedError
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in EVAL_SPLITS:
+            self.eval_examples(split)
+
+    def eval_examples(self, split: str) -> Examples:
+        """The fixed evaluation set of ``split`` (generated on first use, then kept)."""
+        if split not in EVAL_SPLITS:
+            raise ValueError(f"split={split!r}: must be one of {', '.join(EVAL_SPLITS)}")
+        if split not in self.eval_sets:
+            rng = np.random.default_rng([self.split_seeds[split], EVAL_STREAM, SPLIT_STREAMS[split]])
+            self.eval_sets[split] = self.generate(rng, self.num_examples[split], split)
+        return self.eval_sets[split]
+
+    @property
+    def eval_checksums(self) -> dict[str, str]:
+        """SHA-256 of each evaluation set (:meth:`Examples.checksum`), by split."""
+        return {split: self.eval_examples(split).checksum() for split in EVAL_SPLITS}
+
+    def train_sampler(self, rank: int = 0) -> SyntheticTrainSampler:
+        """The training sampler of ``rank``."""
+        return SyntheticTrainSampler(
+            lambda rng, size: self.generate(rng, size, "train"),
+            self.batch_size,
+            self.steps_per_epoch,
+            self.seed,
+            rank,
+        )
+
+    def eval_loader(self, split: str, rank: int = 0, world_size: int = 1) -> SyntheticEvalLoader:
+        """Batches of the evaluation set of ``split`` for ``rank`` of ``world_size``."""
+        return SyntheticEvalLoader(self.eval_examples(split), self.eval_batch_size, rank, world_size)
+
+    def train_dataloader(self) -> TrainLoader:
+        rank, _ = self.distributed()
+        return TrainLoader(self.train_sampler(rank))
+
+    def val_dataloader(self) -> SyntheticEvalLoader:
+        return self.eval_loader("validation", *self.distributed())
+
+    def test_dataloader(self) -> SyntheticEvalLoader:
+        return self.eval_loader("test", *self.distributed())
