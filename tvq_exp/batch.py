@@ -4,7 +4,9 @@ A batch is a dict of tensors, every row one sequence segment:
 
 - ``input``: ``(B, T)`` int64 token ids;
 - ``target``: ``(B, T)`` int64 next-token ids, :data:`IGNORE_INDEX` where no loss is taken (padding);
-- ``reset``: ``(B,)`` bool, True where the row starts a new sequence (the carried state is dropped).
+- ``reset``: ``(B,)`` bool, True where the row starts a new sequence (the carried state is dropped);
+- ``position`` (optional): ``(B,)`` int64, the segment's first position counted from the last reset (the
+  state's age), used to resolve the loss by position.
 
 Losses are in nats per target; bits per byte (or per dim for images) = nats / ln 2.
 """

@@ -161,7 +161,7 @@ def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
     k = torch.ones(1, 1, 262, 8)  # every key lands on one code
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, state, _ = attn(torch.randn(1, 1, 262, 8), k, torch.randn(1, 1, 262, 8))
-    assert state["cache_n"].dtype == torch.float32 and state["cache_mu"].dtype == torch.float32
+    assert state["cache_n"].dtype == torch.float64 and state["cache_mu"].dtype == torch.float32
     assert torch.isfinite(out).all()
     assert float(state["cache_n"].max()) == 261.0  # odd and > 256: not representable in bf16
 

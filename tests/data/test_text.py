@@ -231,7 +231,7 @@ def test_random_window_state_dict_resume(gutenberg: TextDataModule) -> None:
 def test_eval_covers_every_target_exactly_once(gutenberg: TextDataModule, world_size: int) -> None:
     data = gutenberg.split("test")
     streams = gutenberg.eval_batch_size
-    samplers = [EvalSegmentSampler(data, 4096, streams, rank, world_size) for rank in range(world_size)]
+    samplers = [EvalSegmentSampler(data, 4096, streams, rank, world_size, "split") for rank in range(world_size)]
     assert len({len(s) for s in samplers}) == 1 and len({len(s.starts) for s in samplers}) == 1
     inputs: dict[int, list[np.ndarray]] = {}
     targets: dict[int, list[np.ndarray]] = {}

@@ -107,3 +107,18 @@ class NanAt(Callback):
 
 def _nan_output(module: nn.Module, inputs: Any, output: Tensor) -> Tensor:
     return output * float("nan")
+
+
+class StatePosition(Callback):
+    """Appends ``{"step", "t"}`` after every training batch: the position ``t`` of the model's carried state
+    (how many positions it has seen since its last reset)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        state = pl_module.train_state
+        with self.path.open("a") as file:
+            file.write(json.dumps({"step": trainer.global_step, "t": int(state[0]["t"])}) + "\n")

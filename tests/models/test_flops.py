@@ -148,6 +148,7 @@ def tiny_preset(name: str) -> Decoder:
         "vq": {"codebook_size": 16, "block_len": 8},
         "linear": {"chunk_size": 8},
         "flash_chunk": {"group_size": 8},
+        "ovq": {"num_centroids": 16, "block_len": 8},
     }
     cfg.model.attention.update(shrink[cfg.model.attention.name])
     if "d_k" in cfg.model.block:

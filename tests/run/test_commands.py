@@ -78,9 +78,8 @@ def test_eval_covers_the_whole_split_and_reproduces_training(smoke_run: tuple[Pa
     ckpt = out / "checkpoints" / "last.ckpt"
     results = {}
     for split, carry in (("val", False), ("test", False), ("val", True)):
-        cfg = compose_config(
-            "eval", [f"ckpt_path={ckpt}", f"split={split}", f"carry_state={carry}", "progress_bar=false"]
-        )
+        protocol = "split" if carry else "segment"
+        cfg = compose_config("eval", [f"ckpt_path={ckpt}", f"split={split}", f"protocol={protocol}", "progress_bar=false"])
         results[split, carry] = evaluate(cfg)
     val = results["val", False]
     assert abs(val["bpb"] - trained["val"]["bpb"]) < 1e-6 and val["tokens"] == trained["val"]["tokens"]
@@ -95,9 +94,10 @@ def test_eval_covers_the_whole_split_and_reproduces_training(smoke_run: tuple[Pa
     carried = results["val", True]
     assert carried["tokens"] == val["tokens"] and carried["bpb"] != val["bpb"]
 
-    written = json.loads((out / "checkpoints" / "eval-last-val.json").read_text())
-    assert written["bpb"] == val["bpb"] and {"loss", "tokens", "split", "checkpoint"} <= set(written)
-    assert (out / "checkpoints" / "eval-last-val-carry.json").is_file()
+    written = json.loads((out / "checkpoints" / "eval-last-val-segment.json").read_text())
+    assert written["bpb"] == val["bpb"] and {"loss", "tokens", "split", "protocol", "checkpoint"} <= set(written)
+    assert (out / "checkpoints" / "eval-last-val-split.json").is_file()
+    assert (out / "checkpoints" / "eval-last-val-split.png").stat().st_size > 1000  # bits against position
 
 
 # ------------------------------------------------------------------------------------------- sampling

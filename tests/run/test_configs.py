@@ -51,7 +51,7 @@ def test_default_is_gau_vq_on_enwik8() -> None:
     assert cfg.model.block._target_.endswith("GAUBlock")
     assert cfg.data.corpus.name == "enwik8"
     assert cfg.module.max_steps == cfg.trainer.max_steps
-    assert cfg.module.carry_state is False
+    assert (cfg.data.sampler, cfg.data.eval_protocol) == ("random", "segment")  # fresh state per window
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -68,9 +68,9 @@ def test_every_model_and_data_combination_instantiates(model: str) -> None:
         assert isinstance(module, LanguageModel) and module.kind == cfg.data.kind
 
 
-def test_stream_sampler_turns_on_carried_state() -> None:
+def test_stream_sampler_bounds_the_carried_state_by_default() -> None:
     cfg = compose_train(["data=gutenberg", "data.sampler=stream"])
-    assert cfg.module.carry_state is True
+    assert cfg.data.reset_every == 8192 and instantiate(cfg.data).context_len == 8192
 
 
 @pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu"])
@@ -107,7 +107,7 @@ def test_enwik8_paper_hyperparameters() -> None:
     assert (d.corpus.name, d.seq_len, d.batch_size, d.sampler) == ("enwik8", 8192, 32, "stream")
     assert (o.lr, o.warmup_steps, o.grad_clip, o.weight_decay) == (4e-4, 10000, 0.1, 2e-4)
     assert (t.max_steps, o.max_steps, t.precision) == (125000, 125000, "bf16-mixed")
-    assert list(o.betas) == [0.9, 0.98] and o.eps == 1e-9 and o.carry_state is True
+    assert list(o.betas) == [0.9, 0.98] and o.eps == 1e-9
 
 
 def test_cpu_small_vq_and_dense_have_the_same_size() -> None:

@@ -118,7 +118,7 @@ def test_eval_reproduces_the_logged_val_bpb(
     evaluated = evaluate(cfg)
     assert abs(evaluated["bpb"] - logged) < 1e-5
     assert evaluated["tokens"] == 16 * 32 * 64 and evaluated["global_step"] == 400
-    assert (out / "checkpoints" / "eval-last-val.json").is_file()
+    assert (out / "checkpoints" / "eval-last-val-segment.json").is_file()
 
 
 @needs_data

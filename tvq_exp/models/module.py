@@ -18,10 +18,10 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import SumMetric
 
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
+from tvq_exp.models.metrics import PositionBits
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
 EVAL_STAGES = ("val", "test")
@@ -46,16 +46,19 @@ class AutoregressiveLitModule(L.LightningModule):
         weight_decay: applied to weight matrices only (no decay on norms, biases, embeddings, codebooks).
         warmup_steps, max_steps, min_lr_ratio: linear warmup then cosine decay to ``min_lr_ratio * lr``.
         grad_clip: max global gradient norm over every parameter except codebooks (0 = off).
-        carry_state: training walks contiguous streams; the state is carried (detached) between steps
-            and dropped where a batch has ``reset``.
-        eval_carry_state: evaluation carries the state across the whole split (False: reset per
-            segment, the paper's protocol).
         kind: ``"text"`` or ``"image"`` (images also log ``bpd``).
+        position_bucket_len: ``u``, the unit of the log-spaced position buckets of the evaluation metrics
+            (``[0, u), [u, 2u), [2u, 4u), ...`` tokens since the last state reset).
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
+    The model's state is carried (detached) from one batch to the next and dropped where a batch says
+    ``reset`` (all rows reset together): random windows reset every batch, TBPTT at every sequence,
+    streams every ``reset_every`` tokens, evaluation per its protocol (see the data module).
+
     Logged: ``train/{loss,bpb,aux_loss,grad_norm}``, ``lr/lr``, ``{val,test}/{loss,bpb[,bpd]}`` over the
-    whole split (token-weighted, DDP-reduced), ``codebook/layerN/*`` averaged over each logging interval.
+    whole split (token-weighted, DDP-reduced) and ``{val,test}/bpb_pos/<start>-<end>`` per position bucket,
+    ``codebook/layerN/*`` averaged over each logging interval.
     """
 
     @checked
@@ -70,9 +73,8 @@ class AutoregressiveLitModule(L.LightningModule):
         max_steps: Annotated[int, AtLeast(1)] = 1,
         min_lr_ratio: Annotated[float, Between(0, 1)] = 0.1,
         grad_clip: Annotated[float, AtLeast(0)] = 0.0,
-        carry_state: bool = False,
-        eval_carry_state: bool = False,
         kind: Annotated[str, OneOf("text", "image")] = "text",
+        position_bucket_len: Annotated[int, AtLeast(1)] = 128,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -86,13 +88,11 @@ class AutoregressiveLitModule(L.LightningModule):
             warmup_cosine, warmup_steps=warmup_steps, max_steps=max_steps, min_ratio=min_lr_ratio
         )
         self.grad_clip = grad_clip
-        self.carry_state, self.eval_carry_state, self.kind = carry_state, eval_carry_state, kind
+        self.kind = kind
         self.train_state: ModelState | None = None
         self.eval_state: ModelState | None = None
-        self.eval_sums = nn.ModuleDict(
-            {stage: nn.ModuleDict({"nats": _sum_metric(), "tokens": _sum_metric()}) for stage in EVAL_STAGES}
-        )
-        self.eval_results: dict[str, dict[str, float]] = {}
+        self.eval_bits = nn.ModuleDict({stage: PositionBits(position_bucket_len) for stage in EVAL_STAGES})
+        self.eval_results: dict[str, dict[str, Any]] = {}
         self._codebook_sums: dict[str, Tensor] = {}
         self._codebook_batches = 0
         self.skipped_steps, self.consecutive_bad_steps, self.step_skipped = 0, 0, False
@@ -103,31 +103,27 @@ class AutoregressiveLitModule(L.LightningModule):
         """``tokens (B, T)`` -> :class:`~tvq_exp.models.decoder.DecoderOutput`."""
         return self.model(tokens, state)
 
-    def _step(self, batch: Mapping[str, Tensor], state: ModelState | None) -> tuple[Tensor, Tensor, Any]:
-        """Run the model on a batch; returns ``(nats summed over targets, number of targets, output)``."""
+    def _step(self, batch: Mapping[str, Tensor], state: ModelState | None) -> tuple[Tensor, Any]:
+        """Run the model on a batch; returns ``(nats per target (B, T), zero where ignored, output)``."""
         out = self.model(batch["input"], state)
         logits = out.logits.float()
         nats = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            batch["target"].reshape(-1),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
+            logits.reshape(-1, logits.shape[-1]), batch["target"].reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
         )
-        return nats, (batch["target"] != IGNORE_INDEX).sum(), out
+        return nats.view_as(batch["target"]), out
 
     @staticmethod
     def _continue(state: ModelState | None, batch: Mapping[str, Tensor]) -> ModelState | None:
-        """The carried state (on the batch's device) unless the batch resets it (all rows reset together)."""
-        if state is None or bool(batch["reset"].any()):
+        """The carried state (on the batch's device) unless the batch resets it (all rows reset together; a
+        batch without ``reset`` starts fresh)."""
+        if state is None or "reset" not in batch or bool(batch["reset"].any()):
             return None
         return move_data_to_device(state, batch["input"].device)
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        state = self._continue(self.train_state, batch) if self.carry_state else None
-        nats, count, out = self._step(batch, state)
-        if self.carry_state:
-            self.train_state = detach_state(out.state)
-        loss = nats / count.clamp_min(1)
+        nats, out = self._step(batch, self._continue(self.train_state, batch))
+        self.train_state = detach_state(out.state)
+        loss = nats.sum() / (batch["target"] != IGNORE_INDEX).sum().clamp_min(1)
         aux_loss = out.aux["loss"]
         self._accumulate_codebook_metrics(out.aux)
         bits = loss.detach() / math.log(2)
@@ -142,24 +138,21 @@ class AutoregressiveLitModule(L.LightningModule):
     # ------------------------------------------------------------------------------------ evaluation
 
     def _eval_step(self, batch: Mapping[str, Tensor], stage: str) -> None:
-        state = self._continue(self.eval_state, batch) if self.eval_carry_state else None
-        nats, count, out = self._step(batch, state)
-        if self.eval_carry_state:
-            self.eval_state = out.state
-        sums = self.eval_sums[stage]
-        sums["nats"].update(nats.double())
-        sums["tokens"].update(count.double())
+        nats, out = self._step(batch, self._continue(self.eval_state, batch))
+        self.eval_state = out.state
+        target = batch["target"]
+        start = batch.get("position", torch.zeros(target.shape[0], dtype=torch.long, device=target.device))
+        positions = start[:, None] + torch.arange(target.shape[1], device=target.device)
+        self.eval_bits[stage].update(nats, target != IGNORE_INDEX, positions)
 
     def _eval_start(self) -> None:
         self.eval_state = None
 
     def _eval_end(self, stage: str) -> None:
-        sums = self.eval_sums[stage]
-        nats, tokens = sums["nats"].compute(), sums["tokens"].compute()
-        sums["nats"].reset()
-        sums["tokens"].reset()
+        result = self.eval_bits[stage].compute()
+        self.eval_bits[stage].reset()
         self.eval_state = None
-        loss = (nats / tokens.clamp_min(1)).float()
+        loss = torch.tensor(result["loss"], dtype=torch.float32)
         bits = loss / math.log(2)
         metrics = {f"{stage}/loss": loss, f"{stage}/bpb": bits}
         if self.kind == "image":
@@ -168,11 +161,13 @@ class AutoregressiveLitModule(L.LightningModule):
         # sync_dist averages identical values); the loggers get the values at the optimiser step they
         # belong to (Lightning would use the step before)
         self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
+        by_position = {f"{stage}/bpb_pos/{b['start']}-{b['end']}": b["bpb"] for b in result["buckets"]}
         for logger in self.loggers:
-            logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=self.global_step)
+            logger.log_metrics({**{k: float(v) for k, v in metrics.items()}, **by_position}, step=self.global_step)
         self.eval_results[stage] = {
             **{k.split("/")[1]: float(v) for k, v in metrics.items()},
-            "tokens": int(tokens),
+            "tokens": result["tokens"],
+            "position_buckets": result["buckets"],
         }
 
     def on_validation_epoch_start(self) -> None:
@@ -306,8 +301,3 @@ def _legacy_guard_counts(checkpoint: Mapping[str, Any]) -> dict[str, int]:
     callback's state), else zeros."""
     states = checkpoint.get("callbacks") or {}
     return next((s for key, s in states.items() if "NumericsGuard" in str(key)), {"skipped": 0, "consecutive": 0})
-
-
-def _sum_metric() -> SumMetric:
-    """A float64 sum, all-reduced across ranks on ``compute``."""
-    return SumMetric(nan_strategy="error").set_dtype(torch.float64)

@@ -12,33 +12,51 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.console import quiet, say
+from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.run.build import load_checkpoint
 from tvq_exp.run.validation import ConfigError, validate
 
 
-def default_eval_output(ckpt_path: str | Path, split: str, carry_state: bool) -> Path:
-    """``<ckpt dir>/eval-<ckpt name>-<split>[-carry].json``."""
+def default_eval_output(ckpt_path: str | Path, split: str, protocol: str) -> Path:
+    """``<ckpt dir>/eval-<ckpt name>-<split>-<protocol>.json``."""
     path = Path(ckpt_path)
-    return path.with_name(f"eval-{path.stem}-{split}{'-carry' if carry_state else ''}.json")
+    return path.with_name(f"eval-{path.stem}-{split}-{protocol}.json")
+
+
+def eval_data_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
+    """The run's data config with the evaluation's overrides (root, streams, protocol)."""
+    data_cfg = OmegaConf.create(stored)
+    if cfg.get("data_root"):
+        data_cfg.root = cfg.data_root
+    if cfg.get("eval_batch_size"):
+        data_cfg.eval_batch_size = cfg.eval_batch_size
+    protocol = cfg.get("protocol")
+    if cfg.get("carry_state"):
+        if protocol not in (None, "split"):
+            raise ConfigError("carry_state", True, f"is protocol=split; it contradicts protocol={protocol}")
+        protocol = "split"
+    if protocol is not None or cfg.get("sequence_len") is not None:
+        if "eval_protocol" not in data_cfg:
+            raise ConfigError("protocol", protocol, f"only text data has evaluation protocols ({stored.get('_target_')})")
+        data_cfg.eval_protocol = protocol or data_cfg.eval_protocol
+        data_cfg.sequence_len = cfg.get("sequence_len") or data_cfg.get("sequence_len")
+    return data_cfg
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` over the whole ``cfg.split`` (``val`` | ``test``); print and write JSON.
 
-    Returns ``{"bpb", "loss", "tokens", ["bpd"], "split", "carry_state", "checkpoint", "global_step"}``.
+    Returns ``{"bpb", "loss", "tokens", ["bpd"], "position_buckets", "split", "protocol", "checkpoint",
+    "global_step"}``; the figure of bits against position is written beside the JSON.
     """
     quiet()
     validate(cfg)
     if cfg.split not in ("val", "test"):
         raise ConfigError("split", cfg.split, "must be val or test")
     module, config, checkpoint = load_checkpoint(cfg.ckpt_path)
-    module.eval_carry_state = bool(cfg.carry_state)
-    data_cfg = OmegaConf.create(config["data"])
-    if cfg.get("data_root"):
-        data_cfg.root = cfg.data_root
-    if cfg.get("eval_batch_size"):
-        data_cfg.eval_batch_size = cfg.eval_batch_size
+    data_cfg = eval_data_config(cfg, config["data"])
     datamodule = instantiate(data_cfg)
+    protocol = data_cfg.get("eval_protocol", "segment")
     precision = cfg.precision or (
         "bf16-mixed" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "32-true"
     )
@@ -58,17 +76,20 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     result = {
         **module.eval_results[cfg.split],
         "split": cfg.split,
-        "carry_state": bool(cfg.carry_state),
+        "protocol": protocol,
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
         "global_step": int(checkpoint.get("global_step", 0)),
     }
     output = (
         Path(cfg.output)
         if cfg.get("output")
-        else default_eval_output(cfg.ckpt_path, cfg.split, cfg.carry_state)
+        else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
+    unit = "bits/dim" if module.kind == "image" else "bits/byte"
+    label = f"{Path(cfg.ckpt_path).stem}, {cfg.split}, {protocol}"
+    save_figure(position_figure({label: result["position_buckets"]}, unit), str(output.with_suffix(".png")))
     say(
         f"{cfg.split}: {result['bpb']:.4f} bits/{'dim' if module.kind == 'image' else 'byte'}, "
         f"loss {result['loss']:.4f} nats, {result['tokens']} tokens -> {output}"

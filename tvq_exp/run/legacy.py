@@ -8,7 +8,9 @@ checkpoints were written:
   ``tvq_exp.models.module``, ``tvq_exp.data.bytes`` -> ``tvq_exp.data.text.*``, ...): old ``_target_``
   paths are rewritten by :data:`MOVED`;
 - the codebook options moved from ``model.codebook`` to the attention that owns them,
-  ``model.attention.codebook``.
+  ``model.attention.codebook``;
+- the module's ``carry_state`` / ``eval_carry_state`` gave way to the batches' ``reset`` flags: the data
+  module's sampler and ``eval_protocol`` (``eval_carry_state: true`` is ``data.eval_protocol: split``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ MOVED = {
 def upgrade_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``config`` in the current layout (unchanged if it already is)."""
     config = _retarget(copy.deepcopy(dict(config)))
+    module, data = config.get("module"), config.get("data")
+    if isinstance(module, dict):
+        module.pop("carry_state", None)  # the batches decide now (reset), see the data module
+        if module.pop("eval_carry_state", False) and isinstance(data, dict):
+            data["eval_protocol"] = "split"
     model = config.get("model")
     if isinstance(model, dict) and isinstance(model.get("codebook"), Mapping):
         codebook = model.pop("codebook")

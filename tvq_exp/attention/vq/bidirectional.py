@@ -61,7 +61,7 @@ def encoder_attention(
         cache_n, cache_mu = _outside_stats(codes, values, valid, codebook.shape[1])
         c = codebook.detach().to(qc.dtype)
         s_cache = (qc @ c[None, :, None, None].transpose(-1, -2)).to(acc)  # (B, Hk, G, R, L, S)
-        s_cache = s_cache + cache_n.clamp_min(1e-30).log().unsqueeze(2).unsqueeze(-2)
+        s_cache = s_cache + cache_n.clamp_min(1e-30).log().to(acc).unsqueeze(2).unsqueeze(-2)
         s_cache = s_cache.masked_fill((cache_n == 0).unsqueeze(2).unsqueeze(-2), float("-inf"))
         m = torch.maximum(m, s_cache.amax(-1, keepdim=True))
     m = m.detach()
@@ -102,5 +102,5 @@ def _outside_stats(codes: Tensor, vb: Tensor, valid: Tensor, size: int) -> tuple
     after = (torch.arange(r, device=codes.device) + 2).clamp_max(r)  # blocks r+2..R-1
     n_p, mu_p, n_s, mu_s = pre_n[:, before], pre_mu[:, before], suf_n[:, after], suf_mu[:, after]
     n = n_p + n_s
-    mu = mu_p + (n_s / n.clamp_min(1))[..., None] * (mu_s - mu_p)
+    mu = mu_p + (n_s / n.clamp_min(1)).to(mu_p.dtype)[..., None] * (mu_s - mu_p)
     return n.unflatten(0, (b, hk)), mu.unflatten(0, (b, hk))

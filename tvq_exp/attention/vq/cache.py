@@ -37,8 +37,10 @@ class _RunningCodeMeans(torch.autograd.Function):
         size = n0.shape[-1]
         counts, means = block_stats(codes, values, valid, size)
         n, r = codes.shape[:2]
-        out_n = torch.cat([n0[:, None], n0[:, None] + counts.cumsum(dim=1)], dim=1)  # integer counts: exact
-        weight = (counts / out_n[:, 1:].clamp_min(1))[..., None]
+        # integer counts in float64: exact up to 2^53 (fp32 would be exact only below 2^24 = 16.7M tokens)
+        cumulative = n0[:, None] + counts.double().cumsum(dim=1)
+        out_n = torch.cat([n0[:, None], cumulative], dim=1)
+        weight = (counts / out_n[:, 1:].clamp_min(1)).to(means.dtype)[..., None]
         out_mu = means.new_empty(n, r + 1, size, means.shape[-1])
         out_mu[:, 0] = mu0
         for j in range(r):
@@ -52,7 +54,7 @@ class _RunningCodeMeans(torch.autograd.Function):
     def backward(ctx, _grad_n, grad_mu):  # noqa: ANN001
         codes, valid, out_n = ctx.saved_tensors
         n = out_n[:, 1:, :, None]
-        suffix = torch.where(n > 0, grad_mu[:, 1:] / n.clamp_min(1), 0.0)  # entries 1..R
+        suffix = torch.where(n > 0, grad_mu[:, 1:] / n.clamp_min(1).to(grad_mu.dtype), 0.0)  # entries 1..R
         for j in range(suffix.shape[1] - 2, -1, -1):  # entry j: Σ over entries >= j (in place)
             suffix[:, j] += suffix[:, j + 1]
         # block b feeds entries b+1..R: row (n, b, z_t) of the suffix sums, for every position t
@@ -72,11 +74,12 @@ def running_code_means(codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor,
         valid: ``(R, L)`` real positions (padding never enters the cache).
         n0, mu0: the initial cache ``(N, S)`` and ``(N, S, d_v)`` (a carried state; no gradient).
 
-    Returns ``counts (N, R + 1, S)`` and ``means (N, R + 1, S, d_v)`` in the accumulation dtype;
-    entry ``j`` covers the initial cache and blocks ``0..j-1``. Gradients flow to ``values``.
+    Returns ``counts (N, R + 1, S)`` in float64 (exact integers whatever the length) and ``means
+    (N, R + 1, S, d_v)`` in the accumulation dtype; entry ``j`` covers the initial cache and blocks
+    ``0..j-1``. Gradients flow to ``values``.
     """
     acc = accumulation_dtype(values.dtype)
-    return _RunningCodeMeans.apply(codes, values, valid, n0.to(acc), mu0.to(acc))
+    return _RunningCodeMeans.apply(codes, values, valid, n0.double(), mu0.to(acc))
 
 
 __all__ = ["block_stats", "running_code_means"]

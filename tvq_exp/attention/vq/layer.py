@@ -164,7 +164,7 @@ class VQAttention(AttentionBackend):
             "k": k.new_zeros(b, h, 0, dk),
             "v": k.new_zeros(b, h, 0, self.d_v),
             "codes": torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
-            "cache_n": torch.zeros(b, h, s, device=k.device),
+            "cache_n": torch.zeros(b, h, s, device=k.device, dtype=torch.float64),  # exact counts
             "cache_mu": torch.zeros(b, h, s, self.d_v, device=k.device),
             "t": 0,
         }

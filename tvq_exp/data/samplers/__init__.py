@@ -1,14 +1,17 @@
-"""Batch samplers over a 1-D byte array: random windows, contiguous streams, whole-split evaluation."""
+"""Batch samplers over a 1-D byte array: random windows, TBPTT sequences, contiguous streams, whole-split
+evaluation."""
 
 from tvq_exp.data.samplers.evaluation import EvalSegmentSampler
 from tvq_exp.data.samplers.loader import TrainLoader, TrainSampler, check_split_size, window_batch
 from tvq_exp.data.samplers.stream import StreamSampler
+from tvq_exp.data.samplers.tbptt import TBPTTSampler
 from tvq_exp.data.samplers.windows import RandomWindowSampler
 
 __all__ = [
     "EvalSegmentSampler",
     "RandomWindowSampler",
     "StreamSampler",
+    "TBPTTSampler",
     "TrainLoader",
     "TrainSampler",
     "check_split_size",

@@ -16,13 +16,15 @@ import torch
 from tvq_exp.batch import Batch
 
 
-def window_batch(data: np.ndarray, starts: np.ndarray, seq_len: int, reset: bool) -> Batch:
-    """Windows ``data[s : s + T + 1]`` for each start ``s``: input = first T bytes, target = last T bytes."""
+def window_batch(data: np.ndarray, starts: np.ndarray, seq_len: int, reset: bool, position: int = 0) -> Batch:
+    """Windows ``data[s : s + T + 1]`` for each start ``s``: input = first T bytes, target = last T bytes;
+    ``position`` is the segment's distance (in tokens) from the last state reset."""
     chunk = torch.from_numpy(data[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64))
     return {
         "input": chunk[:, :-1].contiguous(),
         "target": chunk[:, 1:].contiguous(),
         "reset": torch.full((len(starts),), reset, dtype=torch.bool),
+        "position": torch.full((len(starts),), position, dtype=torch.long),
     }
 
 

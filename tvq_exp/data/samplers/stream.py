@@ -18,8 +18,14 @@ class StreamSampler:
     The training split (after a random start offset in ``[0, T)`` drawn once per epoch) is cut into
     ``batch_size * world_size`` equal streams of length ``L``; rank ``r`` owns streams
     ``r*B ... r*B + B - 1``. Step ``j`` yields bytes ``[j*T, j*T + T]`` of each owned stream, so row ``b`` of
-    step ``j + 1`` continues row ``b`` of step ``j``. ``reset`` is True on step 0 of each epoch only.
-    ``state_dict`` holds the position and the offset generator's state so a resume continues exactly.
+    step ``j + 1`` continues row ``b`` of step ``j``.
+
+    Bounded context: ``reset`` is True on step 0 of each epoch and then every ``reset_every`` tokens
+    (rounded up to whole segments of ``T``), so the carried state never grows older than that: a
+    compressive cache that counts every key since the stream began, or a linear attention's normaliser,
+    otherwise sees ever larger counts, and validation (from a fresh state) no longer matches training.
+    ``reset_every=None`` carries the state through the whole epoch. ``state_dict`` holds the position and
+    the offset generator's state so a resume continues exactly.
     """
 
     def __init__(
@@ -31,8 +37,10 @@ class StreamSampler:
         rank: int = 0,
         world_size: int = 1,
         random_offset: bool = True,
+        reset_every: int | None = None,
     ) -> None:
         check_split_size("train", len(data), seq_len)
+        self.reset_segments = None if reset_every is None else max(1, -(-reset_every // seq_len))
         num_streams = batch_size * world_size
         self.stream_len = (len(data) - (seq_len - 1 if random_offset else 0)) // num_streams
         self.steps = (self.stream_len - 1) // seq_len
@@ -73,7 +81,10 @@ class StreamSampler:
         starts = self.stream_starts()
         for step in range(self.step, self.steps):
             self.step = step + 1
-            yield window_batch(self.data, starts + step * self.seq_len, self.seq_len, reset=step == 0)
+            age = step if self.reset_segments is None else step % self.reset_segments  # segments since a reset
+            yield window_batch(
+                self.data, starts + step * self.seq_len, self.seq_len, reset=age == 0, position=age * self.seq_len
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, step, this epoch's offset and the offset generator (JSON, safe for ``weights_only`` loads)."""

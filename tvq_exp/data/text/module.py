@@ -12,25 +12,37 @@ from tvq_exp.data.samplers import (
     EvalSegmentSampler,
     RandomWindowSampler,
     StreamSampler,
+    TBPTTSampler,
     TrainLoader,
     check_split_size,
 )
+from tvq_exp.data.samplers.evaluation import PROTOCOLS
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus
-from tvq_exp.options import AtLeast, OneOf, checked
+from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 TEXT_VOCAB_SIZE = 256
-SAMPLERS = ("random", "stream")
+SAMPLERS = ("random", "stream", "tbptt")
 
 
 class TextDataModule(RootedDataModule):
     """Byte-level language modelling over a :class:`~tvq_exp.data.text.corpus.ByteCorpus`.
 
-    Training (``sampler``): ``"random"`` windows (seeded by ``seed`` + rank + epoch; ``steps_per_epoch``
-    defaults to ``len(train) // (batch_size * seq_len * world_size)``) or ``"stream"`` (Transformer-XL
-    contiguous streams, ``batch_size`` per rank; resumable through the loader's ``state_dict``).
+    Training (``sampler``):
+
+    - ``random``: independent windows of ``seq_len`` (seeded by ``seed`` + rank + epoch;
+      ``steps_per_epoch`` defaults to ``len(train) // (batch_size * seq_len * world_size)``), each from a
+      fresh state;
+    - ``tbptt``: the paper's truncated BPTT (:class:`~tvq_exp.data.samplers.tbptt.TBPTTSampler`): sequences of
+      ``sequence_len`` in a seeded order covering the corpus, each trained as ``sequence_len / seq_len``
+      consecutive updates with the state carried between them and reset with every sequence;
+    - ``stream``: Transformer-XL contiguous streams, ``batch_size`` per rank, the state carried and reset
+      every ``reset_every`` tokens (:class:`~tvq_exp.data.samplers.stream.StreamSampler`).
+
     Validation/test cover the whole split once in ``eval_batch_size`` contiguous streams (a job-wide count,
-    split over ranks) of ``seq_len`` segments; :meth:`split_tokens` gives the number of targets.
-    Batches: ``input``/``target`` ``(B, T)`` int64 with ``T = seq_len``, ``reset`` ``(B,)`` bool.
+    split over ranks) of ``seq_len`` segments, the state reset per ``eval_protocol``: ``segment`` (every
+    segment, the official protocol), ``sequence`` (every ``sequence_len``), ``split`` (carried across each
+    stream); :meth:`split_tokens` gives the number of targets. Batches: ``input``/``target`` ``(B, T)`` int64
+    with ``T = seq_len``, ``reset`` ``(B,)`` bool, ``position`` ``(B,)`` int64 (tokens since the last reset).
     """
 
     @checked
@@ -47,8 +59,16 @@ class TextDataModule(RootedDataModule):
         vocab_size: Annotated[int, OneOf(TEXT_VOCAB_SIZE)] = TEXT_VOCAB_SIZE,
         kind: Annotated[str, OneOf("text")] = "text",
         root: str | None = None,
+        sequence_len: Annotated[int, AtLeast(1)] | None = None,
+        reset_every: Annotated[int, AtLeast(1)] | None = None,
+        eval_protocol: Annotated[str, OneOf(*PROTOCOLS)] = "segment",
     ) -> None:
         super().__init__(root)
+        needs_sequence = sampler == "tbptt" or eval_protocol == "sequence"
+        if needs_sequence and (sequence_len is None or sequence_len % seq_len):
+            allowed = f"must be a multiple of data.seq_len={seq_len} (the update length) with sampler=tbptt or eval_protocol=sequence"
+            raise OptionError("sequence_len", sequence_len, allowed, type(self))
+        self.sequence_len, self.reset_every, self.eval_protocol = sequence_len, reset_every, eval_protocol
         self.corpus = corpus
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -63,7 +83,12 @@ class TextDataModule(RootedDataModule):
 
     @property
     def context_len(self) -> int:
-        """Positions a model sees from a fresh state: one segment of ``seq_len``."""
+        """Positions a model sees from a fresh state in training: a TBPTT sequence, a stream between resets,
+        or one window."""
+        if self.sampler == "tbptt":
+            return int(self.sequence_len)
+        if self.sampler == "stream" and self.reset_every is not None:
+            return max(self.seq_len, self.reset_every)
         return self.seq_len
 
     def prepare_data(self) -> None:
@@ -96,25 +121,24 @@ class TextDataModule(RootedDataModule):
             raise RuntimeError("call setup() before reading splits")
         return self.splits[name]
 
-    def train_sampler(self, rank: int, world_size: int) -> RandomWindowSampler | StreamSampler:
+    def train_sampler(self, rank: int, world_size: int) -> RandomWindowSampler | StreamSampler | TBPTTSampler:
         """The training sampler this configuration uses, for the given rank."""
         data = self.split("train")
         if self.sampler == "stream":
             return StreamSampler(
-                data,
-                self.seq_len,
-                self.batch_size,
-                self.seed,
-                rank,
-                world_size,
-                random_offset=self.random_offset,
-            )
+                data, self.seq_len, self.batch_size, self.seed, rank, world_size,
+                random_offset=self.random_offset, reset_every=self.reset_every,
+            )  # fmt: skip
+        if self.sampler == "tbptt":
+            return TBPTTSampler(data, self.seq_len, int(self.sequence_len), self.batch_size, self.seed, rank, world_size)
         steps = self.steps_per_epoch or max(1, len(data) // (self.batch_size * self.seq_len * world_size))
         return RandomWindowSampler(data, self.seq_len, self.batch_size, steps, self.seed, rank, world_size)
 
     def eval_sampler(self, split: str, rank: int = 0, world_size: int = 1) -> EvalSegmentSampler:
         """Whole-split evaluation sampler of ``split`` for the given rank."""
-        return EvalSegmentSampler(self.split(split), self.seq_len, self.eval_batch_size, rank, world_size)
+        return EvalSegmentSampler(
+            self.split(split), self.seq_len, self.eval_batch_size, rank, world_size, self.eval_protocol, self.sequence_len
+        )
 
     def split_tokens(self, split: str) -> int:
         """Number of evaluation targets in ``split`` (all ranks together)."""
