@@ -115,15 +115,36 @@ def test_vq_causal_by_jacobian(window_bias: bool) -> None:
     assert per_pos[:, :3].sum() > 0 and per_pos[-1, :3].sum() > 0  # the cache passes value gradients
 
 
-def test_vq_without_cache_is_a_two_block_sliding_window() -> None:
-    attn = make_vq(4, use_cache=False)
+@pytest.mark.parametrize("window_len", [4, 2, 0])
+def test_vq_without_cache_is_the_official_sliding_window(window_len: int) -> None:
+    """``use_cache=False`` is the official ``agg_cache=0``: each query sees the keys at distances ``0..M``
+    (hand-built mask), whatever the block length."""
+    attn = make_vq(4, use_cache=False, window_len=window_len)
     q, k, v = qkv(16, grad=False)
     out, _, _ = attn(q, k, v)
     k_hat, _, _ = attn.quantizer(k)
     pos = torch.arange(16)
-    window = (pos[None, :] // 4 >= pos[:, None] // 4 - 1) & (pos[None, :] <= pos[:, None])
+    window = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] <= window_len)
     logits = (q @ k_hat.transpose(-1, -2)).masked_fill(~window, float("-inf"))
     assert torch.allclose(out, torch.softmax(logits, -1) @ v, atol=1e-12)
+
+
+def test_grad_through_cache_off_stops_the_gradient_at_the_queries_own_block() -> None:
+    """The official ``grad_thru_cache=0`` stop-gradients the whole carried state: a query's gradient reaches
+    the keys and values of its own block only, not the previous block in its window nor the cache; the
+    forward is unchanged."""
+    on, off = make_vq(4, window_bias=True), make_vq(4, window_bias=True, grad_through_cache=False)
+    off.load_state_dict(on.state_dict())
+    q, k, v = qkv(16)
+    out_on, _, _ = on(q, k, v)
+    out_off, _, _ = off(q, k, v)
+    assert torch.allclose(out_on, out_off, atol=1e-12)
+    query = 9  # block 2: its own block is 8..11, the previous 4..7, the cache 0..3
+    dk, dv = torch.autograd.grad(out_off[:, :, query].sum(), (k, v))
+    assert dk[:, :, 8:10].abs().sum() > 0 and dv[:, :, 8:10].abs().sum() > 0
+    assert dk[:, :, :8].abs().sum() == 0 and dv[:, :, :8].abs().sum() == 0
+    dk_on, dv_on = torch.autograd.grad(out_on[:, :, query].sum(), (k, v))
+    assert dk_on[:, :, 4:8].abs().sum() > 0 and dv_on[:, :, 0:8].abs().sum() > 0
 
 
 def test_grad_through_cache_off_keeps_forward_and_drops_cache_value_gradient() -> None:

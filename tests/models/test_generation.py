@@ -187,4 +187,5 @@ def test_imagenet64_paper_settings() -> None:
     assert cfg.data.seq_len == 12288 and list(cfg.data.image_shape) == [64, 64, 3]
     assert (cfg.model.attention.block_len, cfg.model.attention.codebook_size) == (512, 512)
     assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.block.d_k) == (2048, 48, 128)
-    assert cfg.data.batch_size * cfg.trainer.accumulate_grad_batches == 128
+    assert cfg.data.batch_size * cfg.trainer.devices == cfg.global_batch_size == 128
+    assert cfg.data.update_len == 1536 and cfg.model.logit_scale == 0.005  # 8 TBPTT updates per image

@@ -23,9 +23,10 @@ def test_quantiser_returns_nearest_codes_with_straight_through() -> None:
     assert torch.allclose(g, torch.full_like(g, 3.0))
 
 
-def test_ema_closed_form_after_k_steps() -> None:
-    decay, eps = 0.9, 1e-5
-    vq = VectorQuantizer(1, 4, 2, decay=decay, eps=eps)
+@pytest.mark.parametrize("eps", [0.0, 1e-5])  # the official read-out (no smoothing), and Laplace smoothing
+def test_ema_closed_form_after_k_steps(eps: float) -> None:
+    decay = 0.9
+    vq = VectorQuantizer(1, 4, 2, decay=decay, smoothing=eps)
     c0 = vq.codebook.clone()
     count, total = torch.ones(1, 4), c0.clone()
     for _ in range(5):
@@ -38,8 +39,20 @@ def test_ema_closed_form_after_k_steps() -> None:
         total = decay * total + (1 - decay) * s
         vq.update()
     assert torch.allclose(vq.ema_count.double(), count, atol=1e-6)
-    smoothed = (count + eps) / (count.sum() + 4 * eps) * count.sum()
-    assert torch.allclose(vq.codebook.double(), total / smoothed[..., None], atol=1e-5)
+    smoothed = (count + eps) / (count.sum() + 4 * eps) * count.sum() if eps else count
+    assert torch.allclose(vq.codebook.double(), total / smoothed.clamp_min(0.01)[..., None], atol=1e-5)
+
+
+def test_official_initialisation_and_commitment_loss() -> None:
+    """Codebook ``N(0, 1/(H·S))`` with counts one; the commitment loss sums the squared error over heads and
+    key dimensions and averages over batch and positions (hand computation)."""
+    torch.manual_seed(0)
+    vq = VectorQuantizer(2, 512, 64)
+    assert abs(float(vq.codebook.std()) - (2 * 512) ** -0.5) < 2e-3 and bool((vq.ema_count == 1).all())
+    k = torch.randn(3, 2, 5, 64)
+    k_hat, codes, aux = vq(k)
+    expected = 1e-4 * ((k - k_hat.detach()) ** 2).sum(dim=(1, 3)).mean()
+    assert torch.allclose(aux["commit_loss"], expected, rtol=1e-6)
 
 
 def test_gradient_accumulation_matches_one_big_batch() -> None:

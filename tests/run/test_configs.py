@@ -103,11 +103,14 @@ def test_enwik8_paper_hyperparameters() -> None:
     m, d, t, o = cfg.model, cfg.data, cfg.trainer, cfg.module
     assert (m.n_layers, m.d_model, m.block.d_k) == (48, 768, 128)
     assert (m.attention.name, m.attention.codebook_size, m.attention.block_len) == ("vq", 512, 512)
-    assert (m.block.dropout, m.block.layerdrop) == (0.5, 0.3)
-    assert (d.corpus.name, d.seq_len, d.batch_size, d.sampler) == ("enwik8", 8192, 32, "stream")
-    assert (o.lr, o.warmup_steps, o.grad_clip, o.weight_decay) == (4e-4, 10000, 0.1, 2e-4)
+    assert (m.block.dropout, m.block.layerdrop, m.block.sinusoid_dropout) == (0.5, 0.3, 0.2)
+    assert (m.tie_embeddings, m.final_norm, m.head_bias, m.logit_scale, m.init) == (False, False, True, 1.0, "official")
+    # TBPTT: sequences of 8192 in updates of 2048, 128 sequences per update over 8 processes
+    assert (d.corpus.name, d.sampler, d.sequence_len, d.seq_len, d.eval_protocol) == ("enwik8", "tbptt", 8192, 2048, "sequence")
+    assert d.batch_size * t.devices == cfg.global_batch_size == 128 and t.accumulate_grad_batches == 1
+    assert (o.lr, o.warmup_steps, o.grad_clip, o.weight_decay, o.weight_decay_mode) == (4e-4, 10000, 0.1, 2e-4, "official")
     assert (t.max_steps, o.max_steps, t.precision) == (125000, 125000, "bf16-mixed")
-    assert list(o.betas) == [0.9, 0.98] and o.eps == 1e-9
+    assert list(o.betas) == [0.9, 0.98] and o.eps == 1e-9 and o.min_lr_ratio == 0.1
 
 
 def test_cpu_small_vq_and_dense_have_the_same_size() -> None:

@@ -28,7 +28,11 @@ class DenseAttention(AttentionBackend):
         window_bias: add the Transformer-XL relative bias for distances ``0..window_len``
             (encoder: ``|i - j| <= window_len``, see :meth:`~tvq_exp.nn.position.XLRelativeBias.encoder_bias`).
         window_len: the bias window ``M`` (required with ``window_bias``).
+        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
+            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
         memory_len: keep at most this many past keys in the carried state (None: all, exact).
+        attention_window: attend only to keys at distances ``0..attention_window`` (encoder:
+            ``|i - j| <=``; None: all): a sliding-window dense baseline, like Transformer-VQ without its cache.
         kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
         score: ``softmax`` or ``relu2`` (FLASH-Quad: ``relu(s)²`` divided per query by the number of
             keys it sees, never by the total length, so streaming equals the parallel forward).
@@ -54,7 +58,10 @@ class DenseAttention(AttentionBackend):
         causal: bool = True,
         window_bias: bool = False,
         window_len: Annotated[int, AtLeast(1)] | None = None,
+        sinusoid_dim: int | None = None,
+        sinusoid_dropout: float = 0.0,
         memory_len: Annotated[int, AtLeast(1)] | None = None,
+        attention_window: Annotated[int, AtLeast(0)] | None = None,
         kv_heads: int | None = None,
         score: Annotated[str, OneOf(*SCORES)] = "softmax",
         talking_heads: bool = False,
@@ -63,8 +70,8 @@ class DenseAttention(AttentionBackend):
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         if window_bias and window_len is None:
             raise OptionError("window_len", window_len, "the window bias needs a window length >= 1", type(self))
-        self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
-        self.memory_len, self.score = memory_len, score
+        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        self.memory_len, self.score, self.attention_window = memory_len, score, attention_window
         self.mix_pre = nn.Parameter(torch.eye(heads)) if talking_heads else None
         self.mix_post = nn.Parameter(torch.eye(heads)) if talking_heads_post else None
 
@@ -78,7 +85,7 @@ class DenseAttention(AttentionBackend):
         v_all = v if state is None else torch.cat([state["v"].to(v.dtype), v], dim=2)
         past = k_all.shape[2] - t_new
         out = self._attend(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
-        keep = k_all.shape[2] if self.memory_len is None else min(self.memory_len, k_all.shape[2])
+        keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
         new_state: State = {"k": k_all[:, :, -keep:].detach(), "v": v_all[:, :, -keep:].detach(), "t": t0 + t_new}
         return out, new_state, {}
 
@@ -105,7 +112,7 @@ class DenseAttention(AttentionBackend):
         total = batch * (with_backward(fwd, backward) + (scores if recompute else 0))
         if self.bias is not None:
             window = self.bias.max_distance
-            total += xl_bias_flops(batch * seq_len, heads, self.d_k, window, backward, causal)
+            total += xl_bias_flops(batch * seq_len, heads, self.d_k, window, backward, causal, d_sin=self.bias.proj.in_features)
             if recompute:  # the distance logits again (the relative embeddings are an input of the chunks)
                 distances = window + 1 if causal else 2 * window + 1
                 total += heads * mm(batch * seq_len, distances, self.d_k)
@@ -113,12 +120,15 @@ class DenseAttention(AttentionBackend):
 
     def state_floats(self, seq_len: int) -> int:
         """The keys and values kept: ``min(T, memory_len)`` positions of ``H_kv·(d_k + d_v)``."""
-        kept = seq_len if self.memory_len is None else min(seq_len, self.memory_len)
+        kept = min([seq_len, *(n for n in (self.memory_len, self.attention_window) if n is not None)])
         return kept * self.kv_heads * (self.d_k + self.d_v)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
         t_q, t_k = q.shape[2], k.shape[2]
         if not self.needs_logits:
+            if self.attention_window is not None:
+                mask = self._visible(_distances(t_q, t_k, past, q.device))
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
             if not self.causal:
                 return F.scaled_dot_product_attention(q, k, v, scale=1.0)
             if past == 0:
@@ -138,6 +148,14 @@ class DenseAttention(AttentionBackend):
                 outs.append(self._explicit(*args))
         return torch.cat(outs, dim=2)
 
+    def _visible(self, dist: Tensor) -> Tensor:
+        """Which keys each query sees, from the distances (query minus key) ``(Tq, Tk)``: causal and within
+        the attention window."""
+        visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)
+        if self.attention_window is not None:
+            visible = visible & (dist.abs() <= self.attention_window)
+        return visible
+
     def _relative_embeddings(self) -> Tensor:
         """The bias's projected relative embeddings (one- or two-sided), computed once per call."""
         return self.bias.rel() if self.causal else self.bias.signed_rel()
@@ -155,7 +173,7 @@ class DenseAttention(AttentionBackend):
             bias = self.bias.bias(q, dist, rel) if self.causal else self.bias.encoder_bias(q, dist, rel)
             logits = self.bias.content_query(q) @ k.transpose(-1, -2) + bias
         logits = _mix_heads(self.mix_pre, logits.to(acc))
-        visible = dist >= 0 if self.causal else torch.ones_like(dist, dtype=torch.bool)
+        visible = self._visible(dist)
         if self.score == "softmax":
             weights = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
         else:

@@ -43,6 +43,8 @@ class FlashChunkAttention(AttentionBackend):
         window_bias: Transformer-XL relative bias inside the group (distances ``<= window_len``;
             encoder: ``|i - j| <= window_len``).
         window_len: the bias window (default ``group_size``).
+        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
+            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: ``k, v`` of the current partial group ``(B, H_kv, t mod G, d)``, ``kv (B, H_kv, d_k, d_v)``
@@ -63,12 +65,14 @@ class FlashChunkAttention(AttentionBackend):
         norm_scale: Annotated[float, Above(0)] | None = None,
         window_bias: bool = False,
         window_len: Annotated[int, AtLeast(0)] | None = None,
+        sinusoid_dim: int | None = None,
+        sinusoid_dropout: float = 0.0,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         window_len = group_size if window_len is None else window_len
         self.group_size, self.score, self.norm = group_size, score, norm
         self.norm_scale = float(group_size if norm_scale is None else norm_scale)
-        self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
+        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
@@ -111,7 +115,7 @@ class FlashChunkAttention(AttentionBackend):
         attend = chunked_flops(whole, self.group_size, self.d_k, self.d_v, self.heads, self.kv_heads)
         total = with_backward(batch * attend, backward)
         if self.bias is not None:
-            total += xl_bias_flops(batch * whole, self.heads, self.d_k, self.bias.max_distance, backward, self.causal)
+            total += xl_bias_flops(batch * whole, self.heads, self.d_k, self.bias.max_distance, backward, self.causal, d_sin=self.bias.proj.in_features)
         return total
 
     def state_floats(self, seq_len: int) -> int:

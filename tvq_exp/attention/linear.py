@@ -36,7 +36,8 @@ class LinearAttention(AttentionBackend):
         eps: added to the normaliser ``φ(q)ᵀz``.
         num_features: ``m`` random features for ``favor`` (default ``d_k``).
         seed: seed of the ``favor`` projection; :meth:`redraw` draws the next one.
-        window_bias: must be False: linear attention has no relative bias (use RoPE or no positions).
+        window_bias: must be False: linear attention has no relative bias (use RoPE or no positions);
+            ``sinusoid_dim`` and ``sinusoid_dropout`` (the bias's options, passed by every block) are unused.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: ``S (B, H_kv, d_f, d_v)``, ``z (B, H_kv, d_f)`` (accumulation dtype) and the position ``t``.
@@ -58,6 +59,8 @@ class LinearAttention(AttentionBackend):
         num_features: Annotated[int, AtLeast(1)] | None = None,
         seed: int = 0,
         window_bias: bool = False,
+        sinusoid_dim: int | None = None,
+        sinusoid_dropout: float = 0.0,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         if window_bias:

@@ -35,7 +35,7 @@ def window_bias_matrix(rel_bias: XLRelativeBias, q: Tensor, causal: bool) -> Ten
     m = rel_bias.max_distance
     signed = rel_bias.signed_rel().to(q.dtype)  # (H, 2M + 1, d_k)
     rel = {d: signed[:, d + m] for d in range(-m, m + 1)}
-    qv = q + rel_bias.v.to(q.dtype)[None, :, None, :]
+    qv = rel_bias.position_query(q)
     out = q.new_zeros(b, h, t, t)
     for i in range(t):
         for j in range(t):

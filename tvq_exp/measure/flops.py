@@ -26,10 +26,13 @@ def padded(seq_len: int, chunk: int) -> int:
     return -(-seq_len // chunk) * chunk
 
 
-def xl_bias_flops(tokens: int, heads: int, d_k: int, window_len: int, backward: bool, causal: bool = True) -> int:
+def xl_bias_flops(
+    tokens: int, heads: int, d_k: int, window_len: int, backward: bool, causal: bool = True, d_sin: int | None = None
+) -> int:
     """Distance logits ``(q + v)·r_d`` for ``d = 0..M`` (encoder: ``-M..M``) of ``tokens`` queries (all
-    sequences of the batch) plus the projection of the sinusoid table, done once per call."""
-    d_sin = d_k + d_k % 2
+    sequences of the batch) plus the projection of the sinusoid table (``d_sin`` wide, default ``d_k``), done
+    once per call."""
+    d_sin = d_sin or d_k + d_k % 2
     distances = window_len + 1 if causal else 2 * window_len + 1
     fwd = heads * mm(tokens, distances, d_k) + mm(distances, heads * d_k, d_sin)
     # backward: grad of the queries and of the projected table, and of the projection weight

@@ -11,7 +11,9 @@ from torch import Tensor, nn
 
 from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.options import AtLeast, Between, checked
+from tvq_exp.models.init import official_init
+from tvq_exp.nn.norms import RMSNorm
+from tvq_exp.options import Above, AtLeast, Between, OneOf, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 ModelState = list[dict[str, Any]]
@@ -36,11 +38,21 @@ class Decoder(nn.Module):
         d_model, n_layers: width and number of blocks.
         block: factory ``block(d_model=..., attention=...) -> nn.Module`` (a Hydra partial).
         attention: factory for the blocks' attention backends (a Hydra partial of ``build_attention``).
-        tie_embeddings: share the embedding matrix with the output head.
-        final_norm: RMSNorm before the head.
+        tie_embeddings: share the embedding matrix with the output head (official ``e_tie``).
+        final_norm: an RMS norm (gain and bias) before the head (official ``e_preln``).
         embed_dropout: dropout on the embeddings.
         pos_embedding: optional module mapping absolute positions ``(T,)`` to ``(T, d_model)``
             (images: row / column / channel embeddings).
+        head_bias: an output bias (the official head always has one).
+        embed_scale: embeddings start as ``N(0, 1/embed_scale²)`` and are looked up times ``embed_scale``,
+            so the blocks see ``N(0, 1)`` inputs whatever the scale; a larger scale makes Adam move the
+            embeddings faster. ``None``: ``sqrt(d_model)`` (learns markedly faster in small, short runs);
+            the official code uses ``1`` (``N(0, 1)`` embeddings looked up as they are).
+        logit_scale: multiplies the logits, bias included (official ``e_scale``); ``None``:
+            ``embed_scale / d_model`` with tied embeddings (logits start at ``d_model^-1/2`` scale, near
+            uniform), else 1.
+        init: ``official`` (:func:`~tvq_exp.models.init.official_init`: linear kernels ``N(0, 1/fan_in)``)
+            or ``torch`` (PyTorch's defaults).
 
     Shapes: ``tokens (B, T)`` -> ``DecoderOutput(logits (B, T, V), state, aux)``.
     """
@@ -57,23 +69,31 @@ class Decoder(nn.Module):
         final_norm: bool = True,
         embed_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         pos_embedding: nn.Module | None = None,
+        head_bias: bool = False,
+        embed_scale: Annotated[float, Above(0)] | None = None,
+        logit_scale: Annotated[float, Above(0)] | None = None,
+        init: Annotated[str, OneOf("official", "torch")] = "official",
     ) -> None:
         super().__init__()
         self.vocab_size, self.d_model, self.n_layers = vocab_size, d_model, n_layers
         self.embed = nn.Embedding(vocab_size, d_model)
-        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
         self.pos_embedding = pos_embedding
         self.embed_dropout = nn.Dropout(embed_dropout)
         self.blocks = nn.ModuleList(block(d_model=d_model, attention=attention) for _ in range(n_layers))
-        self.norm = nn.RMSNorm(d_model) if final_norm else nn.Identity()
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.norm = RMSNorm(d_model) if final_norm else nn.Identity()
+        self.head = nn.Linear(d_model, vocab_size, bias=head_bias)
+        if init == "official":
+            official_init(self)
+        self.embed_scale = d_model**0.5 if embed_scale is None else embed_scale
+        torch.nn.init.normal_(self.embed.weight, std=1.0 / self.embed_scale)
         if tie_embeddings:
             self.head.weight = self.embed.weight
-        self.logit_scale = d_model**-0.5 if tie_embeddings else 1.0
+        default_scale = self.embed_scale / d_model if tie_embeddings else 1.0
+        self.logit_scale = default_scale if logit_scale is None else logit_scale
 
     def forward(self, tokens: Tensor, state: ModelState | None = None) -> DecoderOutput:
         t0 = 0 if state is None else int(state[0]["t"])
-        x = self.embed(tokens) * self.d_model**0.5
+        x = self.embed(tokens) * self.embed_scale
         if self.pos_embedding is not None:
             x = x + self.pos_embedding(t0 + torch.arange(tokens.shape[1], device=tokens.device)).to(x.dtype)
         x = self.embed_dropout(x)

@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
+from tvq_exp.models.legacy import FORMAT, upgrade_checkpoint
 from tvq_exp.models.metrics import PositionBits
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
@@ -43,7 +44,11 @@ class AutoregressiveLitModule(L.LightningModule):
     Args:
         model: the decoder.
         lr, betas, eps: AdamW settings (paper: betas (0.9, 0.98), eps 1e-9).
-        weight_decay: applied to weight matrices only (no decay on norms, biases, embeddings, codebooks).
+        weight_decay: decoupled weight decay of the decayed group (never codebooks).
+        weight_decay_mode: ``adamw``: torch's AdamW, ``p ← p·(1 - lr·s(t)·wd)`` on weight matrices only (no
+            decay on norms, biases, embeddings); ``official``: the official code's ``p ← p - lr·s(t)·update -
+            wd·p`` (not scaled by the learning rate or its schedule) on every tensor that is not a vector
+            (weight matrices, embeddings, scalars).
         warmup_steps, max_steps, min_lr_ratio: linear warmup then cosine decay to ``min_lr_ratio * lr``.
         grad_clip: max global gradient norm over every parameter except codebooks (0 = off).
         kind: ``"text"`` or ``"image"`` (images also log ``bpd``).
@@ -67,6 +72,7 @@ class AutoregressiveLitModule(L.LightningModule):
         model: Decoder,
         lr: Annotated[float, Above(0)] = 1e-3,
         weight_decay: Annotated[float, AtLeast(0)] = 0.0,
+        weight_decay_mode: Annotated[str, OneOf("adamw", "official")] = "adamw",
         betas: Sequence[float] = (0.9, 0.98),
         eps: Annotated[float, Above(0)] = 1e-9,
         warmup_steps: Annotated[int, AtLeast(0)] = 0,
@@ -83,6 +89,7 @@ class AutoregressiveLitModule(L.LightningModule):
         self.save_hyperparameters(ignore=["model"])
         self.model = model
         self.lr, self.weight_decay, self.betas, self.eps = lr, weight_decay, tuple(betas), eps
+        self.weight_decay_mode = weight_decay_mode
         # a partial keeps no state in the scheduler's state_dict: a resumed run follows its own max_steps
         self.schedule = functools.partial(
             warmup_cosine, warmup_steps=warmup_steps, max_steps=max_steps, min_ratio=min_lr_ratio
@@ -195,17 +202,18 @@ class AutoregressiveLitModule(L.LightningModule):
         return {id(p) for q in self.model.quantizers() for p in q.parameters()}
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """AdamW groups: decayed weight matrices, and everything else (norms, biases, embeddings, codebooks)."""
+        """AdamW groups: the decayed parameters, and everything else (see ``weight_decay_mode``; codebooks
+        never decay). In ``official`` mode AdamW's own decay is off: :meth:`optimizer_step` applies it."""
         skip = self.codebook_parameter_ids()
-        skip |= {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
+        if self.weight_decay_mode == "adamw":
+            skip |= {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
         decay, no_decay = [], []
         for p in self.model.parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 and id(p) not in skip else no_decay).append(p)
-        return [
-            {"params": decay, "weight_decay": self.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+                decayed = (p.dim() >= 2 if self.weight_decay_mode == "adamw" else p.dim() != 1) and id(p) not in skip
+                (decay if decayed else no_decay).append(p)
+        adamw_decay = self.weight_decay if self.weight_decay_mode == "adamw" else 0.0
+        return [{"params": decay, "weight_decay": adamw_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = AdamW(self.parameter_groups(), lr=self.lr, betas=self.betas, eps=self.eps)
@@ -246,6 +254,9 @@ class AutoregressiveLitModule(L.LightningModule):
             self.discard_step()
         else:
             self.consecutive_bad_steps = 0
+            if self.weight_decay_mode == "official" and self.weight_decay > 0:
+                with torch.no_grad():  # p ← p - wd·p, then AdamW (no decay of its own) adds -lr·s(t)·update
+                    torch._foreach_mul_(optimizer.param_groups[0]["params"], 1.0 - self.weight_decay)
             super().optimizer_step(epoch, batch_idx, optimizer, lambda: loss)
             self.model.codebook_step()
         self._maybe_log_codebook_metrics()
@@ -278,12 +289,14 @@ class AutoregressiveLitModule(L.LightningModule):
     # ------------------------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tvq_format"] = FORMAT
         checkpoint["train_state"] = self.train_state
         checkpoint["codebook_metrics"] = (self._codebook_sums, self._codebook_batches)
         checkpoint["bad_steps"] = {"skipped": self.skipped_steps, "consecutive": self.consecutive_bad_steps}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.train_state = checkpoint.get("train_state")
+        upgrade_checkpoint(checkpoint, self)  # weights written before the official parametrisation
+        self.train_state = checkpoint.get("train_state") if checkpoint.get("tvq_format") == FORMAT else None
         self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
         bad = checkpoint.get("bad_steps") or _legacy_guard_counts(checkpoint)
         self.skipped_steps, self.consecutive_bad_steps = int(bad["skipped"]), int(bad["consecutive"])

@@ -1,4 +1,4 @@
-"""LayerDrop (stochastic depth) on residual branches."""
+"""LayerDrop (stochastic depth) on residual branches, one draw per example and sequence."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ from tvq_exp.options import Between, checked
 
 
 class StochasticDepth(nn.Module):
-    """LayerDrop on a residual branch: drops the branch per sample with probability ``p`` (training).
+    """LayerDrop on a residual branch: drops the branch per example with probability ``p`` (training), the
+    kept ones scaled by ``1 / (1 - p)``.
 
-    The branch is still computed, so carried attention state stays consistent. ``x: (B, ...)``.
+    As in the official code ("timeless" masks), an example's draw holds for its whole sequence: the mask is
+    drawn when a sequence starts (``keep=None``) and returned, so the block carries it in its state to the
+    next TBPTT update of the same sequence. The branch is still computed, so the carried attention state
+    stays consistent.
+
+    ``forward(x (B, ...), keep (B,) bool | None) -> (x', keep)``.
     """
 
     @checked
@@ -21,8 +27,10 @@ class StochasticDepth(nn.Module):
         super().__init__()
         self.p = p
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         if not self.training or self.p == 0.0:
-            return x
-        keep = torch.rand(x.shape[0], *([1] * (x.dim() - 1)), device=x.device) >= self.p
-        return x * keep.to(x.dtype) / (1.0 - self.p)
+            return x, keep
+        if keep is None or keep.shape[0] != x.shape[0]:
+            keep = torch.rand(x.shape[0], device=x.device) >= self.p
+        scale = keep.to(x.dtype).view(-1, *([1] * (x.dim() - 1))) / (1.0 - self.p)
+        return x * scale, keep

@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from tvq_exp.options import AtLeast, checked
+from tvq_exp.options import AtLeast, Between, checked
 
 
 def sinusoid_table(n: int, dim: int, base: float = 1e5) -> Tensor:
@@ -21,40 +21,58 @@ def sinusoid_table(n: int, dim: int, base: float = 1e5) -> Tensor:
 
 
 class XLRelativeBias(nn.Module):
-    """Transformer-XL relative position bias, applied only inside a window of ``max_distance``.
+    """Transformer-XL relative position bias, applied only inside a window of ``max_distance``, as the
+    official Transformer-VQ code builds it.
 
     The attention logit between query ``i`` and key ``j`` becomes
-    ``(q_i + u)·k_j + (q_i + v)·r_{i-j}`` where ``r_d = W_r · sinusoid(d)`` and the second term is
-    zero unless ``0 <= i - j <= max_distance``.
+    ``(q_i + s·u)·k_j + (q_i + s·v)·r_{i-j}`` where ``r_d = s·W_r·dropout(sinusoid(d))`` and the second term
+    is zero unless ``0 <= i - j <= max_distance``. The sinusoids (base 1e5, ``[sin | cos]``) have width
+    ``sinusoid_dim`` (the model width in the official code, so the patterns over ``M + 1`` distances are not
+    limited by ``d_k``); ``s = d_k^-1/4`` (the official ``τ^-1/2``, the same scale as the queries and keys);
+    ``W_r`` starts as ``N(0, 1/sinusoid_dim)`` and ``u, v`` as zero. ``dropout`` drops sinusoid entries
+    (training), one mask per call, shared by every block of the call.
 
     Shapes: ``u, v: (H, d_k)``; :meth:`rel` is ``(H, max_distance + 1, d_k)``.
     """
 
     @checked
     def __init__(
-        self, heads: Annotated[int, AtLeast(1)], d_k: Annotated[int, AtLeast(1)], max_distance: Annotated[int, AtLeast(0)], base: float = 1e5
+        self,
+        heads: Annotated[int, AtLeast(1)],
+        d_k: Annotated[int, AtLeast(1)],
+        max_distance: Annotated[int, AtLeast(0)],
+        sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
+        dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        base: float = 1e5,
     ) -> None:
         super().__init__()
         self.heads, self.d_k, self.max_distance = heads, d_k, max_distance
+        self.scale = d_k**-0.25
         self.u = nn.Parameter(torch.zeros(heads, d_k))
         self.v = nn.Parameter(torch.zeros(heads, d_k))
-        d_sin = d_k + (d_k % 2)
+        d_sin = sinusoid_dim or d_k
+        d_sin += d_sin % 2
         self.proj = nn.Linear(d_sin, heads * d_k, bias=False)
         nn.init.normal_(self.proj.weight, std=d_sin**-0.5)
+        self.dropout = nn.Dropout(dropout)
         self.register_buffer("table", sinusoid_table(max_distance + 1, d_sin, base), persistent=False)
+
+    def _project(self, table: Tensor) -> Tensor:
+        """``s·W_r·dropout(table)`` for a ``(n, d_sin)`` table: ``(H, n, d_k)``."""
+        r = self.proj(self.dropout(table.to(self.proj.weight.dtype))) * self.scale
+        return r.view(table.shape[0], self.heads, self.d_k).transpose(0, 1)
 
     def rel(self) -> Tensor:
         """Projected relative embeddings ``(H, M + 1, d_k)`` for distances ``0..M``."""
-        r = self.proj(self.table.to(self.proj.weight.dtype))
-        return r.view(self.max_distance + 1, self.heads, self.d_k).transpose(0, 1)
+        return self._project(self.table)
 
     def content_query(self, q: Tensor) -> Tensor:
-        """``q + u`` for ``q: (B, H, ..., d_k)``."""
-        return q + self.u.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
+        """``q + s·u`` for ``q: (B, H, ..., d_k)``."""
+        return q + (self.u * self.scale).view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
 
     def position_query(self, q: Tensor) -> Tensor:
-        """``q + v`` for ``q: (B, H, ..., d_k)``: the query of the relative (distance) term."""
-        return q + self.v.view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
+        """``q + s·v`` for ``q: (B, H, ..., d_k)``: the query of the relative (distance) term."""
+        return q + (self.v * self.scale).view(1, self.heads, *([1] * (q.dim() - 3)), self.d_k).to(q.dtype)
 
     def distance_logits(self, q: Tensor, rel: Tensor | None = None) -> Tensor:
         """``(q + v)·r_d`` for all window distances: ``(B, H, ..., M + 1)`` (``rel``: :meth:`rel`, if
@@ -80,8 +98,7 @@ class XLRelativeBias(nn.Module):
         """
         half = self.table.shape[1] // 2
         negative = torch.cat([-self.table[1:, :half], self.table[1:, half:]], dim=1).flip(0)
-        full = torch.cat([negative, self.table], dim=0).to(self.proj.weight.dtype)
-        return self.proj(full).view(full.shape[0], self.heads, self.d_k).transpose(0, 1)
+        return self._project(torch.cat([negative, self.table], dim=0))
 
     def encoder_bias(self, q: Tensor, distance: Tensor, rel: Tensor | None = None) -> Tensor:
         """Two-sided bias ``(q_i + v)·r_{i-j}`` for ``|i - j| <= M`` (zero beyond), for encoders.

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tvq_exp.options import AtLeast, Between, OneOf, checked
+from tvq_exp.options import Above, AtLeast, Between, OneOf, checked
 from tvq_exp.quantize.kmeans import kmeans, nearest_code
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 
@@ -20,17 +20,20 @@ class VectorQuantizer(nn.Module):
 
     ``forward(k)`` returns ``(k_hat, codes, aux)``: ``k_hat = sg(C[z]) + k - sg(k)`` (straight-through),
     ``codes: (B, H, T)`` with ``z = argmin_s ||k - C_s||²`` computed in fp32, and ``aux`` holding
-    ``commit_loss`` (``β·||k - sg(k_hat)||²``), ``codebook_loss`` (gradient strategy) and detached
-    metrics (code-usage perplexity, relative quantisation error, dead codes).
+    ``commit_loss`` (``β·||k - sg(k_hat)||²`` summed over heads and key dimensions, averaged over batch and
+    positions, as the official code), ``codebook_loss`` (gradient strategy) and detached metrics
+    (code-usage perplexity, relative quantisation error, dead codes).
 
     Strategies:
-        ``ema``: ``C = ema_sum / ema_count`` with EMA decay; statistics accumulate over the forward
+        ``ema``: ``C = ema_sum / max(ema_count, count_floor)`` with EMA decay (the official read-out; with
+        ``smoothing > 0`` the counts are Laplace-smoothed first); statistics accumulate over the forward
         passes of one optimiser step and are applied once by :meth:`update` (all-reduced under DDP).
         The codebook receives no task gradient.
         ``gradient``: ``C`` is a parameter trained by ``||sg(k) - C_z||²``.
     Any strategy: ``dead_code_threshold`` re-seeds codes whose EMA usage count falls below it from
     keys of the current (rank 0) batch; ``kmeans_init`` initialises the codebook from the first
-    training batch's keys.
+    training batch's keys. The codebook starts as ``N(0, init_std²)`` (default ``1/sqrt(H·S)``, the
+    official fan-in initialisation) with counts of one.
     """
 
     @checked
@@ -41,7 +44,9 @@ class VectorQuantizer(nn.Module):
         dim: Annotated[int, AtLeast(1)],
         strategy: Annotated[str, OneOf(*STRATEGIES)] = "ema",
         decay: Annotated[float, Between(0, 1, "()")] = 0.99,
-        eps: Annotated[float, AtLeast(0)] = 1e-5,
+        smoothing: Annotated[float, AtLeast(0)] = 0.0,
+        count_floor: Annotated[float, Above(0)] = 0.01,
+        init_std: Annotated[float, Above(0)] | None = None,
         commit_weight: Annotated[float, AtLeast(0)] = 1e-4,
         codebook_weight: Annotated[float, AtLeast(0)] = 1.0,
         dead_code_threshold: Annotated[float, AtLeast(0)] = 0.0,
@@ -51,11 +56,11 @@ class VectorQuantizer(nn.Module):
     ) -> None:
         super().__init__()
         self.heads, self.codebook_size, self.dim = heads, codebook_size, dim
-        self.strategy, self.decay, self.eps = strategy, decay, eps
+        self.strategy, self.decay, self.smoothing, self.count_floor = strategy, decay, smoothing, count_floor
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
         self.dead_code_threshold, self.kmeans_init, self.kmeans_iters = dead_code_threshold, kmeans_init, kmeans_iters
         self.sample_keys = sample_keys
-        init = torch.randn(heads, codebook_size, dim) * dim**-0.5
+        init = torch.randn(heads, codebook_size, dim) * (init_std or (heads * codebook_size) ** -0.5)
         if strategy == "gradient":
             self.embed = nn.Parameter(init)
         else:
@@ -111,7 +116,7 @@ class VectorQuantizer(nn.Module):
     def _aux(self, k: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
         kf = k.float()
         commit = F.mse_loss(kf, quant.detach().float())
-        aux = {"commit_loss": self.commit_weight * commit}
+        aux = {"commit_loss": self.commit_weight * commit * (self.heads * self.dim)}  # summed over heads, dims
         if self.strategy == "gradient":
             aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
         p = counts / counts.sum(-1, keepdim=True).clamp_min(1)
@@ -144,9 +149,11 @@ class VectorQuantizer(nn.Module):
         if self.strategy == "ema":
             all_reduce_sum(self.pending_sum)
             self.ema_sum.mul_(d).add_(self.pending_sum, alpha=1 - d)
-            total = self.ema_count.sum(-1, keepdim=True)
-            smoothed = (self.ema_count + self.eps) / (total + self.codebook_size * self.eps) * total
-            self.embed.copy_(self.ema_sum / smoothed.clamp_min(self.eps)[..., None])
+            counts = self.ema_count
+            if self.smoothing > 0:
+                total = counts.sum(-1, keepdim=True)
+                counts = (counts + self.smoothing) / (total + self.codebook_size * self.smoothing) * total
+            self.embed.copy_(self.ema_sum / counts.clamp_min(self.count_floor)[..., None])
         if self.dead_code_threshold > 0 and self.recent_keys is not None:
             self._reset_dead_codes(self.recent_keys)
         self.discard_pending()

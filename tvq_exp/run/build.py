@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.checkpoints import read_checkpoint
 from tvq_exp.run.legacy import upgrade_run_config
@@ -51,6 +52,7 @@ def load_checkpoint(path: str | Path) -> tuple[AutoregressiveLitModule, dict[str
     checkpoint = read_checkpoint(path)
     config = run_config(checkpoint)
     module = build_module(config)
+    upgrade_checkpoint(checkpoint, module)
     module.load_state_dict(checkpoint["state_dict"])
     return module, config, checkpoint
 

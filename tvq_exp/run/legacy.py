@@ -9,6 +9,8 @@ checkpoints were written:
   paths are rewritten by :data:`MOVED`;
 - the codebook options moved from ``model.codebook`` to the attention that owns them,
   ``model.attention.codebook``;
+- the codebook's Laplace smoothing ``eps`` is ``smoothing`` (its read-out otherwise follows the official
+  code);
 - the module's ``carry_state`` / ``eval_carry_state`` gave way to the batches' ``reset`` flags: the data
   module's sampler and ``eval_protocol`` (``eval_carry_state: true`` is ``data.eval_protocol: split``).
 """
@@ -40,7 +42,10 @@ MOVED = {
 
 def upgrade_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``config`` in the current layout (unchanged if it already is)."""
-    config = _retarget(copy.deepcopy(dict(config)))
+    config = copy.deepcopy(dict(config))
+    if isinstance(config.get("model"), dict) and config["model"].get("_target_") == "tvq_exp.model.Decoder":
+        _first_format(config["model"])
+    config = _retarget(config)
     module, data = config.get("module"), config.get("data")
     if isinstance(module, dict):
         module.pop("carry_state", None)  # the batches decide now (reset), see the data module
@@ -52,7 +57,19 @@ def upgrade_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
         attention = model.get("attention")
         if isinstance(attention, dict) and attention.get("name") == "vq":
             attention.setdefault("codebook", dict(codebook))
+    codebook = model.get("attention", {}).get("codebook") if isinstance(model, dict) else None
+    if isinstance(codebook, dict) and "eps" in codebook:  # Laplace smoothing was ``eps`` (1e-5 by default)
+        codebook["smoothing"] = codebook.pop("eps")
     return config
+
+
+def _first_format(model: dict[str, Any]) -> None:
+    """A model of the first layout, in the options that keep its function (see :mod:`tvq_exp.models.legacy`
+    for its weights): the XL bias's sinusoids were ``d_k`` wide."""
+    block = model.get("block") or {}
+    if block.get("position", "xl") == "xl":
+        d_k = block.get("key_size") or block.get("d_k") or block.get("head_size") or model["d_model"] // block.get("heads", 4)
+        block["sinusoid_dim"] = d_k + d_k % 2
 
 
 def _retarget(node: Any) -> Any:

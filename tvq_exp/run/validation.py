@@ -224,6 +224,11 @@ def validate(cfg: DictConfig) -> None:
             data = built(cfg.data, nodes, meta=False)
         if isinstance(cfg.get("module"), DictConfig):
             check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
+        if data is not None and hasattr(data, "check_accumulation") and "trainer" in cfg:
+            try:
+                data.check_accumulation(int(cfg.trainer.get("accumulate_grad_batches") or 1))
+            except OptionError as err:
+                raise ConfigError(f"data.{err.option}", err.value, err.allowed) from None
         if model is not None and data is not None:
             try:
                 model.check_context(data.context_len)

@@ -63,6 +63,8 @@ class OVQAttention(AttentionBackend):
             dictionary absorbs one block at a time.
         window_bias: Transformer-XL relative bias inside the exact window.
         window_len: ``M``, bias window (default ``block_len``; at most ``block_len``).
+        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
+            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
         growth_scale: ``α`` of the growth ``n(t) = min(S, ⌈α·ln(1 + t/α)⌉)`` (default ``S / 4``:
             the dictionary fills after about ``(e^4 − 1)·α ≈ 13.6·S`` positions).
         seeding: ``farthest`` (spread-maximising) or ``first`` (the block's first keys).
@@ -86,6 +88,8 @@ class OVQAttention(AttentionBackend):
         block_len: Annotated[int, AtLeast(1)] = 512,
         window_bias: bool = True,
         window_len: Annotated[int, AtLeast(0)] | None = None,
+        sinusoid_dim: int | None = None,
+        sinusoid_dropout: float = 0.0,
         growth_scale: Annotated[float, Above(0)] | None = None,
         seeding: Annotated[str, OneOf(*SEEDINGS)] = "farthest",
         grad_through_dictionary: bool = True,
@@ -104,7 +108,7 @@ class OVQAttention(AttentionBackend):
         self.num_centroids, self.block_len, self.window_len = num_centroids, block_len, window_len
         self.growth_scale = float(num_centroids / 4 if growth_scale is None else growth_scale)
         self.seeding, self.grad_through_dictionary = seeding, grad_through_dictionary
-        self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
+        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
 
     def active_centroids(self, blocks: int) -> int:
         """Centroids in use after absorbing ``blocks`` blocks: ``min(S, ⌈α·ln(1 + t/α)⌉)``, ``t = blocks·L``
@@ -126,7 +130,7 @@ class OVQAttention(AttentionBackend):
         absorbed = max(0, seq_len // L - 1)
         total = batch * (with_backward(attend, backward) + self.kv_heads * absorbed * mm(L, S, d_k))
         if self.bias is not None:
-            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward)
+            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features)
         return total
 
     def check_context(self, length: int) -> None:

@@ -103,12 +103,12 @@ def _read(
     """Output ``(d_v)`` of query ``q_i`` at position ``i``: one softmax over the window keys
     ``start..i`` (``(q_i + u)·k_j + (q_i + v)·r_{i−j}`` for ``i − j <= M``) and the centroids with a
     count (``(q_i + u)·D_k[n] + log c_n``)."""
-    q_content = q_i if attn.bias is None else q_i + attn.bias.u[head].to(q_i.dtype)
+    q_content = q_i if attn.bias is None else q_i + (attn.bias.u[head] * attn.bias.scale).to(q_i.dtype)
     logits, values = [], []
     for j in range(start, i + 1):
         logit = q_content @ k[j]
         if rel is not None and i - j <= attn.window_len:
-            logit = logit + (q_i + attn.bias.v[head].to(q_i.dtype)) @ rel[head, i - j]
+            logit = logit + (q_i + (attn.bias.v[head] * attn.bias.scale).to(q_i.dtype)) @ rel[head, i - j]
         logits.append(logit)
         values.append(v[j])
     for key, value, count in zip(dictionary.keys, dictionary.values, dictionary.counts, strict=True):

@@ -47,6 +47,7 @@ def window_cache_attention(
     mu: Tensor | None = None,
     prev_masked: bool = False,
     chunk: int | None = None,
+    prev_grad: bool = True,
 ) -> Tensor:
     """Attention of every item's queries over its two-block window and the compressive cache.
 
@@ -63,13 +64,16 @@ def window_cache_attention(
         mu: cache means ``(N, I, S, d_v)``.
         prev_masked: item 0 has no previous block (its first ``L`` window keys are masked).
         chunk: items per chunk (default: :data:`CHUNK_BYTES` of fp32 scores).
+        prev_grad: False: the previous block's keys and values (in a two-block window) take no gradient
+            from these queries, as the official code's stop-gradient on the carried state (no gradient
+            through the cache).
 
     Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb, bias_q, rel`` and ``mu``.
     """
     if chunk is None:
         window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
         chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[1]))
-    return _WindowCache.apply(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk)
+    return _WindowCache.apply(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad)
 
 
 def default_chunk(q: Tensor, columns: int) -> int:
@@ -80,12 +84,14 @@ def default_chunk(q: Tensor, columns: int) -> int:
     return max(1, budget // per_item)
 
 
-def window_index(distance: Tensor, max_distance: int | None) -> Tensor:
+def window_index(distance: Tensor, max_distance: int | None, span: int | None = None) -> Tensor:
     """Table columns of window keys at ``distance`` (query minus key): ``d`` inside the bias window
-    ``0..M``, ``M + 1`` (zero) beyond it, ``M + 2`` (``-inf``) for future keys. ``max_distance``
-    None: no bias, columns ``0`` (visible) and ``1`` (masked)."""
+    ``0..M``, ``M + 1`` (zero) beyond it, ``M + 2`` (``-inf``) for future keys and, with ``span``, for
+    keys farther than ``span`` (a sliding window). ``max_distance`` None: no bias, columns ``0``
+    (visible) and ``1`` (masked)."""
     m = -1 if max_distance is None else max_distance
-    return distance.clamp_max(m + 1).masked_fill(distance < 0, m + 2)
+    masked = distance < 0 if span is None else (distance < 0) | (distance > span)
+    return distance.clamp_max(m + 1).masked_fill(masked, m + 2)
 
 
 class _WindowCache(torch.autograd.Function):
@@ -93,7 +99,7 @@ class _WindowCache(torch.autograd.Function):
     inside: matmuls run in the inputs' dtype, logits and softmax in fp32 (fp64 for fp64 inputs)."""
 
     @staticmethod
-    def forward(ctx, q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk):  # noqa: ANN001
+    def forward(ctx, q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad):  # noqa: ANN001
         with torch.autocast(q.device.type, enabled=False):
             parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
@@ -101,7 +107,7 @@ class _WindowCache(torch.autograd.Function):
                 p, _, vals = parts.probabilities(i0, i1)
                 out[:, i0:i1] = p.to(vals.dtype) @ vals
         ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out)
-        ctx.prev_masked, ctx.chunk = prev_masked, chunk
+        ctx.prev_masked, ctx.chunk, ctx.prev_grad = prev_masked, chunk, prev_grad
         return out
 
     @staticmethod
@@ -109,8 +115,10 @@ class _WindowCache(torch.autograd.Function):
         q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
             parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
-            dq, dkb, dvb, dbq, drel, dmu = parts.backward(grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8])
-        return dq, dkb, dvb, None, dbq, drel, None, None, dmu, None, None
+            dq, dkb, dvb, dbq, drel, dmu = parts.backward(
+                grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad
+            )
+        return dq, dkb, dvb, None, dbq, drel, None, None, dmu, None, None, None
 
 
 class _Parts:
@@ -175,8 +183,11 @@ class _Parts:
             s[:, 0, :, : self.block] = float("-inf")
         return torch.softmax(s, dim=-1), keys, vals
 
-    def backward(self, grad_out: Tensor, out: Tensor, chunk: int, want_mu: bool) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_mu``) ``mu``, chunk by chunk."""
+    def backward(
+        self, grad_out: Tensor, out: Tensor, chunk: int, want_mu: bool, prev_grad: bool = True
+    ) -> tuple[Tensor | None, ...]:
+        """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_mu``) ``mu``, chunk by chunk; without
+        ``prev_grad`` none reaches a two-block window's previous block."""
         q, L = self.q, self.block
         w = self.blocks * L
         dq = torch.empty_like(q)
@@ -193,7 +204,7 @@ class _Parts:
             ds_low = ds.to(q.dtype)
             dq[:, i0:i1] = ds_low @ keys
             dkw = ds_low[..., :w].transpose(-1, -2) @ q[:, i0:i1]  # (N, c, W, d_k)
-            for j in range(self.blocks):
+            for j in range(0 if prev_grad or self.blocks == 1 else 1, self.blocks):
                 dkb[:, i0 + j : i1 + j] += dkw[:, :, j * L : (j + 1) * L]
                 dvb[:, i0 + j : i1 + j] += dvals[:, :, j * L : (j + 1) * L]
             if dmu is not None:

@@ -40,8 +40,14 @@ class VQAttention(AttentionBackend):
         block_len: ``L``; the result does not depend on it as long as ``L >= window_len``.
         window_bias: Transformer-XL relative bias inside the window.
         window_len: ``M``, bias window (default ``block_len``).
-        use_cache: False drops the compressive cache (a pure two-block sliding window).
-        grad_through_cache: let value gradients flow through the cache inside a segment.
+        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
+            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        use_cache: False drops the compressive cache: a sliding window over the distances ``0..window_len``
+            (the official ``agg_cache=0``, the paper's cache ablation).
+        grad_through_cache: True: gradients flow through the cache means to the values and to the keys
+            and values of the previous block in a window (inside a call; a carried state is always
+            detached). False: the official ``grad_thru_cache=0``: a query's gradient reaches only the keys
+            and values of its own block (the carried part of its window and the cache are constants).
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (strategy, decay, ...).
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
@@ -59,6 +65,8 @@ class VQAttention(AttentionBackend):
         block_len: Annotated[int, AtLeast(1)] = 512,
         window_bias: bool = True,
         window_len: Annotated[int, AtLeast(0)] | None = None,
+        sinusoid_dim: int | None = None,
+        sinusoid_dropout: float = 0.0,
         use_cache: bool = True,
         grad_through_cache: bool = True,
         causal: bool = True,
@@ -72,7 +80,7 @@ class VQAttention(AttentionBackend):
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
-        self.bias = XLRelativeBias(heads, d_k, window_len) if window_bias else None
+        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
         self.register_buffer("dist", window_distances(block_len), persistent=False)
 
     @property
@@ -111,7 +119,7 @@ class VQAttention(AttentionBackend):
             self.kv_heads * mm(seq_len, S, d_k) + with_backward(attend, backward) + (extra if backward else 0)
         )
         if self.bias is not None:
-            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward)
+            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features)
         return total
 
     def check_context(self, length: int) -> None:
@@ -197,7 +205,8 @@ class VQAttention(AttentionBackend):
         if first == 0 and not lone:  # no block before the first: a masked zero block
             kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
         dist = self.dist[offset : offset + rows, L if lone else 0 :]
-        index = window_index(dist, None if self.bias is None else self.bias.max_distance)
+        span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
+        index = window_index(dist, None if self.bias is None else self.bias.max_distance, span)
         bias_q = rel = codebook = log_n = mu = None
         if self.bias is not None:
             bias_q = _to_items(self.bias.position_query(q), shape)
@@ -209,7 +218,8 @@ class VQAttention(AttentionBackend):
             mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
         out = window_cache_attention(
-            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0 and not lone
+            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0 and not lone,
+            prev_grad=self.grad_through_cache,
         )
         return _from_items(out, shape)
 

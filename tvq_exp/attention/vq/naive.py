@@ -17,24 +17,29 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """:class:`~tvq_exp.attention.vq.VQAttention` (causal or encoder) as one dense softmax over the
     quantised keys: content query ``q + u``, XL bias at ``|i - j| <= M`` (causal: ``0 <= i - j``).
     Keys carry their straight-through gradient only where their block is within one block of the
-    query's (the exact window), values only there unless ``grad_through_cache``; ``use_cache=False``
-    masks everything else."""
+    query's (the exact window), values only there unless ``grad_through_cache``; without
+    ``grad_through_cache`` only the query's own block carries gradient. ``use_cache=False`` masks every key
+    farther than ``M`` (causal: a sliding window over the distances ``0..M``; encoder: blocks beyond the
+    neighbours)."""
     k_hat, _, _ = attn.quantizer(k)
     k_hat, v = repeat_kv(k_hat, q.shape[1]), repeat_kv(v, q.shape[1])
     t = q.shape[2]
-    block = torch.arange(t, device=q.device) // attn.block_len
+    position = torch.arange(t, device=q.device)
+    block = position // attn.block_len
     near = (block[:, None] - block[None, :]).abs() <= 1
+    grad = near if attn.grad_through_cache or not attn.causal else block[:, None] == block[None, :]
     qc = q if attn.bias is None else attn.bias.content_query(q)
-    logits = torch.where(near, qc @ k_hat.transpose(-1, -2), qc @ k_hat.detach().transpose(-1, -2))
+    logits = torch.where(grad, qc @ k_hat.transpose(-1, -2), qc @ k_hat.detach().transpose(-1, -2))
     if attn.bias is not None:
         logits = logits + window_bias_matrix(attn.bias, q, attn.causal)
-    visible = near if not attn.use_cache else torch.ones_like(near)
+    visible = torch.ones_like(near)
+    if not attn.use_cache:
+        visible = (position[:, None] - position[None, :] <= attn.window_len) if attn.causal else near
     if attn.causal:
         visible = visible & torch.ones_like(near).tril()
     a = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
     far_v = v if attn.grad_through_cache else v.detach()
-    return (a * near) @ v + (a * ~near) @ far_v
-
+    return (a * grad) @ v + (a * ~grad) @ far_v
 
 
 def window_cache_attention(

@@ -81,6 +81,16 @@ class TextDataModule(RootedDataModule):
         self.kind = kind
         self.splits: dict[str, np.ndarray] | None = None
 
+    def check_accumulation(self, accumulate_grad_batches: int) -> None:
+        """Gradient accumulation sums consecutive batches; with TBPTT or streams those continue the same
+        sequences, so an optimiser step would not see a batch of independent sequences: refused."""
+        if accumulate_grad_batches > 1 and self.sampler in ("tbptt", "stream"):
+            raise OptionError(
+                "sampler", self.sampler, f"cannot use gradient accumulation (trainer.accumulate_grad_batches="
+                f"{accumulate_grad_batches}): consecutive batches continue the same sequences; scale the batch with "
+                "data.batch_size or more devices", type(self),
+            )  # fmt: skip
+
     @property
     def context_len(self) -> int:
         """Positions a model sees from a fresh state in training: a TBPTT sequence, a stream between resets,

@@ -16,10 +16,19 @@ POSITIONS = ("xl", "rope", "none")
 
 
 def build_block_attention(
-    attention: AttentionFactory, position: str, d_k: int, d_v: int, heads: int, **extra: Any
+    attention: AttentionFactory,
+    position: str,
+    d_k: int,
+    d_v: int,
+    heads: int,
+    sinusoid_dim: int,
+    sinusoid_dropout: float = 0.0,
+    **extra: Any,
 ) -> AttentionBackend:
-    """Call the attention factory; the XL window bias is on exactly when ``position == 'xl'``."""
-    return attention(d_k=d_k, d_v=d_v, heads=heads, window_bias=position == "xl", **extra)
+    """Call the attention factory; the XL window bias is on exactly when ``position == 'xl'``, its sinusoids
+    ``sinusoid_dim`` wide (the blocks pass ``d_model``, as the official code) with ``sinusoid_dropout``."""
+    bias = {"sinusoid_dim": sinusoid_dim, "sinusoid_dropout": sinusoid_dropout} if position == "xl" else {}
+    return attention(d_k=d_k, d_v=d_v, heads=heads, window_bias=position == "xl", **bias, **extra)
 
 
 def rotate(q: Tensor, k: Tensor, t0: int, position: str) -> tuple[Tensor, Tensor]:

@@ -11,17 +11,21 @@ from tvq_exp.attention.base import Aux, State
 from tvq_exp.measure.flops import mm, with_backward
 from tvq_exp.models.blocks.common import POSITIONS, AttentionFactory, build_block_attention, rotate
 from tvq_exp.nn.dropout import StochasticDepth
-from tvq_exp.nn.norms import rms_normalize
+from tvq_exp.nn.norms import RMSNorm, rms_normalize
 from tvq_exp.options import AtLeast, Between, OneOf, OptionError, checked
 
 
 class GAUBlock(nn.Module):
-    """Pre-norm GAU: ``x + W_o(attn(q, k, v) ⊙ g)``.
+    """Pre-norm GAU, as the official Transformer-VQ code: ``x + LayerDrop(Dropout(W_o(attn(q, k, v) ⊙ g)))``.
 
-    ``q = RMS(xW_q)·d_k^-1/4``, ``k = RMS(xW_k)·d_k^-1/4``, ``v = SiLU(xW_v)``, ``g = SiLU(xW_g)``
-    with ``d_v = expansion·d_model`` split over ``heads``.
+    ``h = RMSNorm(x)`` (gain and bias, eps 1e-6); ``q = RMS(hW_q)·d_k^-1/4``, ``k = RMS(hW_k)·d_k^-1/4``,
+    ``v = SiLU(hW_v)``, ``g = SiLU(hW_g)`` with ``d_v = expansion·d_model`` split over ``heads``. Residual
+    dropout is applied once, to the branch's output; LayerDrop drops the branch per example for the whole
+    sequence (its mask is carried in the state). The XL bias's sinusoids are ``sinusoid_dim`` wide (default
+    ``d_model``) and ``sinusoid_dropout`` drops their entries.
 
-    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: the attention's state and ``t``.
+    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: the attention's state, the LayerDrop mask
+    and ``t``.
     """
 
     @checked
@@ -35,6 +39,8 @@ class GAUBlock(nn.Module):
         position: Annotated[str, OneOf(*POSITIONS)] = "xl",
         dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        sinusoid_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
     ) -> None:
         super().__init__()
         d_v = expansion * d_model
@@ -42,11 +48,13 @@ class GAUBlock(nn.Module):
             raise OptionError("heads", heads, f"must divide expansion*d_model={d_v}", type(self))
         self.d_model, self.expansion, self.heads, self.d_k, self.d_v = d_model, expansion, heads, d_k, d_v
         self.position = position
-        self.norm = nn.RMSNorm(d_model)
+        self.norm = RMSNorm(d_model)
         self.w_qk = nn.Linear(d_model, 2 * heads * d_k, bias=False)
         self.w_vg = nn.Linear(d_model, 2 * d_v, bias=False)
         self.w_o = nn.Linear(d_v, d_model, bias=False)
-        self.attn = build_block_attention(attention, position, d_k, d_v // heads, heads)
+        self.attn = build_block_attention(
+            attention, position, d_k, d_v // heads, heads, sinusoid_dim or d_model, sinusoid_dropout
+        )
         self.dropout = nn.Dropout(dropout)
         self.layerdrop = StochasticDepth(layerdrop)
 
@@ -72,5 +80,5 @@ class GAUBlock(nn.Module):
         q, k = rotate(q, k, t0, self.position)
         o, attn_state, aux = self.attn(q, k, v, None if state is None else state["attn"])
         o = o.transpose(1, 2).reshape(b, t, self.d_v)
-        out = self.w_o(self.dropout(o * g))
-        return x + self.layerdrop(self.dropout(out)), {"attn": attn_state, "t": t0 + t}, aux
+        out, keep = self.layerdrop(self.dropout(self.w_o(o * g)), None if state is None else state.get("keep"))
+        return x + out, {"attn": attn_state, "keep": keep, "t": t0 + t}, aux

@@ -11,7 +11,7 @@ from tvq_exp.attention.base import Aux, State
 from tvq_exp.measure.flops import mm, with_backward
 from tvq_exp.models.blocks.common import POSITIONS, AttentionFactory, build_block_attention, rotate
 from tvq_exp.nn.dropout import StochasticDepth
-from tvq_exp.nn.norms import rms_normalize
+from tvq_exp.nn.norms import RMSNorm, rms_normalize
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
 
@@ -59,6 +59,8 @@ class MHABlock(nn.Module):
         position: Annotated[str, OneOf(*POSITIONS)] = "xl",
         dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        sinusoid_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
     ) -> None:
         super().__init__()
         if head_size is None and d_model % heads:
@@ -71,12 +73,14 @@ class MHABlock(nn.Module):
         self.heads, self.kv_heads, self.head_size, self.key_size = heads, kv_heads, head_size, key_size
         self.d_model, self.ff_mult = d_model, ff_mult
         self.position, self.qk_norm = position, qk_norm
-        self.norm1, self.norm2 = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
+        self.norm1, self.norm2 = RMSNorm(d_model), RMSNorm(d_model)
         self.w_q = nn.Linear(d_model, heads * key_size, bias=False)
         self.w_kv = nn.Linear(d_model, kv_heads * (key_size + head_size), bias=False)
         self.w_o = nn.Linear(heads * head_size, d_model, bias=False)
         extra = {"kv_heads": kv_heads} if kv_heads != heads else {}
-        self.attn = build_block_attention(attention, position, key_size, head_size, heads, **extra)
+        self.attn = build_block_attention(
+            attention, position, key_size, head_size, heads, sinusoid_dim or d_model, sinusoid_dropout, **extra
+        )
         self.ff = GLUFeedForward(d_model, glu_hidden(d_model, ff_mult), dropout)
         self.dropout = nn.Dropout(dropout)
         self.layerdrop = StochasticDepth(layerdrop)
@@ -105,6 +109,7 @@ class MHABlock(nn.Module):
         q, k = rotate(q * scale, k * scale, t0, self.position)
         o, attn_state, aux = self.attn(q, k, v.contiguous(), None if state is None else state["attn"])
         o = self.w_o(o.transpose(1, 2).reshape(b, t, -1))
-        x = x + self.layerdrop(self.dropout(o))
-        x = x + self.layerdrop(self.dropout(self.ff(self.norm2(x))))
-        return x, {"attn": attn_state, "t": t0 + t}, aux
+        attended, keep = self.layerdrop(self.dropout(o), None if state is None else state.get("keep"))
+        x = x + attended
+        x = x + self.layerdrop(self.dropout(self.ff(self.norm2(x))), keep)[0]
+        return x, {"attn": attn_state, "keep": keep, "t": t0 + t}, aux
