@@ -3,6 +3,7 @@ callbacks, the loggers."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,17 @@ def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return upgrade_run_config(checkpoint["hyper_parameters"]["run_config"])
 
 
-def load_checkpoint(path: str | Path) -> tuple[AutoregressiveLitModule, dict[str, Any], dict[str, Any]]:
-    """Rebuild the module stored at ``path`` -> ``(module, run config, raw checkpoint)`` (weights loaded)."""
+def load_checkpoint(
+    path: str | Path, model_options: Mapping[str, Any] | None = None
+) -> tuple[AutoregressiveLitModule, dict[str, Any], dict[str, Any]]:
+    """Rebuild the module stored at ``path`` -> ``(module, run config, raw checkpoint)`` (weights loaded).
+    ``model_options`` are merged into the stored model config first (e.g. ``{"attention": {"use_cache":
+    False}}``: the same weights evaluated without the cache)."""
     checkpoint = read_checkpoint(path)
     config = run_config(checkpoint)
+    if model_options:
+        merged = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(model_options)))
+        config = {**config, "model": OmegaConf.to_container(merged, resolve=True)}
     module = build_module(config)
     upgrade_checkpoint(checkpoint, module)
     module.load_state_dict(checkpoint["state_dict"])

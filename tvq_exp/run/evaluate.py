@@ -30,6 +30,8 @@ def eval_data_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
         data_cfg.root = cfg.data_root
     if cfg.get("eval_batch_size"):
         data_cfg.eval_batch_size = cfg.eval_batch_size
+    if cfg.get("seq_len"):
+        data_cfg.seq_len = cfg.seq_len
     protocol = cfg.get("protocol")
     if cfg.get("carry_state"):
         if protocol not in (None, "split"):
@@ -53,7 +55,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
     if cfg.split not in ("val", "test"):
         raise ConfigError("split", cfg.split, "must be val or test")
-    module, config, checkpoint = load_checkpoint(cfg.ckpt_path)
+    module, config, checkpoint = load_checkpoint(cfg.ckpt_path, cfg.get("model_options"))
     data_cfg = eval_data_config(cfg, config["data"])
     datamodule = instantiate(data_cfg)
     protocol = data_cfg.get("eval_protocol", "segment")

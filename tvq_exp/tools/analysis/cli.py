@@ -4,6 +4,10 @@
     python -m tvq_exp.analysis frontier --budget 120 --out docs/frontier/
         # trains each backend at equal size on the Gutenberg books for a fixed wall-clock budget (CPU),
         # then plots validation bits/byte against training time (frontier.md + frontier.png)
+    python -m tvq_exp.analysis study run conf/study/long_context.yaml --out studies/long_context [--runs a,b]
+        [--regimes r] [--seeds 1,2] [--parallel 2]      # the jobs not done yet, one result file each
+    python -m tvq_exp.analysis study report conf/study/long_context.yaml --out studies/long_context
+        [--figures docs/figures]                        # tables and position plots from the result files
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import matplotlib
 
 from tvq_exp.tools.analysis.frontier import frontier_config, run_frontier
 from tvq_exp.tools.analysis.report import markdown_table, write_report
+from tvq_exp.tools.study.report import write_report as write_study_report
+from tvq_exp.tools.study.runner import run_jobs, select
+from tvq_exp.tools.study.spec import load_study
 
 
 def report_main(argv: Sequence[str]) -> None:
@@ -48,11 +55,35 @@ def frontier_main(argv: Sequence[str]) -> None:
     print(markdown_table(table.drop(columns=["run"])))
 
 
+def study_main(argv: Sequence[str]) -> None:
+    """``python -m tvq_exp.analysis study run|report STUDY.yaml --out DIR [...]``."""
+    parser = argparse.ArgumentParser(prog="python -m tvq_exp.analysis study", description="Run or report a study.")
+    parser.add_argument("action", choices=["run", "report"])
+    parser.add_argument("study", help="the study file (conf/study/<name>.yaml)")
+    parser.add_argument("--out", required=True, help="the study folder (runs/ and results/)")
+    parser.add_argument("--runs", default="", help="comma-separated runs (default: all)")
+    parser.add_argument("--regimes", default="", help="comma-separated regimes (default: all)")
+    parser.add_argument("--seeds", default="", help="comma-separated seeds (default: all)")
+    parser.add_argument("--parallel", type=int, default=1, help="jobs at a time (the CPU cores are shared)")
+    parser.add_argument("--figures", default=None, help="folder for the report's PNGs (default: --out)")
+    args = parser.parse_args(argv)
+    study, out = load_study(args.study), Path(args.out)
+    if args.action == "report":
+        print(write_study_report(out, f"Study {study.name}", Path(args.figures) if args.figures else None))
+        return
+    split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
+    jobs = select(study, split(args.runs), split(args.regimes), [int(s) for s in split(args.seeds)])
+    for line in run_jobs(study, jobs, out, args.parallel):
+        print(line, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Dispatch: ``frontier ...`` or ``SWEEP_DIR --out DIR``."""
+    """Dispatch: ``frontier ...``, ``study ...`` or ``SWEEP_DIR --out DIR``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     matplotlib.use("Agg")
     if argv and argv[0] == "frontier":
         frontier_main(argv[1:])
+    elif argv and argv[0] == "study":
+        study_main(argv[1:])
     else:
         report_main(argv)

@@ -1,0 +1,95 @@
+"""A study's tables and plots, made from its result files alone.
+
+For every (run, regime): the mean over seeds of bits per token, overall and per position bucket, with the
+spread (``±`` half the range over seeds; the seeds are listed); a Markdown table per evaluation and a plot of
+bits against position with one line per (run, regime).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tvq_exp.plots import position_figure, save_figure
+
+Group = tuple[str, str]
+
+
+def load_results(out: Path) -> list[dict[str, Any]]:
+    """Every result file of a study folder, sorted by job id."""
+    return sorted((json.loads(p.read_text()) for p in (out / "results").glob("*.json")), key=lambda r: r["id"])
+
+
+def grouped(results: Sequence[dict[str, Any]], evaluation: str) -> dict[Group, list[dict[str, Any]]]:
+    """Evaluation ``evaluation`` of every job, by (run, regime), in the order the results come."""
+    groups: dict[Group, list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        if evaluation in result["evaluations"]:
+            groups[result["run"], result["regime"]].append({"seed": result["seed"], **result["evaluations"][evaluation]})
+    return dict(groups)
+
+
+def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
+    """``(mean, half the range)``; the spread of a single value is 0."""
+    return statistics.fmean(values), (max(values) - min(values)) / 2
+
+
+def cell(values: Sequence[float]) -> str:
+    """``2.7160 ± 0.0040`` (or the value alone for one seed)."""
+    mean, spread = mean_and_spread(values)
+    return f"{mean:.4f}" if len(values) == 1 else f"{mean:.4f} ± {spread:.4f}"
+
+
+def bucket_key(bucket: dict[str, Any]) -> str:
+    return f"[{bucket['start']},{bucket['end']})"
+
+
+def mean_buckets(evals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bucket by bucket, the mean bits over seeds (buckets every seed has)."""
+    keys = [bucket_key(b) for b in evals[0]["position_buckets"]]
+    by_key = [{bucket_key(b): b for b in e["position_buckets"]} for e in evals]
+    shared = [k for k in keys if all(k in b for b in by_key)]
+    return [
+        {**by_key[0][k], "bpb": statistics.fmean(b[k]["bpb"] for b in by_key)} for k in shared
+    ]
+
+
+def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
+    """Markdown: one row per (run, regime): seeds, overall bits, bits per position bucket."""
+    if not groups:
+        return "(no results yet)"
+    buckets = [bucket_key(b) for b in mean_buckets(next(iter(groups.values())))]
+    header = ["run", "regime", "seeds", "all", *buckets]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for (run, regime), evals in groups.items():
+        per_bucket = [[{bucket_key(b): b["bpb"] for b in e["position_buckets"]}.get(k) for e in evals] for k in buckets]
+        cells = [cell([v for v in values if v is not None]) if any(v is not None for v in values) else "" for values in per_bucket]
+        seeds = ",".join(str(e["seed"]) for e in evals)
+        lines.append("| " + " | ".join([run, regime, seeds, cell([e["bpb"] for e in evals]), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
+    """``<out>/report.md`` (a table per evaluation) and ``<figures or out>/<evaluation>.png`` (bits against
+    position, one line per run and regime); returns the report's path."""
+    results = load_results(out)
+    figures = figures or out
+    figures.mkdir(parents=True, exist_ok=True)
+    names = sorted({name for r in results for name in r["evaluations"]})
+    lines = [f"# {title}", "", f"{len(results)} jobs (`{out}/results/*.json`).", ""]
+    for name in names:
+        groups = grouped(results, name)
+        figure = position_figure({f"{run} ({regime})": mean_buckets(evals) for (run, regime), evals in groups.items()})
+        path = Path(save_figure(figure, str(figures / f"{name}.png")))
+        lines += [f"## Evaluation `{name}`", "", "Bits per byte (mean over seeds ± half their range), overall and "
+                  "by position since the last state reset:", "", table(groups), "", f"![{name}]({path.name})", ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+__all__ = ["cell", "grouped", "load_results", "mean_and_spread", "mean_buckets", "table", "write_report"]
