@@ -157,4 +157,14 @@ def checked(init: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["Above", "AtLeast", "Between", "Constraint", "OneOf", "OptionError", "check_values", "checked", "constraints"]
+__all__ = [
+    "Above",
+    "AtLeast",
+    "Between",
+    "Constraint",
+    "OneOf",
+    "OptionError",
+    "check_values",
+    "checked",
+    "constraints",
+]

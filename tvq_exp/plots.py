@@ -5,11 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure  # a bare Figure: no pyplot, so importing this never changes the backend
 
 
 def position_figure(curves: Mapping[str, Sequence[Mapping[str, Any]]], unit: str = "bits/byte") -> Figure:
@@ -19,7 +15,8 @@ def position_figure(curves: Mapping[str, Sequence[Mapping[str, Any]]], unit: str
     :class:`~tvq_exp.models.metrics.PositionBits` gives them); each bucket is drawn at its geometric
     middle on a log axis.
     """
-    figure, ax = plt.subplots(figsize=(6, 4))
+    figure = Figure(figsize=(6, 4))
+    ax = figure.subplots()
     for label, buckets in curves.items():
         xs = [max(1.0, (b["start"] * b["end"]) ** 0.5 if b["start"] else b["end"] / 2) for b in buckets]
         ax.plot(xs, [b["bpb"] for b in buckets], marker="o", label=label)
@@ -34,9 +31,8 @@ def position_figure(curves: Mapping[str, Sequence[Mapping[str, Any]]], unit: str
 
 
 def save_figure(figure: Figure, path: str) -> str:
-    """Write ``figure`` as PNG and close it; returns the path."""
+    """Write ``figure`` as PNG; returns the path."""
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path
 
 

@@ -37,7 +37,9 @@ def test_dense_with_window_bias_equals_reference() -> None:
     torch.nn.init.normal_(attn.bias.v)
     q, k, v = _qkv(dk=4)
     out, _, _ = attn(q, k, v)
-    ref = softmax_attention(attn.bias.content_query(q), k, v, bias=window_bias_matrix(attn.bias, q, causal=True))
+    ref = softmax_attention(
+        attn.bias.content_query(q), k, v, bias=window_bias_matrix(attn.bias, q, causal=True)
+    )
     assert torch.allclose(out, ref, atol=1e-10, rtol=0)
 
 
@@ -95,7 +97,11 @@ CAUSAL_EXPLICIT = [
 
 @pytest.mark.parametrize(
     ("options", "past"),
-    [*((o, 0) for o in CAUSAL_EXPLICIT), *((o, 6) for o in CAUSAL_EXPLICIT), ({"causal": False, "window_bias": True, "window_len": 3}, 0)],
+    [
+        *((o, 0) for o in CAUSAL_EXPLICIT),
+        *((o, 6) for o in CAUSAL_EXPLICIT),
+        ({"causal": False, "window_bias": True, "window_len": 3}, 0),
+    ],
 )
 def test_explicit_logits_in_row_chunks_equal_one_chunk(monkeypatch, options: dict, past: int) -> None:
     """Beyond the logits budget, chunks of query rows (checkpointed, causal ones over their visible

@@ -12,10 +12,19 @@ from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
 
 
-def make_vq(block_len: int, window_bias: bool = False, window_len: int | None = None, dtype=torch.float64, **kw) -> VQAttention:
+def make_vq(
+    block_len: int, window_bias: bool = False, window_len: int | None = None, dtype=torch.float64, **kw
+) -> VQAttention:
     attn = build_attention(
-        "vq", d_k=6, d_v=5, heads=2, codebook_size=7, block_len=block_len,
-        window_bias=window_bias, window_len=window_len, **kw,
+        "vq",
+        d_k=6,
+        d_v=5,
+        heads=2,
+        codebook_size=7,
+        block_len=block_len,
+        window_bias=window_bias,
+        window_len=window_len,
+        **kw,
     ).to(dtype)
     if window_bias:
         torch.nn.init.normal_(attn.bias.u)
@@ -155,7 +164,9 @@ def test_grad_through_cache_off_keeps_forward_and_drops_cache_value_gradient() -
     assert torch.allclose(out_on, out_off, atol=1e-12)
     g_on = torch.autograd.grad(out_on[:, :, -1].sum(), v)[0]
     g_off = torch.autograd.grad(out_off[:, :, -1].sum(), v)[0]
-    assert g_on[:, :, :6].abs().sum() > 0 and g_off[:, :, :6].abs().sum() == 0  # blocks 0, 1 are cached for block 3
+    assert (
+        g_on[:, :, :6].abs().sum() > 0 and g_off[:, :, :6].abs().sum() == 0
+    )  # blocks 0, 1 are cached for block 3
 
 
 def test_public_api_codebook_and_aux() -> None:
@@ -169,7 +180,9 @@ def test_public_api_codebook_and_aux() -> None:
 
 
 def test_grouped_key_value_heads_equal_repeated_reference() -> None:
-    attn = build_attention("vq", d_k=6, d_v=5, heads=4, kv_heads=2, codebook_size=7, block_len=4, window_bias=False).double()
+    attn = build_attention(
+        "vq", d_k=6, d_v=5, heads=4, kv_heads=2, codebook_size=7, block_len=4, window_bias=False
+    ).double()
     q = torch.randn(2, 4, 13, 6, dtype=torch.float64)
     k, v = torch.randn(2, 2, 13, 6, dtype=torch.float64), torch.randn(2, 2, 13, 5, dtype=torch.float64)
     out, _, _ = attn(q, k, v)
@@ -235,23 +248,29 @@ def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cac
         out = window_cache_attention(**inputs, prev_masked=True, chunk=chunk)
         assert torch.allclose(out, ref, atol=1e-12, rtol=0)
         grads = torch.autograd.grad((out * g).sum(), wrt)
-        for name, got, want in zip([k for k, x in inputs.items() if x.requires_grad], grads, ref_grads, strict=True):
+        for name, got, want in zip(
+            [k for k, x in inputs.items() if x.requires_grad], grads, ref_grads, strict=True
+        ):
             assert torch.allclose(got, want, atol=1e-11, rtol=0), (name, chunk)
             assert want.abs().sum() > 0, name  # every input really receives a gradient
 
 
 def test_kernel_passes_gradcheck() -> None:
     inputs = kernel_inputs(bias=True, cache=True, rows=2, items=3, block=2)
-    inputs = {k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"} | {
-        "index": inputs["index"]
-    }
+    inputs = {
+        k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"
+    } | {"index": inputs["index"]}
     names = [k for k, v in inputs.items() if v.requires_grad]
-    fn = lambda *xs: window_cache_attention(**(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2)
+    fn = lambda *xs: window_cache_attention(
+        **(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2
+    )
     assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])
 
 
 def test_kernel_under_bf16_autocast_tracks_fp32() -> None:
-    inputs = {k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()}
+    inputs = {
+        k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()
+    }
     ref = window_cache_reference(**inputs, prev_masked=True)
     low = {k: v.bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()}
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -27,8 +27,12 @@ def test_each_sequence_is_consecutive_updates_reset_only_at_its_start() -> None:
         assert bool((batch["reset"] == (update == 0)).all())
         assert bool((batch["position"] == update * 16).all())
         for row, start in enumerate(sampler.sequence_starts(0)[index // 4]):  # bytes of that sequence
-            assert np.array_equal(batch["input"][row].numpy(), DATA[start + update * 16 : start + update * 16 + 16])
-            assert np.array_equal(batch["target"][row].numpy(), DATA[start + update * 16 + 1 : start + update * 16 + 17])
+            assert np.array_equal(
+                batch["input"][row].numpy(), DATA[start + update * 16 : start + update * 16 + 16]
+            )
+            assert np.array_equal(
+                batch["target"][row].numpy(), DATA[start + update * 16 + 1 : start + update * 16 + 17]
+            )
 
 
 def _sequence_starts(sampler: TBPTTSampler) -> list[int]:
@@ -65,7 +69,9 @@ def test_sequence_must_be_whole_updates() -> None:
 
 
 def test_stream_resets_its_state_every_reset_every_tokens() -> None:
-    sampler = StreamSampler(DATA, seq_len=16, batch_size=2, seed=0, reset_every=40)  # rounded up to 3 segments
+    sampler = StreamSampler(
+        DATA, seq_len=16, batch_size=2, seed=0, reset_every=40
+    )  # rounded up to 3 segments
     resets = [bool(batch["reset"].all()) for batch in sampler]
     ages = [int(batch["position"][0]) for batch in StreamSampler(DATA, 16, 2, 0, reset_every=40)]
     assert resets[:7] == [True, False, False, True, False, False, True]
@@ -82,7 +88,9 @@ def test_stream_resets_its_state_every_reset_every_tokens() -> None:
         ("split", [True, False, False, False, False, False], [0, 16, 32, 48, 64, 80]),
     ],
 )
-def test_evaluation_protocols_reset_where_they_say(protocol: str, resets: list[bool], ages: list[int]) -> None:
+def test_evaluation_protocols_reset_where_they_say(
+    protocol: str, resets: list[bool], ages: list[int]
+) -> None:
     sampler = EvalSegmentSampler(DATA[:200], 16, num_streams=2, protocol=protocol, sequence_len=48)
     batches = list(sampler)[:6]
     assert [bool(b["reset"].all()) for b in batches] == resets

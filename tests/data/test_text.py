@@ -231,7 +231,9 @@ def test_random_window_state_dict_resume(gutenberg: TextDataModule) -> None:
 def test_eval_covers_every_target_exactly_once(gutenberg: TextDataModule, world_size: int) -> None:
     data = gutenberg.split("test")
     streams = gutenberg.eval_batch_size
-    samplers = [EvalSegmentSampler(data, 4096, streams, rank, world_size, "split") for rank in range(world_size)]
+    samplers = [
+        EvalSegmentSampler(data, 4096, streams, rank, world_size, "split") for rank in range(world_size)
+    ]
     assert len({len(s) for s in samplers}) == 1 and len({len(s.starts) for s in samplers}) == 1
     inputs: dict[int, list[np.ndarray]] = {}
     targets: dict[int, list[np.ndarray]] = {}
@@ -272,14 +274,15 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
     }  # fmt: skip
     for path in configs:
         cfg = OmegaConf.load(path)
-        assert cfg.kind in ("text", "image"), path
+        assert cfg.kind in ("text", "image", "synthetic"), path
         assert all(isinstance(cfg[key], int) for key in ("vocab_size", "seq_len", "batch_size")), path
         if cfg.kind == "text":
             assert cfg.vocab_size == 256
-        else:
+        elif cfg.kind == "image":
             height, width, channels = cfg.image_shape
             assert cfg.seq_len == height * width * channels
-        cfg.root = str(tmp_path / "absent")
+        if cfg.kind != "synthetic":  # synthetic tasks are generated, never read from disk
+            cfg.root = str(tmp_path / "absent")
         if path.stem == "text_files":
             cfg.corpus.path = "anything"
         module = instantiate(cfg)  # cheap: no file is touched

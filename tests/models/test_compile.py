@@ -14,7 +14,10 @@ from tvq_exp.models.decoder import Decoder
 def test_compiled_gau_vq_equals_eager() -> None:
     torch._dynamo.reset()
     model = Decoder(
-        256, 32, 2, functools.partial(GAUBlock, d_k=16),
+        256,
+        32,
+        2,
+        functools.partial(GAUBlock, d_k=16),
         functools.partial(build_attention, "vq", codebook_size=16, block_len=8),
     ).train()
     x = torch.randint(0, 256, (2, 32))

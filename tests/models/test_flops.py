@@ -173,7 +173,10 @@ def test_model_flops_match_a_counted_training_step(preset: str) -> None:
 def test_missing_formulas_give_none(monkeypatch: pytest.MonkeyPatch) -> None:
     encoder = build_attention("vq", d_k=8, d_v=8, codebook_size=4, block_len=8, causal=False)
     assert encoder.flops(128) is None  # the encoder form has no formula
-    block = GAUBlock(d_model=16, attention=functools.partial(build_attention, "vq", causal=False, codebook_size=4, block_len=8))
+    block = GAUBlock(
+        d_model=16,
+        attention=functools.partial(build_attention, "vq", causal=False, codebook_size=4, block_len=8),
+    )
     assert block.flops(128) is None
     model = tiny_preset("mha_linear")
     assert model.flops(16) is not None

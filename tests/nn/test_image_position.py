@@ -18,7 +18,11 @@ def test_raster_coordinates_interleave_channels() -> None:
 def test_embedding_is_sum_of_parts_and_refuses_out_of_range() -> None:
     emb = ImagePositionEmbedding(8, 2, 3, 3)
     t = torch.tensor([0, 4, 17])
-    expect = emb.row(torch.tensor([0, 0, 1])) + emb.col(torch.tensor([0, 1, 2])) + emb.channel(torch.tensor([0, 1, 2]))
+    expect = (
+        emb.row(torch.tensor([0, 0, 1]))
+        + emb.col(torch.tensor([0, 1, 2]))
+        + emb.channel(torch.tensor([0, 1, 2]))
+    )
     assert torch.equal(emb(t), expect)
     with pytest.raises(ValueError, match="outside an image of 2x3x3"):
         emb(torch.tensor([18]))

@@ -18,7 +18,12 @@ def test_quantiser_returns_nearest_codes_with_straight_through() -> None:
     k_hat, codes, _ = vq(k)
     d2 = ((k.detach()[..., None, :] - vq.codebook[None, :, None]) ** 2).sum(-1)  # (B,H,T,S)
     assert torch.equal(codes, d2.argmin(-1))
-    assert torch.allclose(k_hat, torch.gather(vq.codebook, 1, codes.transpose(0, 1).reshape(2, -1, 1).expand(-1, -1, 3)).view(2, 4, 32, 3).transpose(0, 1))
+    assert torch.allclose(
+        k_hat,
+        torch.gather(vq.codebook, 1, codes.transpose(0, 1).reshape(2, -1, 1).expand(-1, -1, 3))
+        .view(2, 4, 32, 3)
+        .transpose(0, 1),
+    )
     (g,) = torch.autograd.grad(k_hat.sum() * 3.0, k)
     assert torch.allclose(g, torch.full_like(g, 3.0))
 
@@ -149,7 +154,10 @@ def test_ema_codebook_is_not_a_parameter_and_has_no_nan_with_empty_codes() -> No
     assert torch.isfinite(vq.codebook).all() and torch.isfinite(vq.ema_count).all()
 
 
-@pytest.mark.parametrize("kwargs,match", [({"strategy": "adam"}, "strategy"), ({"codebook_size": 1}, "codebook_size"), ({"decay": 1.0}, "decay")])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [({"strategy": "adam"}, "strategy"), ({"codebook_size": 1}, "codebook_size"), ({"decay": 1.0}, "decay")],
+)
 def test_bad_codebook_options(kwargs: dict, match: str) -> None:
     opts = {"heads": 1, "codebook_size": 4, "dim": 2} | kwargs
     with pytest.raises(ValueError, match=match):

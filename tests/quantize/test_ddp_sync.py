@@ -17,12 +17,18 @@ STEPS = 4
 
 def _make(**codebook) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_attention("vq", d_k=4, d_v=3, heads=2, codebook_size=16, block_len=4, window_bias=False, codebook=codebook)
+    return build_attention(
+        "vq", d_k=4, d_v=3, heads=2, codebook_size=16, block_len=4, window_bias=False, codebook=codebook
+    )
 
 
 def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return (torch.randn(2, 2, 12, 4, generator=g), torch.randn(2, 2, 12, 4, generator=g), torch.randn(2, 2, 12, 3, generator=g))
+    return (
+        torch.randn(2, 2, 12, 4, generator=g),
+        torch.randn(2, 2, 12, 4, generator=g),
+        torch.randn(2, 2, 12, 3, generator=g),
+    )
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str, codebook: dict) -> None:
@@ -57,7 +63,9 @@ def test_ddp_codebooks_identical_and_equal_to_global_batch(tmp_path: Path) -> No
 
 
 def test_ddp_dead_code_reset_and_kmeans_init_stay_in_sync(tmp_path: Path) -> None:
-    ranks = _run_ddp(tmp_path, {"decay": 0.5, "dead_code_threshold": 0.9, "kmeans_init": True, "kmeans_iters": 3})
+    ranks = _run_ddp(
+        tmp_path, {"decay": 0.5, "dead_code_threshold": 0.9, "kmeans_init": True, "kmeans_iters": 3}
+    )
     for key in ranks[0]:
         assert torch.equal(ranks[0][key], ranks[1][key]), key
     assert bool(ranks[0]["initialized"])

@@ -19,6 +19,7 @@ from tvq_exp.models.generation import filter_logits, generate, sample_next
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
+from tvq_exp.run.validation import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -29,7 +30,6 @@ needs_data = pytest.mark.skipif(
     not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "tinyshakespeare.txt").is_file(),
     reason="set TVQ_DATA_DIR to the shared datasets folder",
 )
-
 
 
 def compose_config(name: str, overrides: list[str]) -> Any:
@@ -79,7 +79,9 @@ def test_eval_covers_the_whole_split_and_reproduces_training(smoke_run: tuple[Pa
     results = {}
     for split, carry in (("val", False), ("test", False), ("val", True)):
         protocol = "split" if carry else "segment"
-        cfg = compose_config("eval", [f"ckpt_path={ckpt}", f"split={split}", f"protocol={protocol}", "progress_bar=false"])
+        cfg = compose_config(
+            "eval", [f"ckpt_path={ckpt}", f"split={split}", f"protocol={protocol}", "progress_bar=false"]
+        )
         results[split, carry] = evaluate(cfg)
     val = results["val", False]
     assert abs(val["bpb"] - trained["val"]["bpb"]) < 1e-6 and val["tokens"] == trained["val"]["tokens"]
@@ -95,7 +97,9 @@ def test_eval_covers_the_whole_split_and_reproduces_training(smoke_run: tuple[Pa
     assert carried["tokens"] == val["tokens"] and carried["bpb"] != val["bpb"]
 
     written = json.loads((out / "checkpoints" / "eval-last-val-segment.json").read_text())
-    assert written["bpb"] == val["bpb"] and {"loss", "tokens", "split", "protocol", "checkpoint"} <= set(written)
+    assert written["bpb"] == val["bpb"] and {"loss", "tokens", "split", "protocol", "checkpoint"} <= set(
+        written
+    )
     assert (out / "checkpoints" / "eval-last-val-split.json").is_file()
     assert (out / "checkpoints" / "eval-last-val-split.png").stat().st_size > 1000  # bits against position
 
@@ -177,6 +181,26 @@ def test_sample_produces_exactly_the_requested_bytes(
     done = script("sample.py", f"ckpt_path={ckpt}", "prompt=Hello", "num_bytes=64", "temperature=0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Hello") and not any(word in done.stdout + done.stderr for word in NOISE)
+
+
+@needs_data
+@pytest.mark.parametrize("command", ["sample", "eval"])
+def test_torch_threads_applies_to_sample_and_eval(
+    command: str, smoke_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """``torch_threads`` sets torch's CPU threads in sample.py and eval.py as in train.py; bad values
+    are refused naming the key."""
+    ckpt = smoke_run[0] / "checkpoints" / "last.ckpt"
+    run = sample if command == "sample" else evaluate
+    extra = ["num_bytes=4"] if command == "sample" else ["limit_batches=1", f"output={tmp_path / 'e.json'}"]
+    before = torch.get_num_threads()
+    try:
+        run(compose_config(command, [f"ckpt_path={ckpt}", "torch_threads=1", *extra]))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError, match="torch_threads=0"):
+        run(compose_config(command, [f"ckpt_path={ckpt}", "torch_threads=0", *extra]))
 
 
 # ------------------------------------------------------------------------------------------- train.py

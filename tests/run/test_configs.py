@@ -23,7 +23,6 @@ DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
 DATA_PLACEHOLDERS = {"text_files": ["data.corpus.path=some/folder"]}
 
 
-
 def compose_train(
     overrides: list[str], output_dir: Path | str = "/tmp/unused", hydra: bool = False
 ) -> DictConfig:
@@ -104,11 +103,29 @@ def test_enwik8_paper_hyperparameters() -> None:
     assert (m.n_layers, m.d_model, m.block.d_k) == (48, 768, 128)
     assert (m.attention.name, m.attention.codebook_size, m.attention.block_len) == ("vq", 512, 512)
     assert (m.block.dropout, m.block.layerdrop, m.block.sinusoid_dropout) == (0.5, 0.3, 0.2)
-    assert (m.tie_embeddings, m.final_norm, m.head_bias, m.logit_scale, m.init) == (False, False, True, 1.0, "official")
+    assert (m.tie_embeddings, m.final_norm, m.head_bias, m.logit_scale, m.init) == (
+        False,
+        False,
+        True,
+        1.0,
+        "official",
+    )
     # TBPTT: sequences of 8192 in updates of 2048, 128 sequences per update over 8 processes
-    assert (d.corpus.name, d.sampler, d.sequence_len, d.seq_len, d.eval_protocol) == ("enwik8", "tbptt", 8192, 2048, "sequence")
+    assert (d.corpus.name, d.sampler, d.sequence_len, d.seq_len, d.eval_protocol) == (
+        "enwik8",
+        "tbptt",
+        8192,
+        2048,
+        "sequence",
+    )
     assert d.batch_size * t.devices == cfg.global_batch_size == 128 and t.accumulate_grad_batches == 1
-    assert (o.lr, o.warmup_steps, o.grad_clip, o.weight_decay, o.weight_decay_mode) == (4e-4, 10000, 0.1, 2e-4, "official")
+    assert (o.lr, o.warmup_steps, o.grad_clip, o.weight_decay, o.weight_decay_mode) == (
+        4e-4,
+        10000,
+        0.1,
+        2e-4,
+        "official",
+    )
     assert (t.max_steps, o.max_steps, t.precision) == (125000, 125000, "bf16-mixed")
     assert list(o.betas) == [0.9, 0.98] and o.eps == 1e-9 and o.min_lr_ratio == 0.1
 
@@ -143,7 +160,9 @@ def test_dense_carried_memory_is_one_segment() -> None:
     memory), so a step never costs more than two segments, however far into the stream."""
     import torch
 
-    cfg = compose_train(["model=gau_dense", "data=shakespeare", "data.seq_len=16", "model.d_model=32", "model.n_layers=1"])
+    cfg = compose_train(
+        ["model=gau_dense", "data=shakespeare", "data.seq_len=16", "model.d_model=32", "model.n_layers=1"]
+    )
     assert cfg.model.attention.memory_len == 16
     model = instantiate(cfg.model)
     state = None

@@ -22,7 +22,6 @@ NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3
 STEPS, VAL_EVERY = 60, 30
 
 
-
 def compose_config(name: str, overrides: list[str]) -> Any:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(name, overrides=overrides)

@@ -52,7 +52,6 @@ needs_data = pytest.mark.skipif(
 pytestmark = needs_data
 
 
-
 def callback(name: str, target: str, **kwargs: Any) -> list[str]:
     """Overrides adding the test callback ``tests.helpers.reliability.<target>(**kwargs)``."""
     args = [f"+callbacks.{name}.{key}={value}" for key, value in kwargs.items()]
@@ -155,8 +154,15 @@ def test_last_checkpoint_follows_every_validation_when_the_best_does_not_improve
         dirpath=tmp_path, filename="best-{step}", monitor="val/bpb", mode="min", save_top_k=1, save_last=True
     )
     trainer = L.Trainer(
-        max_steps=6, val_check_interval=2, limit_val_batches=1, num_sanity_val_steps=0, callbacks=[checkpoint],
-        logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+        max_steps=6,
+        val_check_interval=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        callbacks=[checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
     )
     trainer.fit(Flat())
     assert sorted(p.name for p in tmp_path.glob("best-*.ckpt")) == ["best-step=2.ckpt"]
@@ -234,7 +240,13 @@ def test_sigterm_to_a_training_process_saves_and_exits_0(tmp_path: Path) -> None
 
 
 def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_others(tmp_path: Path) -> None:
-    args = [*BASE, *auto("sweep"), "trainer.max_steps=4", "trainer.val_check_interval=2", "data.batch_size=2,4"]
+    args = [
+        *BASE,
+        *auto("sweep"),
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "data.batch_size=2,4",
+    ]
     command = [sys.executable, str(REPO / "train.py"), "-m", *args, f"paths.log_dir={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
 from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
@@ -17,6 +20,7 @@ from tvq_exp.data.paths import DataNotFoundError
 from tvq_exp.run import sweeps
 from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.run.train import train
+from tvq_exp.run.validation import validate
 
 CONF = REPO / "conf"
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
@@ -57,6 +61,50 @@ def _sweep_jobs(cfg: DictConfig) -> list[list[str]]:
     return [list(job) for job in itertools.product(*axes)]
 
 
+def _multirun_jobs(args: list[str]) -> list[list[str]]:
+    """The jobs ``python train.py -m ARGS`` launches: the preset's ``hydra.sweeper.params`` then the command
+    line, split by Hydra's own basic sweeper (a key on the command line replaces the preset's list)."""
+    parsed = OverridesParser.create().parse_overrides(args)
+    fixed = [arg for arg, o in zip(args, parsed, strict=True) if not o.is_sweep_override()]
+    params = _compose(fixed, hydra_config=True).hydra.sweeper.get("params") or {}
+    preset = [f"{key}={value}" for key, value in params.items()]
+    overrides = OverridesParser.create().parse_overrides([*preset, *args])
+    return [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def _documented_multiruns() -> list[str]:
+    """Every ``python train.py -m ... +sweep=...`` command in docs/sweeps.md and the presets' comments
+    (optional ``[...]`` parts included)."""
+    texts = [(REPO / "docs" / "sweeps.md").read_text()] + [
+        p.read_text() for p in (CONF / "sweep").glob("*.yaml")
+    ]
+    commands = {
+        " ".join(t for t in m.group(1).replace("[", "").replace("]", "").split() if t != "...")
+        for text in texts
+        for m in re.finditer(r"python train\.py -m ([^`\n]*\+sweep=[^`\n]*)", text)
+    }
+    return sorted(commands)
+
+
+def test_documented_sweep_override_replaces_the_presets_values() -> None:
+    """The command docs/sweeps.md gives for other values of a preset's key runs exactly those values."""
+    command = next(c for c in _documented_multiruns() if "codebook_size=64,128" in c)
+    jobs = _multirun_jobs(command.split())
+    sizes = sorted(
+        int(o.split("=")[1]) for job in jobs for o in job if o.startswith("model.attention.codebook_size=")
+    )
+    assert sizes == [64, 128], jobs
+
+
+@pytest.mark.parametrize("command", _documented_multiruns())
+def test_every_job_of_a_documented_sweep_validates(command: str) -> None:
+    """Each documented ``-m +sweep=...`` command: every job it launches passes the composed-config checks."""
+    jobs = _multirun_jobs(command.split())
+    assert len(jobs) >= 2
+    for job in jobs:
+        validate(_compose(job))
+
+
 @pytest.mark.parametrize("name", SWEEPS)
 def test_sweep_preset_composes_and_every_job_builds(name: str, tmp_path: Path) -> None:
     jobs = _sweep_jobs(_compose([f"+sweep={name}", "experiment=smoke"], hydra_config=True))
@@ -75,7 +123,9 @@ def test_backend_sweep_trains_every_backend_from_an_empty_state() -> None:
     assert _compose(["experiment=enwik8_paper"]).data.sampler == "tbptt"
     assert _compose(["experiment=enwik8_paper", "+sweep=backend"]).data.sampler == "random"
     assert _compose(["+sweep=backend", "experiment=enwik8_paper"]).data.sampler == "random"
-    assert _compose(["+sweep=backend", "experiment=cpu_small", "data.sampler=stream"]).data.sampler == "stream"
+    assert (
+        _compose(["+sweep=backend", "experiment=cpu_small", "data.sampler=stream"]).data.sampler == "stream"
+    )
 
 
 def test_expected_sweep_presets_exist() -> None:

@@ -55,7 +55,9 @@ def test_a_run_preempted_mid_sequence_resumes_exactly(tmp_path: Path) -> None:
     straight, pieces = tmp_path / "straight.jsonl", tmp_path / "pieces.jsonl"
     run(helper("rec", "Recorder", path=straight), tmp_path / "a")
     auto = ["resume=auto", "run_name=b"]
-    first = run([*auto, *helper("rec", "Recorder", path=pieces), *helper("kill", "SignalAt", step=6)], tmp_path / "b")
+    first = run(
+        [*auto, *helper("rec", "Recorder", path=pieces), *helper("kill", "SignalAt", step=6)], tmp_path / "b"
+    )
     assert first["global_step"] == 6  # in the middle of the second sequence: its state is carried over
     assert read_checkpoint(tmp_path / "b" / "checkpoints" / "last.ckpt")["train_state"] is not None
     second = run([*auto, *helper("rec", "Recorder", path=pieces)], tmp_path / "b")

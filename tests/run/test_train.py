@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.dense_to_vq import collect_keys, init_from_dense, load_dense_weights
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
-from tvq_exp.models.module import warmup_cosine
+from tvq_exp.models.optim import warmup_cosine
 from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.train import train
@@ -47,7 +47,6 @@ needs_data = pytest.mark.skipif(
     not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
     reason="set TVQ_DATA_DIR to the shared datasets folder",
 )
-
 
 
 def run_train(overrides: list[str], output_dir: Path) -> dict[str, Any]:
@@ -184,7 +183,13 @@ def test_codebook_step_once_per_optimizer_step_with_accumulation(
     )
     result = run_train(
         # accumulation sums independent windows (refused for carried streams, whose batches continue each other)
-        [*SMOKE, "data.sampler=random", "trainer.max_steps=4", "trainer.accumulate_grad_batches=3", "trainer.val_check_interval=12"],
+        [
+            *SMOKE,
+            "data.sampler=random",
+            "trainer.max_steps=4",
+            "trainer.accumulate_grad_batches=3",
+            "trainer.val_check_interval=12",
+        ],
         tmp_path,
     )
     assert result["global_step"] == 4 and len(batches) == 12 and len(calls) == 4
@@ -197,7 +202,12 @@ def _module(strategy: str = "ema", **options: Any) -> LanguageModel:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
             "train",
-            overrides=["model=gau_vq", *TINY_VQ, f"model/attention/codebook={strategy}", "paths.output_dir=/tmp/x"],
+            overrides=[
+                "model=gau_vq",
+                *TINY_VQ,
+                f"model/attention/codebook={strategy}",
+                "paths.output_dir=/tmp/x",
+            ],
         )
     config = to_dict(cfg)
     config["module"].update(options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
@@ -19,6 +20,7 @@ from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tvq_exp import analysis
 from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.tools.analysis.frontier import frontier_config
+from tvq_exp.tools.analysis.runs import run_summary
 
 SWEPT = "model.attention.codebook_size"
 
@@ -129,3 +131,19 @@ def test_frontier_configs_compose_at_equal_width(model: str, tmp_path: Path) -> 
     module = build_module(to_dict(cfg))
     assert module.model.d_model == 128
     assert len(module.model.blocks) == 4
+
+
+def test_final_value_is_the_hparams_final_value_not_the_last_logged(tmp_path: Path) -> None:
+    """With ``log_every_n_steps=50`` the last logged train/loss is step 450's; the HParams carry the last
+    step's (``final/train_loss``): the table reports that one. Without it, the last logged value."""
+    scalars = pd.DataFrame(
+        {
+            "tag": ["train/loss", "train/loss", "final/train_loss", "val/bpb"],
+            "step": [400, 450, 499, 499],
+            "wall_time": [1.0, 2.0, 3.0, 3.0],
+            "value": [2.0, 1.9, 1.7, 2.5],
+        }
+    )
+    row = run_summary(tmp_path, scalars)
+    assert row["final train/loss"] == 1.7 and row["best train/loss"] == 1.9
+    assert row["final val/bpb"] == 2.5

@@ -97,8 +97,10 @@ def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None
     assert cfg.model.block.position == "none" and cfg.model.block.d_k == 8
     assert compose_model("gau_vq", vq).model.block.position == "xl"
     out = tmp_path / "m.json"
-    bench.main(["model", "--models", "gau_dense", "--lengths", "32", "--mm-size", "64", *TINY, "--json", str(out)]
-               + ["--d-model", "32", "--n-layers", "1", "--set", "gau_dense:block.position=none"])
+    bench.main(
+        ["model", "--models", "gau_dense", "--lengths", "32", "--mm-size", "64", *TINY, "--json", str(out)]
+        + ["--d-model", "32", "--n-layers", "1", "--set", "gau_dense:block.position=none"]
+    )
     (rec,) = json.loads(out.read_text())
     assert rec["overrides"] == ["block.position=none"] and rec["d_model"] == 32 and rec["ms"] > 0
 

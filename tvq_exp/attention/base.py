@@ -65,7 +65,9 @@ class AttentionBackend(nn.Module):
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> None:
         """Validate ``q, k, v`` shapes against the backend's configuration."""
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-            raise ValueError(f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+            raise ValueError(
+                f"q, k, v must be (B, H, T, d); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            )
         b, h, t, dk = q.shape
         if h != self.heads or dk != self.d_k:
             raise ValueError(f"q has shape {tuple(q.shape)}; expected (B, {self.heads}, T, {self.d_k})")

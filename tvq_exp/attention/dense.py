@@ -69,13 +69,19 @@ class DenseAttention(AttentionBackend):
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         if window_bias and window_len is None:
-            raise OptionError("window_len", window_len, "the window bias needs a window length >= 1", type(self))
-        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+            raise OptionError(
+                "window_len", window_len, "the window bias needs a window length >= 1", type(self)
+            )
+        self.bias = (
+            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        )
         self.memory_len, self.score, self.attention_window = memory_len, score, attention_window
         self.mix_pre = nn.Parameter(torch.eye(heads)) if talking_heads else None
         self.mix_post = nn.Parameter(torch.eye(heads)) if talking_heads_post else None
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+    ) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
         t_new = q.shape[2]
         t0 = 0 if state is None else int(state["t"])
@@ -86,13 +92,22 @@ class DenseAttention(AttentionBackend):
         past = k_all.shape[2] - t_new
         out = self._attend(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
         keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
-        new_state: State = {"k": k_all[:, :, -keep:].detach(), "v": v_all[:, :, -keep:].detach(), "t": t0 + t_new}
+        new_state: State = {
+            "k": k_all[:, :, -keep:].detach(),
+            "v": v_all[:, :, -keep:].detach(),
+            "t": t0 + t_new,
+        }
         return out, new_state, {}
 
     @property
     def needs_logits(self) -> bool:
         """Whether the logits are computed explicitly (XL bias, ReLU², talking heads) instead of by SDPA."""
-        return self.bias is not None or self.score != "softmax" or self.mix_pre is not None or self.mix_post is not None
+        return (
+            self.bias is not None
+            or self.score != "softmax"
+            or self.mix_pre is not None
+            or self.mix_post is not None
+        )
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int:
         """``q·kᵀ`` and ``p·v`` over the full ``T×T`` square (plus the XL bias over the distances
@@ -102,17 +117,24 @@ class DenseAttention(AttentionBackend):
         the chunk's scores once more in the backward (recomputation). Talking heads mix the
         ``(H, T, T)`` logits (and the weights) with an ``(H, H)`` matrix: ``2H²T²`` each."""
         heads, causal = self.heads, self.causal
-        chunks = query_chunks(batch * heads, seq_len, seq_len, 0, causal) if self.needs_logits else [(0, seq_len, seq_len)]
+        chunks = (
+            query_chunks(batch * heads, seq_len, seq_len, 0, causal)
+            if self.needs_logits
+            else [(0, seq_len, seq_len)]
+        )
         mixes = int(self.mix_pre is not None) + int(self.mix_post is not None)
         scores = sum(
-            heads * mm(i1 - i0, end, self.d_k) + mixes * mm(heads, (i1 - i0) * end, heads) for i0, i1, end in chunks
+            heads * mm(i1 - i0, end, self.d_k) + mixes * mm(heads, (i1 - i0) * end, heads)
+            for i0, i1, end in chunks
         )
         fwd = scores + sum(heads * mm(i1 - i0, self.d_v, end) for i0, i1, end in chunks)
         recompute = len(chunks) > 1 and backward  # checkpointed chunks recompute their scores
         total = batch * (with_backward(fwd, backward) + (scores if recompute else 0))
         if self.bias is not None:
             window = self.bias.max_distance
-            total += xl_bias_flops(batch * seq_len, heads, self.d_k, window, backward, causal, d_sin=self.bias.proj.in_features)
+            total += xl_bias_flops(
+                batch * seq_len, heads, self.d_k, window, backward, causal, d_sin=self.bias.proj.in_features
+            )
             if recompute:  # the distance logits again (the relative embeddings are an input of the chunks)
                 distances = window + 1 if causal else 2 * window + 1
                 total += heads * mm(batch * seq_len, distances, self.d_k)

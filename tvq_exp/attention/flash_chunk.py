@@ -72,7 +72,9 @@ class FlashChunkAttention(AttentionBackend):
         window_len = group_size if window_len is None else window_len
         self.group_size, self.score, self.norm = group_size, score, norm
         self.norm_scale = float(group_size if norm_scale is None else norm_scale)
-        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        self.bias = (
+            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        )
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
@@ -115,7 +117,15 @@ class FlashChunkAttention(AttentionBackend):
         attend = chunked_flops(whole, self.group_size, self.d_k, self.d_v, self.heads, self.kv_heads)
         total = with_backward(batch * attend, backward)
         if self.bias is not None:
-            total += xl_bias_flops(batch * whole, self.heads, self.d_k, self.bias.max_distance, backward, self.causal, d_sin=self.bias.proj.in_features)
+            total += xl_bias_flops(
+                batch * whole,
+                self.heads,
+                self.d_k,
+                self.bias.max_distance,
+                backward,
+                self.causal,
+                d_sin=self.bias.proj.in_features,
+            )
         return total
 
     def state_floats(self, seq_len: int) -> int:

@@ -65,7 +65,10 @@ class LinearAttention(AttentionBackend):
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         if window_bias:
             raise OptionError(
-                "position", "xl", "linear attention has no relative position bias; use position=rope or position=none", type(self)
+                "position",
+                "xl",
+                "linear attention has no relative position bias; use position=rope or position=none",
+                type(self),
             )
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
         self.num_features = num_features or d_k

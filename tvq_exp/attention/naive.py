@@ -15,7 +15,9 @@ from tvq_exp.attention.base import repeat_kv
 from tvq_exp.nn.position import XLRelativeBias
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, bias: Tensor | None = None) -> Tensor:
+def softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = True, bias: Tensor | None = None
+) -> Tensor:
     """``softmax(q·kᵀ + bias + mask)·v`` with full matrices: ``(B, H, T, d_v)``."""
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     logits = q @ k.transpose(-1, -2)

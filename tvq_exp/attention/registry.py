@@ -29,7 +29,9 @@ def build_attention(name: str, **options: Any) -> AttentionBackend:
     Example: ``build_attention("vq", d_k=128, d_v=256, heads=1, codebook_size=512, block_len=512)``.
     """
     if name not in BACKENDS:
-        raise OptionError("name", name, f"unknown attention backend; choose one of {', '.join(sorted(BACKENDS))}")
+        raise OptionError(
+            "name", name, f"unknown attention backend; choose one of {', '.join(sorted(BACKENDS))}"
+        )
     talking = [key for key in ("talking_heads", "talking_heads_post") if options.get(key)]
     if talking and name not in TALKING_HEADS_BACKENDS:
         raise OptionError(

@@ -18,14 +18,6 @@ from lightning.pytorch.callbacks import Callback
 SYNC_FILE = "codebook_sync.json"
 
 
-
-
-
-
-
-
-
-
 def codebook_digest(module: torch.nn.Module) -> bytes:
     """SHA-256 over every persistent buffer and parameter of every vector quantiser in ``module``."""
     digest = hashlib.sha256()

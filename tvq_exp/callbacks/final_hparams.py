@@ -1,6 +1,7 @@
 """TensorBoard's HParams tab with each run's real final metrics.
 
-At the end of ``fit``, :class:`FinalHParams` logs the run's flattened config (and the global batch) with
+At the end of ``fit``, :class:`FinalHParams` logs the run's flattened config (the global batch, and the
+size of the model's recurrent inference state at the data's context length) with
 ``final/*`` metrics (last and best validation, last training loss, steps, training time), so a sweep
 can be sorted in the HParams tab. Needs the logger's ``default_hp_metric: false`` (no ``hp_metric``).
 """
@@ -59,6 +60,16 @@ def final_metrics(trainer: L.Trainer, train_time_s: float) -> dict[str, float]:
     return metrics
 
 
+def state_size(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int]:
+    """``{"state_floats_per_layer": n, "state_context": T}``: the recurrent inference state per layer and
+    sequence after the data's context length ``T`` (empty when the model or the data cannot tell)."""
+    model, data = getattr(pl_module, "model", None), getattr(trainer, "datamodule", None)
+    context = getattr(data, "context_len", None)
+    if context is None or not hasattr(model, "state_floats"):
+        return {}
+    return {"state_floats_per_layer": int(model.state_floats(int(context))), "state_context": int(context)}
+
+
 def tensorboard_loggers(trainer: L.Trainer) -> list[TensorBoardLogger]:
     """The trainer's TensorBoard loggers."""
     return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
@@ -85,9 +96,10 @@ class FinalHParams(Callback):
         params = run_hparams(pl_module)
         if "data.batch_size" in params:
             params["global_batch_size"] = trainer_global_batch(trainer, params["data.batch_size"])
+        params |= state_size(trainer, pl_module)
         for logger in tensorboard_loggers(trainer):
             logger.log_hyperparams(params, metrics)
             logger.experiment.flush()
 
 
-__all__ = ["FinalHParams", "final_metrics", "flatten", "run_hparams", "tensorboard_loggers"]
+__all__ = ["FinalHParams", "final_metrics", "flatten", "run_hparams", "state_size", "tensorboard_loggers"]

@@ -22,7 +22,8 @@ def format_duration(seconds: float) -> str:
 
 class ValidationSummary(Callback):
     """Prints one line per validation during ``fit``:
-    ``step 1000 | val/bpb 1.2345 | train/loss 0.9876 | 12.3k tok/s | 0:05:12``.
+    ``step 1000 | val/bpb 1.2345 | train/loss 0.9876 | 12.3k tok/s | 0:05:12``
+    (image runs give ``val/bpd``, the synthetic probes add ``val/acc``).
     Tokens per second are over the training time so far (all ranks, validation time excluded)."""
 
     def __init__(self) -> None:
@@ -55,7 +56,8 @@ class ValidationSummary(Callback):
         """Print the summary line of the latest validation."""
         metrics = trainer.callback_metrics
         parts = [f"step {trainer.global_step}"]
-        for name in ("val/bpb", "train/loss"):
+        bits = "val/bpd" if "val/bpd" in metrics else "val/bpb"
+        for name in (bits, "val/acc", "train/loss"):
             if name in metrics:
                 parts.append(f"{name} {float(metrics[name]):.4f}")
         parts.append(f"{self._tokens / max(self._train_time, 1e-9) / 1000:.1f}k tok/s")

@@ -27,7 +27,13 @@ def padded(seq_len: int, chunk: int) -> int:
 
 
 def xl_bias_flops(
-    tokens: int, heads: int, d_k: int, window_len: int, backward: bool, causal: bool = True, d_sin: int | None = None
+    tokens: int,
+    heads: int,
+    d_k: int,
+    window_len: int,
+    backward: bool,
+    causal: bool = True,
+    d_sin: int | None = None,
 ) -> int:
     """Distance logits ``(q + v)·r_d`` for ``d = 0..M`` (encoder: ``-M..M``) of ``tokens`` queries (all
     sequences of the batch) plus the projection of the sinusoid table (``d_sin`` wide, default ``d_k``), done

@@ -49,4 +49,6 @@ def limit_address_space(extra_mb: float) -> None:
     """Let this process map at most ``extra_mb`` MiB beyond what it maps now (``RLIMIT_AS``): larger
     allocations then fail (and are reported as out of memory) instead of exhausting the machine."""
     now = _read_status_kb("VmSize") * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (now + int(extra_mb * 2**20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+    resource.setrlimit(
+        resource.RLIMIT_AS, (now + int(extra_mb * 2**20), resource.getrlimit(resource.RLIMIT_AS)[1])
+    )

@@ -37,7 +37,9 @@ def matmul_peak_flops(
     products after one warm-up (``n`` 8192 on CUDA, 1024 elsewhere: ~0.2 s on one CPU core). On CUDA
     the peak-memory statistics are reset afterwards, so the benchmark's matrices do not count."""
     n = size or (8192 if device.type == "cuda" else 1024)
-    gen = torch.Generator(device=device).manual_seed(0)  # its own generator: the run's RNG streams stay untouched
+    gen = torch.Generator(device=device).manual_seed(
+        0
+    )  # its own generator: the run's RNG streams stay untouched
     a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=gen) for _ in range(2))
     best = float("inf")
     for _ in range(reps + 1):

@@ -122,6 +122,13 @@ class Decoder(nn.Module):
             total += flops
         return total
 
+    def state_floats(self, seq_len: int) -> int:
+        """Size of the recurrent inference state per layer and sequence after ``seq_len`` positions (the mean
+        over layers of each attention backend's :meth:`~tvq_exp.attention.base.AttentionBackend.state_floats`):
+        what decoding carries from token to token, the recall probes' x axis."""
+        sizes = [attn.state_floats(seq_len) for attn in self.attention_modules()]
+        return sum(sizes) // max(1, len(sizes))
+
     def check_context(self, length: int) -> None:
         """Ask every attention backend whether its options fit contexts of ``length`` positions (raises
         :class:`~tvq_exp.options.OptionError`)."""

@@ -14,6 +14,7 @@ resumed run continues. The norms' epsilon moved from 1.2e-7 to 1e-6: outputs cha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -47,7 +48,9 @@ def upgrade_checkpoint(checkpoint: dict[str, Any], module: nn.Module) -> None:
     checkpoint["tvq_format"] = FORMAT
 
 
-def _upgrade_optimizer(checkpoint: dict[str, Any], module: nn.Module, added: set[str], rescale: dict[str, float]) -> None:
+def _upgrade_optimizer(
+    checkpoint: dict[str, Any], module: nn.Module, added: set[str], rescale: dict[str, float]
+) -> None:
     """Re-index the AdamW state for the added parameters and rescale the moments of rescaled ones."""
     optimizers = checkpoint.get("optimizer_states")
     if not optimizers:
@@ -74,3 +77,12 @@ def _upgrade_optimizer(checkpoint: dict[str, Any], module: nn.Module, added: set
 
 
 __all__ = ["FORMAT", "upgrade_checkpoint"]
+
+
+def legacy_guard_counts(checkpoint: Mapping[str, Any]) -> dict[str, int]:
+    """Bad-step counters of a checkpoint written before they lived in the module (in the guard
+    callback's state), else zeros."""
+    states = checkpoint.get("callbacks") or {}
+    return next(
+        (s for key, s in states.items() if "NumericsGuard" in str(key)), {"skipped": 0, "consecutive": 0}
+    )

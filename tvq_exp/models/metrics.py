@@ -1,4 +1,5 @@
-"""Evaluation metrics: bits per token over a whole split, resolved by position.
+"""Evaluation metrics: bits per token over a whole split resolved by position, and accuracy at answer
+positions (the synthetic probes) resolved by bucket.
 
 Sums are float64 and reduced over ranks (``dist_reduce_fx="sum"``), so a metric over a split split across
 processes equals the single-process one.
@@ -7,10 +8,14 @@ processes equals the single-process one.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+
+from tvq_exp.batch import IGNORE_INDEX
+from tvq_exp.options import AtLeast, checked
 
 BUCKETS = 40  # log-spaced position buckets: [0, u), [u, 2u), [2u, 4u), ... up to u·2^38
 
@@ -58,9 +63,91 @@ class PositionBits(Metric):
             start, end = bucket_edges(k, self.unit)
             bucket_loss = float(self.nats[k] / self.tokens[k])
             buckets.append(
-                {"start": start, "end": end, "tokens": int(self.tokens[k]), "loss": bucket_loss, "bpb": bucket_loss / math.log(2)}
+                {
+                    "start": start,
+                    "end": end,
+                    "tokens": int(self.tokens[k]),
+                    "loss": bucket_loss,
+                    "bpb": bucket_loss / math.log(2),
+                }
             )
         return {"loss": loss, "bpb": loss / math.log(2), "tokens": int(tokens), "buckets": buckets}
 
 
-__all__ = ["BUCKETS", "PositionBits", "bucket_edges", "position_bucket"]
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """``numerator / denominator`` in float64; NaN where the denominator is 0."""
+    return numerator.double() / denominator.double()
+
+
+class BucketAccuracy(Metric):
+    """Accuracy counted only at answer positions (``target != ignore_index``), overall and per bucket.
+
+    :meth:`update` takes ``preds`` (predicted ids), ``target`` and ``bucket`` (the batch's bucket ids, in
+    ``[0, num_buckets)`` at every answer position), all ``(B, T)`` integer tensors. Counts are int64 sums
+    (``dist_reduce_fx="sum"``), so the result is the same on one process or many.
+
+    Sequence accuracy: a row counts as right when all its answer positions are right (rows without answer
+    positions are not counted); per bucket, the unit is a (row, bucket) group, right when all the row's
+    answer positions in that bucket are right (for passkey, one row = one cell, so this is the per-cell
+    example accuracy).
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    @checked
+    def __init__(
+        self, num_buckets: Annotated[int, AtLeast(1)] = 1, ignore_index: int = IGNORE_INDEX, **kwargs: object
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_buckets = num_buckets
+        self.ignore_index = ignore_index
+        for name in ("correct", "total", "group_correct", "group_total"):
+            self.add_state(name, default=torch.zeros(num_buckets, dtype=torch.int64), dist_reduce_fx="sum")
+        for name in ("row_correct", "row_total"):
+            self.add_state(name, default=torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor, bucket: torch.Tensor) -> None:
+        """Accumulate one batch: ``preds``, ``target``, ``bucket`` ``(B, T)``."""
+        if preds.shape != target.shape or bucket.shape != target.shape or target.dim() != 2:
+            raise ValueError(
+                f"preds, target and bucket must all be (B, T); got {tuple(preds.shape)}, "
+                f"{tuple(target.shape)}, {tuple(bucket.shape)}"
+            )
+        answer = target != self.ignore_index
+        buckets = bucket[answer]
+        if buckets.numel() and (int(buckets.min()) < 0 or int(buckets.max()) >= self.num_buckets):
+            raise ValueError(f"bucket ids at answer positions must be in [0, {self.num_buckets})")
+        right = (preds == target)[answer]
+        self.total += torch.bincount(buckets, minlength=self.num_buckets)
+        self.correct += torch.bincount(buckets[right], minlength=self.num_buckets)
+        self._update_groups(answer, buckets, right)
+
+    def _update_groups(self, answer: torch.Tensor, buckets: torch.Tensor, right: torch.Tensor) -> None:
+        """Sequence counts from the answer mask ``(B, T)`` and the answers' buckets and rightness ``(n,)``."""
+        rows = answer.nonzero()[:, 0]
+        size = answer.shape[0] * self.num_buckets
+        group = rows * self.num_buckets + buckets
+        answers = torch.bincount(group, minlength=size).view(-1, self.num_buckets)
+        wrong = torch.bincount(group[~right], minlength=size).view(-1, self.num_buckets)
+        present = answers > 0
+        self.group_total += present.sum(0)
+        self.group_correct += (present & (wrong == 0)).sum(0)
+        row_present = present.any(1)
+        self.row_total += row_present.sum()
+        self.row_correct += (row_present & (wrong.sum(1) == 0)).sum()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        """``accuracy`` (scalar), ``bucket_accuracy`` ``(K,)``, ``bucket_count`` ``(K,)`` answers seen,
+        ``sequence_accuracy`` (scalar) and ``bucket_sequence_accuracy`` ``(K,)``; float64, NaN where empty."""
+        return {
+            "accuracy": _ratio(self.correct.sum(), self.total.sum()),
+            "bucket_accuracy": _ratio(self.correct, self.total),
+            "bucket_count": self.total.clone(),
+            "sequence_accuracy": _ratio(self.row_correct, self.row_total),
+            "bucket_sequence_accuracy": _ratio(self.group_correct, self.group_total),
+        }
+
+
+__all__ = ["BUCKETS", "BucketAccuracy", "PositionBits", "bucket_edges", "position_bucket"]

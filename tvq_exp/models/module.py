@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import lightning as L
@@ -21,20 +21,12 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
-from tvq_exp.models.legacy import FORMAT, upgrade_checkpoint
-from tvq_exp.models.metrics import PositionBits
+from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint
+from tvq_exp.models.metrics import BucketAccuracy, PositionBits
+from tvq_exp.models.optim import all_finite, parameter_groups, warmup_cosine
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
 EVAL_STAGES = ("val", "test")
-
-
-def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
-    """LR multiplier at optimiser ``step``: linear warmup ``0 -> 1`` over ``warmup_steps``, then cosine
-    ``1 -> min_ratio`` at ``max_steps`` (constant afterwards)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class AutoregressiveLitModule(L.LightningModule):
@@ -51,7 +43,7 @@ class AutoregressiveLitModule(L.LightningModule):
             (weight matrices, embeddings, scalars).
         warmup_steps, max_steps, min_lr_ratio: linear warmup then cosine decay to ``min_lr_ratio * lr``.
         grad_clip: max global gradient norm over every parameter except codebooks (0 = off).
-        kind: ``"text"`` or ``"image"`` (images also log ``bpd``).
+        kind: ``"text"``, ``"image"`` (also logs ``bpd``) or ``"synthetic"`` (the probes: accuracy too).
         position_bucket_len: ``u``, the unit of the log-spaced position buckets of the evaluation metrics
             (``[0, u), [u, 2u), [2u, 4u), ...`` tokens since the last state reset).
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
@@ -79,7 +71,7 @@ class AutoregressiveLitModule(L.LightningModule):
         max_steps: Annotated[int, AtLeast(1)] = 1,
         min_lr_ratio: Annotated[float, Between(0, 1)] = 0.1,
         grad_clip: Annotated[float, AtLeast(0)] = 0.0,
-        kind: Annotated[str, OneOf("text", "image")] = "text",
+        kind: Annotated[str, OneOf("text", "image", "synthetic")] = "text",
         position_bucket_len: Annotated[int, AtLeast(1)] = 128,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -99,6 +91,10 @@ class AutoregressiveLitModule(L.LightningModule):
         self.train_state: ModelState | None = None
         self.eval_state: ModelState | None = None
         self.eval_bits = nn.ModuleDict({stage: PositionBits(position_bucket_len) for stage in EVAL_STAGES})
+        self.eval_accuracy = (
+            nn.ModuleDict()
+        )  # per stage, for data with answer buckets (made at the stage's start)
+        self.bucket_names: dict[str, list[str]] = {}
         self.eval_results: dict[str, dict[str, Any]] = {}
         self._codebook_sums: dict[str, Tensor] = {}
         self._codebook_batches = 0
@@ -115,7 +111,10 @@ class AutoregressiveLitModule(L.LightningModule):
         out = self.model(batch["input"], state)
         logits = out.logits.float()
         nats = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), batch["target"].reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+            logits.reshape(-1, logits.shape[-1]),
+            batch["target"].reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
         )
         return nats.view_as(batch["target"]), out
 
@@ -131,6 +130,10 @@ class AutoregressiveLitModule(L.LightningModule):
         nats, out = self._step(batch, self._continue(self.train_state, batch))
         self.train_state = detach_state(out.state)
         loss = nats.sum() / (batch["target"] != IGNORE_INDEX).sum().clamp_min(1)
+        if "bucket" in batch:  # a probe: accuracy at its answer positions
+            answer = batch["target"] != IGNORE_INDEX
+            right = (out.logits.argmax(-1) == batch["target"]) & answer
+            self.log("train/acc", right.sum() / answer.sum().clamp_min(1))
         aux_loss = out.aux["loss"]
         self._accumulate_codebook_metrics(out.aux)
         bits = loss.detach() / math.log(2)
@@ -151,9 +154,17 @@ class AutoregressiveLitModule(L.LightningModule):
         start = batch.get("position", torch.zeros(target.shape[0], dtype=torch.long, device=target.device))
         positions = start[:, None] + torch.arange(target.shape[1], device=target.device)
         self.eval_bits[stage].update(nats, target != IGNORE_INDEX, positions)
+        if stage in self.eval_accuracy:
+            self.eval_accuracy[stage].update(out.logits.argmax(-1), target, batch["bucket"])
 
-    def _eval_start(self) -> None:
+    def _eval_start(self, stage: str) -> None:
+        """A fresh state, and accuracy counters when the data has answer buckets (the probes)."""
         self.eval_state = None
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if hasattr(datamodule, "bucket_names"):
+            names = datamodule.bucket_names("validation" if stage == "val" else stage)
+            self.bucket_names[stage] = names
+            self.eval_accuracy[stage] = BucketAccuracy(len(names)).to(self.device)
 
     def _eval_end(self, stage: str) -> None:
         result = self.eval_bits[stage].compute()
@@ -169,16 +180,51 @@ class AutoregressiveLitModule(L.LightningModule):
         # belong to (Lightning would use the step before)
         self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
         by_position = {f"{stage}/bpb_pos/{b['start']}-{b['end']}": b["bpb"] for b in result["buckets"]}
+        accuracy = self._accuracy(stage)
+        if accuracy is not None:
+            metrics |= {
+                f"{stage}/acc": torch.tensor(accuracy["accuracy"]),
+                f"{stage}/acc_seq": torch.tensor(accuracy["sequence_accuracy"]),
+            }
+            by_position |= {
+                f"{stage}/acc_bucket/{b['name']}": b["accuracy"] for b in accuracy["buckets"] if b["count"]
+            }
         for logger in self.loggers:
-            logger.log_metrics({**{k: float(v) for k, v in metrics.items()}, **by_position}, step=self.global_step)
+            logger.log_metrics(
+                {**{k: float(v) for k, v in metrics.items()}, **by_position}, step=self.global_step
+            )
         self.eval_results[stage] = {
             **{k.split("/")[1]: float(v) for k, v in metrics.items()},
             "tokens": result["tokens"],
             "position_buckets": result["buckets"],
+            **({"accuracy": accuracy} if accuracy is not None else {}),
+        }
+
+    def _accuracy(self, stage: str) -> dict[str, Any] | None:
+        """The stage's accuracy (overall, per sequence, per named bucket) and reset counters; ``None`` without
+        answer buckets."""
+        if stage not in self.eval_accuracy:
+            return None
+        result = self.eval_accuracy[stage].compute()
+        self.eval_accuracy[stage].reset()
+        buckets = [
+            {"name": name, "accuracy": float(acc), "sequence_accuracy": float(seq), "count": int(count)}
+            for name, acc, seq, count in zip(
+                self.bucket_names[stage],
+                result["bucket_accuracy"],
+                result["bucket_sequence_accuracy"],
+                result["bucket_count"],
+                strict=True,
+            )
+        ]
+        return {
+            "accuracy": float(result["accuracy"]),
+            "sequence_accuracy": float(result["sequence_accuracy"]),
+            "buckets": buckets,
         }
 
     def on_validation_epoch_start(self) -> None:
-        self._eval_start()
+        self._eval_start("val")
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -187,7 +233,7 @@ class AutoregressiveLitModule(L.LightningModule):
         self._eval_end("val")
 
     def on_test_epoch_start(self) -> None:
-        self._eval_start()
+        self._eval_start("test")
 
     def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "test")
@@ -202,18 +248,10 @@ class AutoregressiveLitModule(L.LightningModule):
         return {id(p) for q in self.model.quantizers() for p in q.parameters()}
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """AdamW groups: the decayed parameters, and everything else (see ``weight_decay_mode``; codebooks
-        never decay). In ``official`` mode AdamW's own decay is off: :meth:`optimizer_step` applies it."""
-        skip = self.codebook_parameter_ids()
-        if self.weight_decay_mode == "adamw":
-            skip |= {id(m.weight) for m in self.model.modules() if isinstance(m, nn.Embedding)}
-        decay, no_decay = [], []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                decayed = (p.dim() >= 2 if self.weight_decay_mode == "adamw" else p.dim() != 1) and id(p) not in skip
-                (decay if decayed else no_decay).append(p)
-        adamw_decay = self.weight_decay if self.weight_decay_mode == "adamw" else 0.0
-        return [{"params": decay, "weight_decay": adamw_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        """AdamW groups (see :func:`~tvq_exp.models.optim.parameter_groups`)."""
+        return parameter_groups(
+            self.model, self.weight_decay, self.weight_decay_mode, self.codebook_parameter_ids()
+        )
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = AdamW(self.parameter_groups(), lr=self.lr, betas=self.betas, eps=self.eps)
@@ -298,19 +336,5 @@ class AutoregressiveLitModule(L.LightningModule):
         upgrade_checkpoint(checkpoint, self)  # weights written before the official parametrisation
         self.train_state = checkpoint.get("train_state") if checkpoint.get("tvq_format") == FORMAT else None
         self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
-        bad = checkpoint.get("bad_steps") or _legacy_guard_counts(checkpoint)
+        bad = checkpoint.get("bad_steps") or legacy_guard_counts(checkpoint)
         self.skipped_steps, self.consecutive_bad_steps = int(bad["skipped"]), int(bad["consecutive"])
-
-
-def all_finite(loss: Tensor | None, parameters: Iterable[nn.Parameter]) -> bool:
-    """Whether ``loss`` (if any) and every gradient are finite."""
-    values = [] if loss is None else [loss.detach().float().reshape(-1)]
-    values += [p.grad.detach().float().reshape(-1) for p in parameters if p.grad is not None]
-    return all(bool(torch.isfinite(v).all()) for v in values)
-
-
-def _legacy_guard_counts(checkpoint: Mapping[str, Any]) -> dict[str, int]:
-    """Bad-step counters of a checkpoint written before they lived in the module (in the guard
-    callback's state), else zeros."""
-    states = checkpoint.get("callbacks") or {}
-    return next((s for key, s in states.items() if "NumericsGuard" in str(key)), {"skipped": 0, "consecutive": 0})

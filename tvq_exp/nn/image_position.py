@@ -47,5 +47,3 @@ def raster_coordinates(positions: Tensor, shape: tuple[int, int, int]) -> tuple[
     """``(row, col, channel)`` of raster positions for an ``(H, W, C)`` image."""
     _, w, c = shape
     return positions // (w * c), positions // c % w, positions % c
-
-

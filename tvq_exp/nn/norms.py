@@ -23,7 +23,9 @@ class RMSNorm(nn.Module):
     """
 
     @checked
-    def __init__(self, dim: Annotated[int, AtLeast(1)], eps: Annotated[float, Above(0)] = 1e-6, bias: bool = True) -> None:
+    def __init__(
+        self, dim: Annotated[int, AtLeast(1)], eps: Annotated[float, Above(0)] = 1e-6, bias: bool = True
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))

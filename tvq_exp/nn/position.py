@@ -111,7 +111,9 @@ class XLRelativeBias(nn.Module):
         qv = self.position_query(q)
         rel = (self.signed_rel() if rel is None else rel).to(q.dtype)
         shape = qv.shape
-        logits = torch.matmul(qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0))
+        logits = torch.matmul(
+            qv.reshape(shape[0], shape[1], -1, shape[-1]), rel.transpose(-1, -2).unsqueeze(0)
+        )
         logits = logits.view(*shape[:-1], 2 * m + 1)
         idx = (distance.clamp(-m, m) + m).expand(*logits.shape[:-1], distance.shape[-1])
         return logits.gather(-1, idx).masked_fill(distance.abs() > m, 0.0)

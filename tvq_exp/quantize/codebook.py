@@ -58,7 +58,11 @@ class VectorQuantizer(nn.Module):
         self.heads, self.codebook_size, self.dim = heads, codebook_size, dim
         self.strategy, self.decay, self.smoothing, self.count_floor = strategy, decay, smoothing, count_floor
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
-        self.dead_code_threshold, self.kmeans_init, self.kmeans_iters = dead_code_threshold, kmeans_init, kmeans_iters
+        self.dead_code_threshold, self.kmeans_init, self.kmeans_iters = (
+            dead_code_threshold,
+            kmeans_init,
+            kmeans_iters,
+        )
         self.sample_keys = sample_keys
         init = torch.randn(heads, codebook_size, dim) * (init_std or (heads * codebook_size) ** -0.5)
         if strategy == "gradient":
@@ -80,7 +84,9 @@ class VectorQuantizer(nn.Module):
     def forward(self, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         b, h, t, d = k.shape
         if h != self.heads or d != self.dim:
-            raise ValueError(f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})")
+            raise ValueError(
+                f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})"
+            )
         flat = k.detach().float().transpose(0, 1).reshape(h, b * t, d)
         learning = self.training and torch.is_grad_enabled()
         if learning and self.kmeans_init and not bool(self.initialized):
@@ -116,14 +122,18 @@ class VectorQuantizer(nn.Module):
     def _aux(self, k: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
         kf = k.float()
         commit = F.mse_loss(kf, quant.detach().float())
-        aux = {"commit_loss": self.commit_weight * commit * (self.heads * self.dim)}  # summed over heads, dims
+        aux = {
+            "commit_loss": self.commit_weight * commit * (self.heads * self.dim)
+        }  # summed over heads, dims
         if self.strategy == "gradient":
             aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
         p = counts / counts.sum(-1, keepdim=True).clamp_min(1)
         entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)
         aux["perplexity"] = entropy.exp().mean().detach()
         aux["quant_error"] = (commit / kf.pow(2).mean().clamp_min(1e-12)).detach()
-        aux["dead_codes"] = (self.ema_count < max(self.dead_code_threshold, 1e-3)).float().sum(-1).mean().detach()
+        aux["dead_codes"] = (
+            (self.ema_count < max(self.dead_code_threshold, 1e-3)).float().sum(-1).mean().detach()
+        )
         return aux
 
     @torch.no_grad()
@@ -172,9 +182,15 @@ class VectorQuantizer(nn.Module):
             return
         h, n, d = keys.shape
         pick = torch.randint(0, n, (h, self.codebook_size), device=keys.device)
-        seeds = broadcast_from_rank0(torch.gather(keys, 1, pick[..., None].expand(h, self.codebook_size, d)).contiguous())
-        live_mean = (self.ema_count * ~dead).sum(-1, keepdim=True) / (~dead).sum(-1, keepdim=True).clamp_min(1)
-        new_count = torch.maximum(live_mean, torch.full_like(live_mean, self.dead_code_threshold)).expand_as(dead)
+        seeds = broadcast_from_rank0(
+            torch.gather(keys, 1, pick[..., None].expand(h, self.codebook_size, d)).contiguous()
+        )
+        live_mean = (self.ema_count * ~dead).sum(-1, keepdim=True) / (~dead).sum(-1, keepdim=True).clamp_min(
+            1
+        )
+        new_count = torch.maximum(live_mean, torch.full_like(live_mean, self.dead_code_threshold)).expand_as(
+            dead
+        )
         self.embed.data.copy_(torch.where(dead[..., None], seeds.to(self.embed.dtype), self.embed.data))
         self.ema_count.copy_(torch.where(dead, new_count, self.ema_count))
         if self.strategy == "ema":

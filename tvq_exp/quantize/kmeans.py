@@ -35,7 +35,9 @@ def kmeans(x: Tensor, num_codes: int, iters: int = 10, generator: torch.Generato
     for _ in range(iters):
         codes = nearest_code(x, centroids)
         sums = torch.zeros_like(centroids).scatter_add_(1, codes[..., None].expand(h, n, d), x)
-        counts = torch.zeros(h, num_codes, device=x.device).scatter_add_(1, codes, torch.ones_like(codes, dtype=x.dtype))
+        counts = torch.zeros(h, num_codes, device=x.device).scatter_add_(
+            1, codes, torch.ones_like(codes, dtype=x.dtype)
+        )
         all_reduce_sum(sums)
         all_reduce_sum(counts)
         centroids = torch.where(counts[..., None] > 0, sums / counts.clamp_min(1)[..., None], centroids)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.loggers import Logger
@@ -16,6 +17,17 @@ from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.checkpoints import read_checkpoint
 from tvq_exp.run.legacy import upgrade_run_config
+from tvq_exp.run.validation import ConfigError
+
+
+def set_torch_threads(cfg: DictConfig) -> None:
+    """Apply the command's ``torch_threads`` (``null``: torch's default; 1 is fastest on a busy machine)."""
+    threads = cfg.get("torch_threads")
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError("torch_threads", threads, "must be a positive integer or null (torch's default)")
+    torch.set_num_threads(threads)
 
 
 def to_dict(cfg: DictConfig) -> dict[str, Any]:

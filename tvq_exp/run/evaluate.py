@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
-from tvq_exp.run.build import load_checkpoint
+from tvq_exp.run.build import load_checkpoint, set_torch_threads
 from tvq_exp.run.validation import ConfigError, validate
 
 
@@ -39,7 +39,9 @@ def eval_data_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
         protocol = "split"
     if protocol is not None or cfg.get("sequence_len") is not None:
         if "eval_protocol" not in data_cfg:
-            raise ConfigError("protocol", protocol, f"only text data has evaluation protocols ({stored.get('_target_')})")
+            raise ConfigError(
+                "protocol", protocol, f"only text data has evaluation protocols ({stored.get('_target_')})"
+            )
         data_cfg.eval_protocol = protocol or data_cfg.eval_protocol
         data_cfg.sequence_len = cfg.get("sequence_len") or data_cfg.get("sequence_len")
     return data_cfg
@@ -53,6 +55,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """
     quiet()
     validate(cfg)
+    set_torch_threads(cfg)
     if cfg.split not in ("val", "test"):
         raise ConfigError("split", cfg.split, "must be val or test")
     module, config, checkpoint = load_checkpoint(cfg.ckpt_path, cfg.get("model_options"))
@@ -83,9 +86,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "global_step": int(checkpoint.get("global_step", 0)),
     }
     output = (
-        Path(cfg.output)
-        if cfg.get("output")
-        else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
+        Path(cfg.output) if cfg.get("output") else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")

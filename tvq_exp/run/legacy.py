@@ -68,7 +68,12 @@ def _first_format(model: dict[str, Any]) -> None:
     for its weights): the XL bias's sinusoids were ``d_k`` wide."""
     block = model.get("block") or {}
     if block.get("position", "xl") == "xl":
-        d_k = block.get("key_size") or block.get("d_k") or block.get("head_size") or model["d_model"] // block.get("heads", 4)
+        d_k = (
+            block.get("key_size")
+            or block.get("d_k")
+            or block.get("head_size")
+            or model["d_model"] // block.get("heads", 4)
+        )
         block["sinusoid_dim"] = d_k + d_k % 2
 
 

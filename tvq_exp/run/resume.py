@@ -30,7 +30,9 @@ def check_run_options(cfg: DictConfig) -> None:
     if resume not in (None, "auto"):
         raise ConfigError("resume", resume, "must be null or auto")
     if resume == "auto" and not cfg.get("run_name"):
-        raise ConfigError("resume", resume, "needs run_name=<name>: the fixed run directory a relaunch finds again")
+        raise ConfigError(
+            "resume", resume, "needs run_name=<name>: the fixed run directory a relaunch finds again"
+        )
     if resume == "auto" and cfg.get("ckpt_path"):
         raise ConfigError("ckpt_path", cfg.ckpt_path, "set either ckpt_path or resume=auto, not both")
     bad_steps = cfg.guard.max_bad_steps

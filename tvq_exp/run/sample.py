@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from tvq_exp.console import quiet, say
 from tvq_exp.data.images.render import image_grid, levels_to_uint8, save_png
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.generation import generate, sample_images
-from tvq_exp.run.build import load_checkpoint
+from tvq_exp.run.build import load_checkpoint, set_torch_threads
 from tvq_exp.run.validation import ConfigError, validate
 
 TEXT_VOCAB = 256
@@ -28,6 +30,7 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     """
     quiet()
     validate(cfg)
+    set_torch_threads(cfg)
     module, config, _ = load_checkpoint(cfg.ckpt_path)
     if module.kind == "image":
         path = sample_checkpoint_grid(module.model, config["data"], cfg)
@@ -52,6 +55,9 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
         vocab_limit=TEXT_VOCAB,
     )
     samples = [bytes(row.tolist()) for row in tokens.cpu()]
+    length = prompt_tokens.shape[1] + cfg.num_bytes
+    state = model.state_floats(length)
+    print(f"decoding state after {length} bytes: {state} floats per layer per sequence", file=sys.stderr)
     for i, text in enumerate(samples):
         if cfg.num_samples > 1:
             say(f"--- sample {i}")

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -18,7 +17,14 @@ from tvq_exp.callbacks.rng_state import RngState
 from tvq_exp.console import quiet, say
 from tvq_exp.models.dense_to_vq import init_from_dense
 from tvq_exp.models.module import AutoregressiveLitModule
-from tvq_exp.run.build import build_callbacks, build_loggers, build_module, run_config, to_dict
+from tvq_exp.run.build import (
+    build_callbacks,
+    build_loggers,
+    build_module,
+    run_config,
+    set_torch_threads,
+    to_dict,
+)
 from tvq_exp.run.checkpoints import AtomicCheckpointIO, mark_finished, read_checkpoint
 from tvq_exp.run.resume import auto_resume, check_run_options, resume_config
 from tvq_exp.run.validation import validate
@@ -44,8 +50,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("ckpt_path"):
         cfg = resume_config(cfg, run_config(read_checkpoint(cfg.ckpt_path)))
         validate(cfg)
-    if cfg.get("torch_threads"):
-        torch.set_num_threads(cfg.torch_threads)
+    set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +84,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if guard.failure is not None:
         raise NumericsError(guard.failure)
     summary = _fit_summary(trainer, module)
-    if preemption.signal_name is None and trainer.global_step >= cfg.trainer.max_steps and trainer.is_global_zero:
+    if (
+        preemption.signal_name is None
+        and trainer.global_step >= cfg.trainer.max_steps
+        and trainer.is_global_zero
+    ):
         mark_finished(output_dir, summary)
     return summary
 

@@ -95,12 +95,22 @@ def schema_for(target: Callable[..., Any], skip: set[str] = frozenset()) -> type
         if default is not dataclasses.MISSING and not isinstance(default, (*SIMPLE_TYPES, type(None))):
             default = None
         typ = _field_type(hints.get(name, Any))
-        fields.append((name, typ, dataclasses.field(default=default)) if default is not dataclasses.MISSING else (name, typ))
+        fields.append(
+            (name, typ, dataclasses.field(default=default))
+            if default is not dataclasses.MISSING
+            else (name, typ)
+        )
     fields.sort(key=lambda f: len(f) == 3)  # required fields first
     return dataclasses.make_dataclass(f"{getattr(target, '__name__', 'Target')}Config", fields)
 
 
-def check_node(node: DictConfig, key: str, target: Callable[..., Any], skip: set[str] = frozenset(), nested: set[str] = frozenset()) -> None:
+def check_node(
+    node: DictConfig,
+    key: str,
+    target: Callable[..., Any],
+    skip: set[str] = frozenset(),
+    nested: set[str] = frozenset(),
+) -> None:
     """Type-check ``node`` against ``target``'s signature, then its single-option rules; ``nested`` keys
     (child nodes) are checked separately."""
     schema_class = schema_for(target, skip | nested)
@@ -109,7 +119,11 @@ def check_node(node: DictConfig, key: str, target: Callable[..., Any], skip: set
     allowed = sorted(set(schema.keys()))
     for name in plain:
         if name not in allowed:
-            raise ConfigError(f"{key}.{name}", plain[name], f"unknown option for {_name(target)}; allowed: {', '.join(allowed)}")
+            raise ConfigError(
+                f"{key}.{name}",
+                plain[name],
+                f"unknown option for {_name(target)}; allowed: {', '.join(allowed)}",
+            )
     try:
         OmegaConf.merge(schema, OmegaConf.create(plain))
     except OmegaConfBaseException as err:
@@ -150,30 +164,51 @@ def model_nodes(model: DictConfig) -> list[Node]:
         raise ConfigError("model.block", block, "a block config with _target_ is required")
     nodes.insert(0, Node("model.block", block, _target(block, "model.block")))
     if isinstance(model.get("pos_embedding"), DictConfig):
-        nodes.insert(0, Node("model.pos_embedding", model.pos_embedding, _target(model.pos_embedding, "model.pos_embedding")))
+        nodes.insert(
+            0,
+            Node(
+                "model.pos_embedding",
+                model.pos_embedding,
+                _target(model.pos_embedding, "model.pos_embedding"),
+            ),
+        )
     attention = model.get("attention")
     if not isinstance(attention, DictConfig):
-        raise ConfigError("model.attention", attention, "an attention config (model/attention=...) is required")
+        raise ConfigError(
+            "model.attention", attention, "an attention config (model/attention=...) is required"
+        )
     name = attention.get("name")
     if _target(attention, "model.attention") is build_attention and name not in BACKENDS:
-        raise ConfigError("model.attention.name", name, f"unknown backend; choose one of {', '.join(sorted(BACKENDS))}")
+        raise ConfigError(
+            "model.attention.name", name, f"unknown backend; choose one of {', '.join(sorted(BACKENDS))}"
+        )
     nodes.insert(0, Node("model.attention", attention, BACKENDS.get(name, build_attention)))
     if isinstance(attention.get("codebook"), DictConfig):
         if name != "vq":
-            raise ConfigError("model.attention.codebook", "...", f"codebook options only apply to the vq backend, not {name}")
+            raise ConfigError(
+                "model.attention.codebook",
+                "...",
+                f"codebook options only apply to the vq backend, not {name}",
+            )
         nodes.insert(0, Node("model.attention.codebook", attention.codebook, VectorQuantizer))
     return nodes
 
 
 def data_nodes(data: DictConfig) -> list[Node]:
     """The data module's target nodes: its corpus / image source first, then the module."""
-    nodes = [Node(f"data.{k}", v, _target(v, f"data.{k}")) for k, v in data.items() if isinstance(v, DictConfig) and "_target_" in v]
+    nodes = [
+        Node(f"data.{k}", v, _target(v, f"data.{k}"))
+        for k, v in data.items()
+        if isinstance(v, DictConfig) and "_target_" in v
+    ]
     return [*nodes, Node("data", data, _target(data, "data"))]
 
 
 def check_nodes(nodes: list[Node]) -> None:
     """Types, unknown keys and single-option rules of every node."""
-    children = {n.key: {m.key.rpartition(".")[2] for m in nodes if m.key.rpartition(".")[0] == n.key} for n in nodes}
+    children = {
+        n.key: {m.key.rpartition(".")[2] for m in nodes if m.key.rpartition(".")[0] == n.key} for n in nodes
+    }
     for n in nodes:
         nested = children[n.key] | ({"name"} if n.key == "model.attention" else set())
         check_node(n.node, n.key, n.target, skip=INJECTED.get(n.key, set()), nested=nested)
@@ -182,7 +217,11 @@ def check_nodes(nodes: list[Node]) -> None:
 def locate(error: OptionError, nodes: list[Node]) -> str:
     """The config key an :class:`OptionError` is about: the option in the node that builds its owner, else
     in the nearest node above it that has that key (``heads`` of the attention is ``model.block.heads``)."""
-    owners = [i for i, n in enumerate(nodes) if inspect.isclass(n.target) and error.owner is not None and issubclass(error.owner, n.target)]
+    owners = [
+        i
+        for i, n in enumerate(nodes)
+        if inspect.isclass(n.target) and error.owner is not None and issubclass(error.owner, n.target)
+    ]
     start = owners[0] if owners else len(nodes) - 1
     for n in nodes[start:]:
         if error.option in n.node:

@@ -108,7 +108,9 @@ class OVQAttention(AttentionBackend):
         self.num_centroids, self.block_len, self.window_len = num_centroids, block_len, window_len
         self.growth_scale = float(num_centroids / 4 if growth_scale is None else growth_scale)
         self.seeding, self.grad_through_dictionary = seeding, grad_through_dictionary
-        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        self.bias = (
+            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        )
 
     def active_centroids(self, blocks: int) -> int:
         """Centroids in use after absorbing ``blocks`` blocks: ``min(S, ⌈α·ln(1 + t/α)⌉)``, ``t = blocks·L``
@@ -130,13 +132,17 @@ class OVQAttention(AttentionBackend):
         absorbed = max(0, seq_len // L - 1)
         total = batch * (with_backward(attend, backward) + self.kv_heads * absorbed * mm(L, S, d_k))
         if self.bias is not None:
-            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features)
+            total += xl_bias_flops(
+                batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features
+            )
         return total
 
     def check_context(self, length: int) -> None:
         """A block longer than the context never absorbs into the dictionary: ``block_len <= length``."""
         if self.block_len > length:
-            raise OptionError("block_len", self.block_len, f"must be <= the context length {length}", type(self))
+            raise OptionError(
+                "block_len", self.block_len, f"must be <= the context length {length}", type(self)
+            )
 
     def state_floats(self, seq_len: int) -> int:
         """Keys and values since the start of the previous block, and the dictionary (``S`` key and

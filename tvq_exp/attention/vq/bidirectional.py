@@ -52,7 +52,9 @@ def encoder_attention(
 
     s_win = (qc @ _window(k_hat.view(b, hk, 1, r, L, dk)).transpose(-1, -2)).to(acc)  # (B, Hk, G, R, L, 3L)
     if bias is not None:
-        dist = torch.arange(L, 2 * L, device=q.device)[:, None] - torch.arange(3 * L, device=q.device)[None, :]
+        dist = (
+            torch.arange(L, 2 * L, device=q.device)[:, None] - torch.arange(3 * L, device=q.device)[None, :]
+        )
         s_win = s_win + bias.encoder_bias(q.view(b, h, r, L, dk), dist).view_as(s_win).to(acc)
     s_win = s_win.masked_fill(~_window(valid.view(1, 1, 1, r, L, 1)).transpose(-1, -2), float("-inf"))
     m = s_win.amax(-1, keepdim=True)

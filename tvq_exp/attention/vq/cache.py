@@ -27,7 +27,9 @@ def block_stats(codes: Tensor, values: Tensor, valid: Tensor, size: int) -> tupl
     w = valid.to(acc).expand(n, r, L)
     counts = torch.zeros(n, r, size, dtype=acc, device=codes.device).scatter_add_(2, codes, w)
     sums = torch.zeros(n, r, size, values.shape[-1], dtype=acc, device=codes.device)
-    sums.scatter_add_(2, codes[..., None].expand(*codes.shape, values.shape[-1]), values.to(acc) * w[..., None])
+    sums.scatter_add_(
+        2, codes[..., None].expand(*codes.shape, values.shape[-1]), values.to(acc) * w[..., None]
+    )
     return counts, sums.div_(counts.clamp_min(1)[..., None])
 
 
@@ -66,7 +68,9 @@ class _RunningCodeMeans(torch.autograd.Function):
         return None, dv.to(ctx.values_dtype), None, None, None
 
 
-def running_code_means(codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor) -> tuple[Tensor, Tensor]:
+def running_code_means(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor
+) -> tuple[Tensor, Tensor]:
     """Prefix counts and running means of the values per code, block by block.
 
     Args:

@@ -73,7 +73,9 @@ def window_cache_attention(
     if chunk is None:
         window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
         chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[1]))
-    return _WindowCache.apply(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad)
+    return _WindowCache.apply(
+        q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad
+    )
 
 
 def default_chunk(q: Tensor, columns: int) -> int:
@@ -216,7 +218,9 @@ class _Parts:
     def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
         """Scatter the window logit gradients back to the distance logits, then to ``bias_q, rel``."""
         n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
-        ddl = ds_window.new_zeros(n, c, self.rows, m1 + 2).scatter_add_(-1, self._expand(self.index, c), ds_window)
+        ddl = ds_window.new_zeros(n, c, self.rows, m1 + 2).scatter_add_(
+            -1, self._expand(self.index, c), ds_window
+        )
         ddl = ddl[..., :m1].reshape(n, c, g, -1, m1).to(self.q.dtype)  # (N, c, G, Lq, M + 1)
         bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
         dbq[:, i0:i1] = (ddl @ self.rel[:, None]).view(n, c, self.rows, -1)

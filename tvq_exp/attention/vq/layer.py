@@ -80,7 +80,9 @@ class VQAttention(AttentionBackend):
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
-        self.bias = XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        self.bias = (
+            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
+        )
         self.register_buffer("dist", window_distances(block_len), persistent=False)
 
     @property
@@ -112,14 +114,18 @@ class VQAttention(AttentionBackend):
         cache = self.use_cache and seq_len > 2 * L  # some block sees blocks two back
         keys = window + (S if cache else 0)
         attend = heads * (mm(rows, keys, d_k) + mm(rows, d_v, keys))
-        extra = heads * (mm(rows, window, d_k) + (mm(rows, self.window_len + 1, d_k) if self.bias is not None else 0))
+        extra = heads * (
+            mm(rows, window, d_k) + (mm(rows, self.window_len + 1, d_k) if self.bias is not None else 0)
+        )
         if cache and not self.grad_through_cache:
             extra -= heads * mm(S, d_v, rows)
         total = batch * (
             self.kv_heads * mm(seq_len, S, d_k) + with_backward(attend, backward) + (extra if backward else 0)
         )
         if self.bias is not None:
-            total += xl_bias_flops(batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features)
+            total += xl_bias_flops(
+                batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features
+            )
         return total
 
     def check_context(self, length: int) -> None:
@@ -137,7 +143,9 @@ class VQAttention(AttentionBackend):
         cache = self.codebook_size * (1 + self.d_v)
         return self.kv_heads * (window * (self.d_k + self.d_v + 1) + cache)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+    ) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
         if not self.causal and state is not None:
             raise ValueError("vq attention: a carried state only makes sense for causal attention")
@@ -178,7 +186,13 @@ class VQAttention(AttentionBackend):
         }
 
     def _attend(
-        self, q: Tensor, kb: Tensor, vb: Tensor, prefix: tuple[Tensor, Tensor], n_buf: int, cached_before: bool
+        self,
+        q: Tensor,
+        kb: Tensor,
+        vb: Tensor,
+        prefix: tuple[Tensor, Tensor],
+        n_buf: int,
+        cached_before: bool,
     ) -> Tensor:
         """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
         keys ``kb (B, Hk, R, L, d_k)`` (values ``vb``), through :func:`window_cache_attention`.
@@ -211,20 +225,38 @@ class VQAttention(AttentionBackend):
         if self.bias is not None:
             bias_q = _to_items(self.bias.position_query(q), shape)
             rel = self.bias.rel().to(q.dtype)
-            rel = rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)  # (B·Hk, G, M+1, d_k)
+            rel = (
+                rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)
+            )  # (B·Hk, G, M+1, d_k)
         if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
             cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
         out = window_cache_attention(
-            _to_items(qc, shape), kw, vw, index, bias_q, rel, codebook, log_n, mu, prev_masked=first == 0 and not lone,
+            _to_items(qc, shape),
+            kw,
+            vw,
+            index,
+            bias_q,
+            rel,
+            codebook,
+            log_n,
+            mu,
+            prev_masked=first == 0 and not lone,
             prev_grad=self.grad_through_cache,
         )
         return _from_items(out, shape)
 
     def _next_state(
-        self, keys: Tensor, values: Tensor, codes: Tensor, prefix: tuple[Tensor, Tensor], t0: int, t_new: int, p0: int
+        self,
+        keys: Tensor,
+        values: Tensor,
+        codes: Tensor,
+        prefix: tuple[Tensor, Tensor],
+        t0: int,
+        t_new: int,
+        p0: int,
     ) -> State:
         """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
         L = self.block_len
@@ -243,15 +275,24 @@ class VQAttention(AttentionBackend):
         }
 
 
-def _to_blocks(keys: Tensor, values: Tensor, codes: Tensor, block_len: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _to_blocks(
+    keys: Tensor, values: Tensor, codes: Tensor, block_len: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Pad ``(B, Hk, n, ·)`` keys, values and codes to whole blocks: ``(B, Hk, R, L, ·)``, with the
     ``(R, L)`` mask of real (unpadded) positions."""
     b, hk, n = codes.shape
     r = -(-n // block_len)
     pad = r * block_len - n
     valid = torch.arange(r * block_len, device=codes.device) < n
-    kb, vb = (torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, hk, r, block_len, -1) for x in (keys, values))
-    return kb, vb, torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len), valid.view(r, block_len)
+    kb, vb = (
+        torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, hk, r, block_len, -1) for x in (keys, values)
+    )
+    return (
+        kb,
+        vb,
+        torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len),
+        valid.view(r, block_len),
+    )
 
 
 def _flat_cache(state: State) -> tuple[Tensor, Tensor]:
@@ -263,7 +304,7 @@ def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
     """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2."""
     if first > 0:
         return prefix[:, :, first - 1 : last]
-    return torch.cat([prefix[:, :, :1], prefix[:, :, : last]], dim=2)
+    return torch.cat([prefix[:, :, :1], prefix[:, :, :last]], dim=2)
 
 
 def _to_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:

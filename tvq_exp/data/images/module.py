@@ -46,13 +46,21 @@ class ImageDataModule(RootedDataModule):
         shape = tuple(int(size) for size in image_shape)
         owner = type(self)
         if shape != tuple(source.shape):
-            raise OptionError("image_shape", list(shape), f"{source.name} images are {list(source.shape)}", owner)
+            raise OptionError(
+                "image_shape", list(shape), f"{source.name} images are {list(source.shape)}", owner
+            )
         if seq_len != math.prod(shape):
-            raise OptionError("seq_len", seq_len, f"must be H*W*C = {math.prod(shape)} for {source.name}", owner)
+            raise OptionError(
+                "seq_len", seq_len, f"must be H*W*C = {math.prod(shape)} for {source.name}", owner
+            )
         if vocab_size != source.levels + 1:
-            raise OptionError("vocab_size", vocab_size, f"must be levels + 1 (BOS) = {source.levels + 1}", owner)
+            raise OptionError(
+                "vocab_size", vocab_size, f"must be levels + 1 (BOS) = {source.levels + 1}", owner
+            )
         if update_len is not None and seq_len % update_len:
-            raise OptionError("update_len", update_len, f"must divide seq_len={seq_len} (TBPTT over an image)", owner)
+            raise OptionError(
+                "update_len", update_len, f"must divide seq_len={seq_len} (TBPTT over an image)", owner
+            )
         self.update_len = update_len
         self.source = source
         self.image_shape = shape
@@ -104,11 +112,21 @@ class ImageDataModule(RootedDataModule):
     def _loader(self, split: str, batch_size: int) -> DataLoader:
         """Whole images of an evaluation split, in order."""
         return DataLoader(
-            self.dataset(split), batch_size=batch_size, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+            self.dataset(split),
+            batch_size=batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
         )
 
     def train_dataloader(self) -> TrainLoader:
-        sampler = ImageSampler(self.dataset("train"), self.seq_len, self.batch_size, self.seed, *self.distributed(), self.update_len)
+        sampler = ImageSampler(
+            self.dataset("train"),
+            self.seq_len,
+            self.batch_size,
+            self.seed,
+            *self.distributed(),
+            self.update_len,
+        )
         return TrainLoader(sampler)
 
     def val_dataloader(self) -> DataLoader:

@@ -51,7 +51,9 @@ class EvalSegmentSampler:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
         if protocol == "sequence" and (sequence_len is None or sequence_len % seq_len):
-            raise ValueError(f"protocol 'sequence' needs sequence_len a multiple of {seq_len}, got {sequence_len}")
+            raise ValueError(
+                f"protocol 'sequence' needs sequence_len a multiple of {seq_len}, got {sequence_len}"
+            )
         self.data = data
         self.seq_len = seq_len
         self.num_streams = num_streams

@@ -45,7 +45,9 @@ class ImageSampler:
         self.updates = tokens // update_len
         self.batches = len(dataset) // (batch_size * world_size)  # type: ignore[arg-type]
         if self.batches < 1:
-            raise ValueError(f"{len(dataset)} training images are too few for batches of {batch_size * world_size}")  # type: ignore[arg-type]
+            raise ValueError(
+                f"{len(dataset)} training images are too few for batches of {batch_size * world_size}"
+            )  # type: ignore[arg-type]
         self.epoch = 0
         self.step = 0
 

@@ -81,9 +81,15 @@ class StreamSampler:
         starts = self.stream_starts()
         for step in range(self.step, self.steps):
             self.step = step + 1
-            age = step if self.reset_segments is None else step % self.reset_segments  # segments since a reset
+            age = (
+                step if self.reset_segments is None else step % self.reset_segments
+            )  # segments since a reset
             yield window_batch(
-                self.data, starts + step * self.seq_len, self.seq_len, reset=age == 0, position=age * self.seq_len
+                self.data,
+                starts + step * self.seq_len,
+                self.seq_len,
+                reset=age == 0,
+                position=age * self.seq_len,
             )
 
     def state_dict(self) -> dict[str, Any]:

@@ -53,7 +53,9 @@ class TBPTTSampler:
         world_size: int = 1,
     ) -> None:
         if sequence_len % update_len:
-            raise ValueError(f"sequence_len={sequence_len} must be a multiple of the update length {update_len}")
+            raise ValueError(
+                f"sequence_len={sequence_len} must be a multiple of the update length {update_len}"
+            )
         check_split_size("train", len(data), sequence_len + sequence_len)  # room for the offset too
         self.data, self.update_len, self.sequence_len = data, update_len, sequence_len
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size

@@ -140,14 +140,22 @@ class TextDataModule(RootedDataModule):
                 random_offset=self.random_offset, reset_every=self.reset_every,
             )  # fmt: skip
         if self.sampler == "tbptt":
-            return TBPTTSampler(data, self.seq_len, int(self.sequence_len), self.batch_size, self.seed, rank, world_size)
+            return TBPTTSampler(
+                data, self.seq_len, int(self.sequence_len), self.batch_size, self.seed, rank, world_size
+            )
         steps = self.steps_per_epoch or max(1, len(data) // (self.batch_size * self.seq_len * world_size))
         return RandomWindowSampler(data, self.seq_len, self.batch_size, steps, self.seed, rank, world_size)
 
     def eval_sampler(self, split: str, rank: int = 0, world_size: int = 1) -> EvalSegmentSampler:
         """Whole-split evaluation sampler of ``split`` for the given rank."""
         return EvalSegmentSampler(
-            self.split(split), self.seq_len, self.eval_batch_size, rank, world_size, self.eval_protocol, self.sequence_len
+            self.split(split),
+            self.seq_len,
+            self.eval_batch_size,
+            rank,
+            world_size,
+            self.eval_protocol,
+            self.sequence_len,
         )
 
     def split_tokens(self, split: str) -> int:

@@ -65,7 +65,11 @@ class GAUBlock(nn.Module):
         if attn is None:
             return None
         d_model, d_v = self.d_model, self.d_v
-        proj = mm(seq_len, 2 * self.heads * self.d_k, d_model) + mm(seq_len, 2 * d_v, d_model) + mm(seq_len, d_model, d_v)
+        proj = (
+            mm(seq_len, 2 * self.heads * self.d_k, d_model)
+            + mm(seq_len, 2 * d_v, d_model)
+            + mm(seq_len, d_model, d_v)
+        )
         return attn + with_backward(batch * proj, backward)
 
     def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
@@ -80,5 +84,7 @@ class GAUBlock(nn.Module):
         q, k = rotate(q, k, t0, self.position)
         o, attn_state, aux = self.attn(q, k, v, None if state is None else state["attn"])
         o = o.transpose(1, 2).reshape(b, t, self.d_v)
-        out, keep = self.layerdrop(self.dropout(self.w_o(o * g)), None if state is None else state.get("keep"))
+        out, keep = self.layerdrop(
+            self.dropout(self.w_o(o * g)), None if state is None else state.get("keep")
+        )
         return x + out, {"attn": attn_state, "keep": keep, "t": t0 + t}, aux

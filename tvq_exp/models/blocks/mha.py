@@ -79,7 +79,14 @@ class MHABlock(nn.Module):
         self.w_o = nn.Linear(heads * head_size, d_model, bias=False)
         extra = {"kv_heads": kv_heads} if kv_heads != heads else {}
         self.attn = build_block_attention(
-            attention, position, key_size, head_size, heads, sinusoid_dim or d_model, sinusoid_dropout, **extra
+            attention,
+            position,
+            key_size,
+            head_size,
+            heads,
+            sinusoid_dim or d_model,
+            sinusoid_dropout,
+            **extra,
         )
         self.ff = GLUFeedForward(d_model, glu_hidden(d_model, ff_mult), dropout)
         self.dropout = nn.Dropout(dropout)
@@ -101,7 +108,12 @@ class MHABlock(nn.Module):
         b, t, _ = x.shape
         h = self.norm1(x)
         q = self.w_q(h).view(b, t, self.heads, self.key_size).transpose(1, 2)
-        k, v = self.w_kv(h).view(b, t, self.kv_heads, -1).transpose(1, 2).split([self.key_size, self.head_size], -1)
+        k, v = (
+            self.w_kv(h)
+            .view(b, t, self.kv_heads, -1)
+            .transpose(1, 2)
+            .split([self.key_size, self.head_size], -1)
+        )
         if self.qk_norm:
             q, k = rms_normalize(q), rms_normalize(k)
         scale = self.key_size**-0.25

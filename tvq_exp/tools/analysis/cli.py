@@ -1,13 +1,13 @@
 """``python -m tvq_exp.analysis``::
 
-    python -m tvq_exp.analysis SWEEP_DIR --out report/        # report/summary.md + PNG plots
-    python -m tvq_exp.analysis frontier --budget 120 --out docs/frontier/
-        # trains each backend at equal size on the Gutenberg books for a fixed wall-clock budget (CPU),
-        # then plots validation bits/byte against training time (frontier.md + frontier.png)
-    python -m tvq_exp.analysis study run conf/study/long_context.yaml --out studies/long_context [--runs a,b]
-        [--regimes r] [--seeds 1,2] [--parallel 2]      # the jobs not done yet, one result file each
-    python -m tvq_exp.analysis study report conf/study/long_context.yaml --out studies/long_context
-        [--figures docs/figures]                        # tables and position plots from the result files
+python -m tvq_exp.analysis SWEEP_DIR --out report/        # report/summary.md + PNG plots
+python -m tvq_exp.analysis frontier --budget 120 --out docs/frontier/
+    # trains each backend at equal size on the Gutenberg books for a fixed wall-clock budget (CPU),
+    # then plots validation bits/byte against training time (frontier.md + frontier.png)
+python -m tvq_exp.analysis study run conf/study/long_context.yaml --out studies/long_context [--runs a,b]
+    [--regimes r] [--seeds 1,2] [--parallel 2]      # the jobs not done yet, one result file each
+python -m tvq_exp.analysis study report conf/study/long_context.yaml --out studies/long_context
+    [--figures docs/figures]                        # tables and position plots from the result files
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def frontier_main(argv: Sequence[str]) -> None:
         prog="python -m tvq_exp.analysis frontier",
         description="Train each backend for a fixed wall-clock budget (CPU) and plot val bits/byte vs time.",
     )
-    parser.add_argument("--models", default=",".join(frontier_config()["models"]), help="comma-separated model configs")
+    parser.add_argument(
+        "--models", default=",".join(frontier_config()["models"]), help="comma-separated model configs"
+    )
     parser.add_argument("--budget", type=float, default=120.0, help="training seconds per model")
     parser.add_argument("--out", default="frontier", help="folder for runs/, frontier.md and frontier.png")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides for every model (key=value)")
@@ -57,7 +59,9 @@ def frontier_main(argv: Sequence[str]) -> None:
 
 def study_main(argv: Sequence[str]) -> None:
     """``python -m tvq_exp.analysis study run|report STUDY.yaml --out DIR [...]``."""
-    parser = argparse.ArgumentParser(prog="python -m tvq_exp.analysis study", description="Run or report a study.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tvq_exp.analysis study", description="Run or report a study."
+    )
     parser.add_argument("action", choices=["run", "report"])
     parser.add_argument("study", help="the study file (conf/study/<name>.yaml)")
     parser.add_argument("--out", required=True, help="the study folder (runs/ and results/)")

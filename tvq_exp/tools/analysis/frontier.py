@@ -91,7 +91,9 @@ def run_frontier(
     return frontier_report(out, models, budget_s, extra)
 
 
-def frontier_report(out: str | Path, models: Sequence[str], budget_s: float, extra: Sequence[str] = ()) -> pd.DataFrame:
+def frontier_report(
+    out: str | Path, models: Sequence[str], budget_s: float, extra: Sequence[str] = ()
+) -> pd.DataFrame:
     """Read ``<out>/runs/<model>`` and write ``<out>/frontier.md`` and ``<out>/frontier.png``."""
     out = Path(out).resolve()
     table = load_sweep(out / "runs")

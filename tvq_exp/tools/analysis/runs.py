@@ -14,8 +14,11 @@ import pandas as pd
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tvq_exp.callbacks.final_hparams import FINAL_SCALARS
+
 EVENT_GLOB = "events.out.tfevents.*"
 ERROR_FILE = "error.txt"
+
 SUMMARY_METRICS = ("val/bpb", "val/loss", "train/loss", "train/bpb", "throughput/tokens_per_s")
 LOWER_IS_BETTER_PREFIXES = ("val/", "train/")
 
@@ -79,8 +82,10 @@ def read_overrides(run_dir: str | Path) -> dict[str, str]:
 
 
 def run_summary(run_dir: Path, scalars: pd.DataFrame) -> dict[str, object]:
-    """One row: status, steps, wall time (first to last event), and final (last) and best value of each
-    metric in ``SUMMARY_METRICS`` (best = the lowest, for ``train/`` and ``val/`` metrics)."""
+    """One row: status, steps, wall time (first to last event), and final and best value of each metric in
+    ``SUMMARY_METRICS`` (best = the lowest, for ``train/`` and ``val/`` metrics). "final" is the value
+    the run's HParams carry (``final/...``, written when training ends) where there is one, else the
+    last logged value (which depends on ``log_every_n_steps``)."""
     row: dict[str, object] = {
         "run": str(run_dir),
         "status": "failed" if (run_dir / ERROR_FILE).is_file() else "ok",
@@ -91,7 +96,9 @@ def run_summary(run_dir: Path, scalars: pd.DataFrame) -> dict[str, object]:
     )
     for metric in SUMMARY_METRICS:
         values = scalars.loc[scalars["tag"] == metric, "value"]
-        row[f"final {metric}"] = float(values.iloc[-1]) if len(values) else math.nan
+        carried = scalars.loc[scalars["tag"] == FINAL_SCALARS.get(metric, ""), "value"]
+        final = carried if len(carried) else values
+        row[f"final {metric}"] = float(final.iloc[-1]) if len(final) else math.nan
         if metric.startswith(LOWER_IS_BETTER_PREFIXES):
             row[f"best {metric}"] = float(values.min()) if len(values) else math.nan
     return row

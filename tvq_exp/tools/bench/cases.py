@@ -68,7 +68,9 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
     if not (CONF_DIR / "model" / f"{name}.yaml").is_file():
         raise LookupError(f"unknown model preset {name!r}: no conf/model/{name}.yaml yet")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(overrides=[f"+model={name}", *(f"model.{item}" for item in settings.get("overrides", ()))])
+        cfg = compose(
+            overrides=[f"+model={name}", *(f"model.{item}" for item in settings.get("overrides", ()))]
+        )
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
         cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]

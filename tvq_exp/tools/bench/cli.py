@@ -43,7 +43,9 @@ def model_override(text: str) -> tuple[str, str]:
     """``[MODEL:]KEY=VALUE`` -> ``(MODEL or "*", "KEY=VALUE")``."""
     model, _, item = text.rpartition(":") if ":" in text.split("=", 1)[0] else ("*", "", text)
     if "=" not in item or not item.split("=", 1)[0]:
-        raise argparse.ArgumentTypeError(f"--set takes [MODEL:]KEY=VALUE (e.g. gau_dense:block.position=none), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--set takes [MODEL:]KEY=VALUE (e.g. gau_dense:block.position=none), got {text!r}"
+        )
     return model or "*", item
 
 

@@ -112,7 +112,11 @@ def _measure_one(
     }
     out["load_avg_1min"] = round(load, 2)
     if kind == "model":
-        out |= {"d_model": settings["d_model"], "n_layers": settings["n_layers"], "overrides": settings["overrides"]}
+        out |= {
+            "d_model": settings["d_model"],
+            "n_layers": settings["n_layers"],
+            "overrides": settings["overrides"],
+        }
     if "ms" in result:
         flops = result.pop("flops", None)
         out.update(result, tokens_per_s=tokens / (result["ms"] / 1e3))
@@ -132,7 +136,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     records = run_sweep(args, kind, names, modes)
     mm_after = mm_gflops(args)
     mm_ref = max(mm_before, mm_after)
-    print(f"torch.mm {args.mm_size}^2 {args.dtype} after the run: {mm_after:.1f} GFLOP/s; reference {mm_ref:.1f}")
+    print(
+        f"torch.mm {args.mm_size}^2 {args.dtype} after the run: {mm_after:.1f} GFLOP/s; reference {mm_ref:.1f}"
+    )
     for rec in records:
         rec["mm_gflops_per_s"] = mm_ref
         if rec.get("gflops_per_s") is not None:

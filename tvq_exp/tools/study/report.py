@@ -21,7 +21,9 @@ Group = tuple[str, str]
 
 def load_results(out: Path) -> list[dict[str, Any]]:
     """Every result file of a study folder, sorted by job id."""
-    return sorted((json.loads(p.read_text()) for p in (out / "results").glob("*.json")), key=lambda r: r["id"])
+    return sorted(
+        (json.loads(p.read_text()) for p in (out / "results").glob("*.json")), key=lambda r: r["id"]
+    )
 
 
 def grouped(results: Sequence[dict[str, Any]], evaluation: str) -> dict[Group, list[dict[str, Any]]]:
@@ -29,7 +31,9 @@ def grouped(results: Sequence[dict[str, Any]], evaluation: str) -> dict[Group, l
     groups: dict[Group, list[dict[str, Any]]] = defaultdict(list)
     for result in results:
         if evaluation in result["evaluations"]:
-            groups[result["run"], result["regime"]].append({"seed": result["seed"], **result["evaluations"][evaluation]})
+            groups[result["run"], result["regime"]].append(
+                {"seed": result["seed"], **result["evaluations"][evaluation]}
+            )
     return dict(groups)
 
 
@@ -53,9 +57,7 @@ def mean_buckets(evals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     keys = [bucket_key(b) for b in evals[0]["position_buckets"]]
     by_key = [{bucket_key(b): b for b in e["position_buckets"]} for e in evals]
     shared = [k for k in keys if all(k in b for b in by_key)]
-    return [
-        {**by_key[0][k], "bpb": statistics.fmean(b[k]["bpb"] for b in by_key)} for k in shared
-    ]
+    return [{**by_key[0][k], "bpb": statistics.fmean(b[k]["bpb"] for b in by_key)} for k in shared]
 
 
 def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
@@ -66,8 +68,13 @@ def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
     header = ["run", "regime", "seeds", "all", *buckets]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for (run, regime), evals in groups.items():
-        per_bucket = [[{bucket_key(b): b["bpb"] for b in e["position_buckets"]}.get(k) for e in evals] for k in buckets]
-        cells = [cell([v for v in values if v is not None]) if any(v is not None for v in values) else "" for values in per_bucket]
+        per_bucket = [
+            [{bucket_key(b): b["bpb"] for b in e["position_buckets"]}.get(k) for e in evals] for k in buckets
+        ]
+        cells = [
+            cell([v for v in values if v is not None]) if any(v is not None for v in values) else ""
+            for values in per_bucket
+        ]
         seeds = ",".join(str(e["seed"]) for e in evals)
         lines.append("| " + " | ".join([run, regime, seeds, cell([e["bpb"] for e in evals]), *cells]) + " |")
     return "\n".join(lines)
@@ -83,10 +90,21 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
     lines = [f"# {title}", "", f"{len(results)} jobs (`{out}/results/*.json`).", ""]
     for name in names:
         groups = grouped(results, name)
-        figure = position_figure({f"{run} ({regime})": mean_buckets(evals) for (run, regime), evals in groups.items()})
+        figure = position_figure(
+            {f"{run} ({regime})": mean_buckets(evals) for (run, regime), evals in groups.items()}
+        )
         path = Path(save_figure(figure, str(figures / f"{name}.png")))
-        lines += [f"## Evaluation `{name}`", "", "Bits per byte (mean over seeds ± half their range), overall and "
-                  "by position since the last state reset:", "", table(groups), "", f"![{name}]({path.name})", ""]
+        lines += [
+            f"## Evaluation `{name}`",
+            "",
+            "Bits per byte (mean over seeds ± half their range), overall and "
+            "by position since the last state reset:",
+            "",
+            table(groups),
+            "",
+            f"![{name}]({path.name})",
+            "",
+        ]
     report = out / "report.md"
     report.write_text("\n".join(lines))
     return report

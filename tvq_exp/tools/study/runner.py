@@ -47,7 +47,11 @@ def flatten(options: dict[str, Any], prefix: str) -> list[str]:
 
 def _call(command: list[str], log: Path, threads: int) -> None:
     """Run ``command`` in the repository with ``threads`` CPU threads, its output appended to ``log``."""
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = os.environ | {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
         handle.write("$ " + " ".join(command) + "\n")
@@ -89,7 +93,9 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
         return path
     start = time.time()
     summary = train_job(job, out, threads)
-    evaluations = {e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job.run)}
+    evaluations = {
+        e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job.run)
+    }
     config = yaml.safe_load((run_dir(out, job) / "config.yaml").read_text())
     result = {
         "study": study.name, "run": job.run, "regime": job.regime, "seed": job.seed, "id": job.id,
@@ -103,7 +109,9 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
     return path
 
 
-def select(study: Study, runs: Sequence[str] = (), regimes: Sequence[str] = (), seeds: Sequence[int] = ()) -> list[Job]:
+def select(
+    study: Study, runs: Sequence[str] = (), regimes: Sequence[str] = (), seeds: Sequence[int] = ()
+) -> list[Job]:
     """The study's jobs, filtered by run, regime and seed (empty filters keep everything)."""
     return [
         job for job in study.jobs
@@ -111,7 +119,9 @@ def select(study: Study, runs: Sequence[str] = (), regimes: Sequence[str] = (), 
     ]  # fmt: skip
 
 
-def run_jobs(study: Study, jobs: Iterable[Job], out: Path, parallel: int = 1, cores: int | None = None) -> list[str]:
+def run_jobs(
+    study: Study, jobs: Iterable[Job], out: Path, parallel: int = 1, cores: int | None = None
+) -> list[str]:
     """Run ``jobs`` (``parallel`` at a time, the cores shared among them); returns one line per job: its
     result file or why it failed. A failed job does not stop the others."""
     threads = max(1, (cores or os.cpu_count() or 1) // parallel)

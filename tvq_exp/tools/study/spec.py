@@ -78,12 +78,16 @@ def load_study(path: str | Path) -> Study:
         if key not in spec:
             raise ValueError(f"{path}: a study needs '{key}'")
     base = list(spec.get("base") or [])
-    regimes: dict[str, list[str]] = {k: list(v or []) for k, v in (spec.get("regimes") or {"default": []}).items()}
+    regimes: dict[str, list[str]] = {
+        k: list(v or []) for k, v in (spec.get("regimes") or {"default": []}).items()
+    }
     jobs = []
     for run, item in spec["runs"].items():
         unknown = set(item.get("regimes") or []) - set(regimes)
         if unknown:
-            raise ValueError(f"{path}: runs.{run}.regimes names unknown regimes {sorted(unknown)}; known: {sorted(regimes)}")
+            raise ValueError(
+                f"{path}: runs.{run}.regimes names unknown regimes {sorted(unknown)}; known: {sorted(regimes)}"
+            )
         for regime in item.get("regimes") or regimes:
             for seed in item.get("seeds") or [1]:
                 overrides = (*base, *regimes[regime], *item.get("overrides", []))

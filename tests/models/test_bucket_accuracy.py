@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tvq_exp.data.synthetic import BucketAccuracy
+from tvq_exp.models.metrics import BucketAccuracy
 
 X = -100  # no answer here
 # 3 rows, 6 positions, 3 buckets. Predictions at ignored positions are wrong on purpose: they must not count.
