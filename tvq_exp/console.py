@@ -14,6 +14,7 @@ QUIET_LOGGERS = (
     "lightning.fabric.utilities.seed",
     "lightning.fabric.utilities.rank_zero",
     "lightning.fabric.utilities.distributed",
+    "lightning.pytorch.trainer.connectors.checkpoint_connector",  # "`weights_only` was not set" on every save
 )
 NOISY_WARNINGS = (
     r".*does not have many workers.*",

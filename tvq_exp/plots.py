@@ -30,10 +30,52 @@ def position_figure(curves: Mapping[str, Sequence[Mapping[str, Any]]], unit: str
     return figure
 
 
+def state_figure(curves: Mapping[str, Sequence[tuple[float, float, float]]]) -> Figure:
+    """Accuracy against recurrent state size (the Zoology figure): one line per backend, each point
+    ``(state floats per layer, mean accuracy, spread over seeds)`` drawn with its spread as an error bar."""
+    figure = Figure(figsize=(6, 4))
+    ax = figure.subplots()
+    for label, points in curves.items():
+        points = sorted(points)
+        ax.errorbar(
+            [p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
+            label=label,
+        )  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("recurrent state (floats per layer per sequence)")
+    ax.set_ylabel("accuracy at answer positions")
+    ax.grid(alpha=0.3, which="both")
+    if curves:
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def heatmap_figure(
+    values: Sequence[Sequence[float]], rows: Sequence[str], columns: Sequence[str], title: str
+) -> Figure:
+    """A grid of accuracies in [0, 1] (e.g. passkey: context length x depth), each cell labelled."""
+    figure = Figure(figsize=(1.2 + 0.9 * len(columns), 1.0 + 0.5 * len(rows)))
+    ax = figure.subplots()
+    image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(columns)), labels=list(columns))
+    ax.set_yticks(range(len(rows)), labels=list(rows))
+    for i, row in enumerate(values):
+        for j, value in enumerate(row):
+            ax.text(
+                j, i, f"{value:.2f}", ha="center", va="center", color="w" if value < 0.6 else "k", fontsize=8
+            )
+    ax.set_title(title, fontsize=9)
+    figure.colorbar(image, ax=ax)
+    figure.tight_layout()
+    return figure
+
+
 def save_figure(figure: Figure, path: str) -> str:
     """Write ``figure`` as PNG; returns the path."""
     figure.savefig(path, dpi=110)
     return path
 
 
-__all__ = ["position_figure", "save_figure"]
+__all__ = ["heatmap_figure", "position_figure", "save_figure", "state_figure"]

@@ -128,6 +128,49 @@ def test_preempted_and_resumed_run_equals_the_uninterrupted_run(tmp_path: Path) 
     assert third["global_step"] == 20 and len(read_records(pieces)) == 20
 
 
+# settings the kill-anywhere property must hold in: dropout (the RNG streams), the TBPTT sampler (its carried
+# state), independent random windows, and the CSV logger (its history)
+RESUME_SETTINGS = {
+    "dropout": ["model.block.dropout=0.3", "model.embed_dropout=0.2"],
+    "tbptt": ["data.sampler=tbptt", "data.sequence_len=256", "model.block.dropout=0.1"],
+    "random": ["data.sampler=random", "model.block.dropout=0.1"],
+    "csv": ["logger=csv"],
+}
+
+
+@pytest.mark.parametrize("setting", sorted(RESUME_SETTINGS))
+def test_killed_anywhere_and_resumed_equals_uninterrupted(setting: str, tmp_path: Path) -> None:
+    """Property: a SIGTERM at a random step (seeded per setting), then ``resume=auto``, gives the same losses,
+    weights and codebooks as the uninterrupted run."""
+    import random
+
+    extra = RESUME_SETTINGS[setting]
+    kill = random.Random(setting).randint(2, 18)
+    straight, pieces = tmp_path / "straight.jsonl", tmp_path / "pieces.jsonl"
+    run_train([*extra, *record(straight)], tmp_path / "a")
+    run_train([*extra, *auto("b"), *record(pieces), *callback("kill", "SignalAt", step=kill)], tmp_path / "b")
+    second = run_train([*extra, *auto("b"), *record(pieces)], tmp_path / "b")
+    assert second["global_step"] == 20, f"killed at step {kill}"
+    expected, got = read_records(straight), read_records(pieces)
+    assert [r["step"] for r in got] == list(range(1, 21)), f"killed at step {kill}"
+    assert [(r["loss"], r["checksum"]) for r in got] == [(r["loss"], r["checksum"]) for r in expected], kill
+    if setting == "csv":  # one metrics file: the rows from before the kill kept, the resumed ones appended
+        assert len(list((tmp_path / "b").rglob("metrics.csv"))) == 1
+        assert csv_rows(tmp_path / "b", "train/loss") == csv_rows(tmp_path / "a", "train/loss")
+        assert csv_rows(tmp_path / "b", "codebook/layer0/perplexity") == csv_rows(
+            tmp_path / "a", "codebook/layer0/perplexity"
+        )
+
+
+def csv_rows(run_dir: Path, column: str) -> list[tuple[int, str]]:
+    """``(step, value)`` of ``column`` in the run's ``metrics.csv``, in file order."""
+    import csv
+
+    (path,) = run_dir.rglob("metrics.csv")
+    with path.open(newline="") as file:
+        return [(int(row["step"]), row[column]) for row in csv.DictReader(file) if row.get(column)]
+
+
 def test_run_name_fixes_the_run_directory() -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         named = compose("train", overrides=["run_name=vq-s512"], return_hydra_config=True)
@@ -239,13 +282,17 @@ def test_sigterm_to_a_training_process_saves_and_exits_0(tmp_path: Path) -> None
     assert [r["step"] for r in read_records(rows)][-2:] == [step + 1, step + 2]
 
 
-def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_others(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["basic", "parallel", "local"])
+def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_others(launcher: str, tmp_path: Path) -> None:
+    """Hydra's launchers (basic: one after the other; parallel: joblib; local: submitit subprocesses): one run
+    directory per job, and a relaunch skips the finished job and resumes the other from its own checkpoint."""
     args = [
         *BASE,
         *auto("sweep"),
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
         "data.batch_size=2,4",
+        f"hydra/launcher={launcher}",
     ]
     command = [sys.executable, str(REPO / "train.py"), "-m", *args, f"paths.log_dir={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -253,11 +300,19 @@ def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_others(tmp_path: P
     assert first.returncode == 0, first.stderr
     jobs = tmp_path / "multiruns" / "sweep"
     assert (jobs / "0" / "finished.json").is_file() and (jobs / "1" / "finished.json").is_file()
+    for job in ("0", "1"):  # each job its own TensorBoard run
+        assert list((jobs / job / "tensorboard").glob("events.out.tfevents.*")), job
+    if launcher != "basic":  # the two jobs ran at the same time
+        start = [(jobs / j / "config.yaml").stat().st_mtime for j in ("0", "1")]
+        end = [(jobs / j / "finished.json").stat().st_mtime for j in ("0", "1")]
+        assert start[0] < end[1] and start[1] < end[0], (start, end)
     (jobs / "1" / "finished.json").unlink()  # as if job 1 had been preempted after its last checkpoint
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("finished at step 4; skipped") == 1
-    assert f"resuming from {jobs / '1' / 'checkpoints'}" in again.stdout
+    logs = again.stdout + "".join(p.read_text() for p in jobs.glob(".submitit/*/*.out"))  # submitit's job logs
+    assert logs.count("finished at step 4; skipped") == 1
+    assert f"resuming from {jobs / '1' / 'checkpoints'}" in logs
+    assert (jobs / "1" / "finished.json").is_file()
 
 
 # ------------------------------------------------------------------------------------------- numerics
@@ -297,3 +352,42 @@ def test_consecutive_bad_steps_stop_the_run_with_a_good_checkpoint(tmp_path: Pat
     checkpoint = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert checkpoint["global_step"] == 6
     assert not (tmp_path / "run" / "finished.json").exists()
+
+
+def test_a_real_divergence_ends_in_one_error_line_and_a_loadable_checkpoint(tmp_path: Path) -> None:
+    """``module.lr=1e30``: steps are skipped, validation reports NaN instead of raising, the guard stops the run
+    with one ``error:`` line; ``last.ckpt`` loads, no NaN "best" file is written, and sample.py / eval.py refuse
+    the diverged weights in one line."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        *BASE,
+        "module.lr=1e30",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(errors) == 1 and errors[0].startswith("error: "), done.stderr[-3000:]
+    assert "non-finite" in errors[0] and "Traceback" not in done.stderr
+    assert "val/bpb nan" in done.stdout
+    checkpoints = tmp_path / "run" / "checkpoints"
+    read_checkpoint(checkpoints / "last.ckpt")  # loads
+    assert not [p.name for p in checkpoints.glob("best*") if "nan" in p.name]
+    sample = subprocess.run(
+        [sys.executable, str(REPO / "sample.py"), f"ckpt_path={checkpoints / 'last.ckpt'}", "num_bytes=8"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in sample.stderr.splitlines() if line.strip()]
+    assert sample.returncode == 2 and len(lines) == 1 and "ckpt_path" in lines[0], sample.stderr[-2000:]
+    # weights that are NaN outright are refused by name when the checkpoint is loaded
+    checkpoint = read_checkpoint(checkpoints / "last.ckpt")
+    name = next(k for k, v in checkpoint["state_dict"].items() if v.is_floating_point())
+    checkpoint["state_dict"][name] = torch.full_like(checkpoint["state_dict"][name], float("nan"))
+    torch.save(checkpoint, tmp_path / "nan.ckpt")
+    evaluate = subprocess.run(
+        [sys.executable, str(REPO / "eval.py"), f"ckpt_path={tmp_path / 'nan.ckpt'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in evaluate.stderr.splitlines() if line.strip()]
+    assert evaluate.returncode == 2 and len(lines) == 1 and name in lines[0], evaluate.stderr[-2000:]

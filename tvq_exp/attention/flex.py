@@ -1,6 +1,10 @@
 """Dense attention through :func:`torch.nn.attention.flex_attention`: block masks, the windowed
 Transformer-XL bias as a ``score_mod``, a compiled-kernel cache and a clear fallback.
 
+Over 300 lines: the support check, the masks, the ``score_mod``, the kernel cache and the CPU-backward
+guard all encode the same torch-version limits of flex attention (below), so a torch upgrade is checked
+in one file; a quarter of its lines are docstrings.
+
 What flex can express for :class:`~tvq_exp.attention.dense.DenseAttention` (torch 2.14, checked on CPU):
 
 - plain softmax, causal or not, with queries that start ``past`` positions after the keys and an

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
 
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.ckpt"
@@ -17,8 +19,15 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     Since Lightning 2.6 a monitored ``ModelCheckpoint`` writes ``last.ckpt`` only when it also writes a
     new top-k file, so once the monitored metric stops improving ``last.ckpt`` stays behind (a resume
     from it would repeat, or lose, every step since the best). Here ``last.ckpt`` is written at the
-    end of every validation in any case; the top-k files follow the monitor as before.
+    end of every validation in any case; the top-k files follow the monitor as before, except that a
+    non-finite value (a diverged run) never makes a "best" file.
     """
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
+        value = monitor_candidates.get(self.monitor) if self.monitor else None
+        if value is not None and not bool(torch.isfinite(torch.as_tensor(value))):
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)  # top-k (and last, when a top-k file was written)

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 
+from tvq_exp.callbacks.numerics_guard import validation_diverged
 from tvq_exp.data.images.render import completion_grid, image_grid, levels_to_uint8, save_png
 from tvq_exp.data.images.tokens import unflatten_tokens
 from tvq_exp.models.generation import complete_images, sample_images
@@ -80,7 +81,7 @@ class ImageSamples(Callback):
             self._prompts = batch["target"][: self.num_completions].detach().cpu()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
+        if trainer.sanity_checking or trainer.state.fn != "fit" or validation_diverged(trainer):
             return
         info = self.image_info(trainer, pl_module)
         if info is None:

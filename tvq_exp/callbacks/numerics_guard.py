@@ -16,11 +16,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 
 from tvq_exp.callbacks.checkpoint import save_last
 from tvq_exp.console import say
 from tvq_exp.options import AtLeast, checked
+
+
+def validation_diverged(trainer: L.Trainer) -> bool:
+    """Whether the latest validation loss is NaN or infinite (a diverged model: nothing to sample)."""
+    loss = trainer.callback_metrics.get("val/loss")
+    return loss is not None and not bool(torch.isfinite(torch.as_tensor(loss)))
 
 
 class NumericsError(RuntimeError):

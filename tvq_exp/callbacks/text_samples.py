@@ -8,6 +8,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from tvq_exp.callbacks.final_hparams import tensorboard_loggers
+from tvq_exp.callbacks.numerics_guard import validation_diverged
 from tvq_exp.models.generation import generate
 
 TEXT_VOCAB = 256
@@ -40,8 +41,9 @@ class TextSamples(Callback):
             trainer.sanity_checking
             or trainer.state.fn != "fit"
             or getattr(pl_module, "kind", "text") != "text"
+            or validation_diverged(trainer)
         ):
-            return
+            return  # nothing to show (a diverged model has no distribution to sample)
         self.log_sample(trainer, pl_module)
 
     def sample(self, pl_module: L.LightningModule) -> str:

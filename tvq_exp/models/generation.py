@@ -42,6 +42,8 @@ def sample_next(
     if temperature <= 0:
         return logits.argmax(-1)
     probs = filter_logits(logits / temperature, top_k, top_p).softmax(-1)
+    if not bool(probs.isfinite().all()):
+        raise FloatingPointError("the model's next-token distribution is not finite (diverged weights?)")
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

@@ -1,5 +1,9 @@
 """The LightningModule: losses, whole-split metrics, AdamW + warmup/cosine, clipping, carried state.
 
+Over 300 lines: Lightning wants every hook (training, evaluation, optimiser step, checkpoints) on one
+class, and they share its carried state and step counters; the arithmetic they call is already in
+``decoder.py``, ``metrics.py``, ``optim.py`` and ``legacy.py``.
+
 Batches are ``{"input": (B, T) int64, "target": (B, T) int64 (-100 = ignore), "reset": (B,) bool}``.
 Losses are in nats per target; bits per byte (or per dim for images) = nats / ln 2.
 """
@@ -178,7 +182,6 @@ class AutoregressiveLitModule(L.LightningModule):
         # callback metrics (checkpointing, progress bar) through Lightning (the sums are already global:
         # sync_dist averages identical values); the loggers get the values at the optimiser step they
         # belong to (Lightning would use the step before)
-        self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
         by_position = {f"{stage}/bpb_pos/{b['start']}-{b['end']}": b["bpb"] for b in result["buckets"]}
         accuracy = self._accuracy(stage)
         if accuracy is not None:
@@ -189,6 +192,7 @@ class AutoregressiveLitModule(L.LightningModule):
             by_position |= {
                 f"{stage}/acc_bucket/{b['name']}": b["accuracy"] for b in accuracy["buckets"] if b["count"]
             }
+        self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
         for logger in self.loggers:
             logger.log_metrics(
                 {**{k: float(v) for k, v in metrics.items()}, **by_position}, step=self.global_step
@@ -207,15 +211,13 @@ class AutoregressiveLitModule(L.LightningModule):
             return None
         result = self.eval_accuracy[stage].compute()
         self.eval_accuracy[stage].reset()
+        per_bucket = [  # torchmetrics squeezes one-element results to 0-d: one bucket is still a list
+            result[key].reshape(-1).tolist()
+            for key in ("bucket_accuracy", "bucket_sequence_accuracy", "bucket_count")
+        ]
         buckets = [
-            {"name": name, "accuracy": float(acc), "sequence_accuracy": float(seq), "count": int(count)}
-            for name, acc, seq, count in zip(
-                self.bucket_names[stage],
-                result["bucket_accuracy"],
-                result["bucket_sequence_accuracy"],
-                result["bucket_count"],
-                strict=True,
-            )
+            {"name": name, "accuracy": acc, "sequence_accuracy": seq, "count": int(count)}
+            for name, acc, seq, count in zip(self.bucket_names[stage], *per_bucket, strict=True)
         ]
         return {
             "accuracy": float(result["accuracy"]),

@@ -17,6 +17,7 @@ from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.checkpoints import read_checkpoint
 from tvq_exp.run.legacy import upgrade_run_config
+from tvq_exp.run.loggers import resume_options
 from tvq_exp.run.validation import ConfigError
 
 
@@ -50,9 +51,11 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
-def build_loggers(cfg: DictConfig) -> list[Logger]:
-    """Loggers from ``cfg.logger`` (empty: logging off)."""
-    return [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+def build_loggers(cfg: DictConfig, resume_step: int | None = None) -> list[Logger]:
+    """Loggers from ``cfg.logger`` (empty: logging off); resuming at ``resume_step``, each continues the run's
+    history from that step (:func:`tvq_exp.run.loggers.resume_options`)."""
+    nodes = [c for c in (cfg.get("logger") or {}).values() if c is not None]
+    return [instantiate(c, **resume_options(get_class(c._target_), resume_step)) for c in nodes]
 
 
 def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -71,10 +74,26 @@ def load_checkpoint(
     if model_options:
         merged = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(model_options)))
         config = {**config, "model": OmegaConf.to_container(merged, resolve=True)}
+    bad = non_finite(checkpoint["state_dict"])
+    if bad:
+        raise ConfigError(
+            "ckpt_path", str(path), f"holds non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
+            "the run diverged; use an earlier checkpoint",
+        )  # fmt: skip
     module = build_module(config)
     upgrade_checkpoint(checkpoint, module)
     module.load_state_dict(checkpoint["state_dict"])
     return module, config, checkpoint
 
 
-__all__ = ["build_callbacks", "build_loggers", "build_module", "load_checkpoint", "run_config", "to_dict"]
+def non_finite(state_dict: Mapping[str, Any]) -> list[str]:
+    """The names of the floating-point tensors of ``state_dict`` holding a NaN or an infinity."""
+    return [
+        name for name, value in state_dict.items()
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(value.isfinite().all())
+    ]  # fmt: skip
+
+
+__all__ = [
+    "build_callbacks", "build_loggers", "build_module", "load_checkpoint", "non_finite", "run_config", "to_dict",
+]  # fmt: skip

@@ -11,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.final_hparams import state_size
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.run.build import load_checkpoint, set_torch_threads
@@ -50,8 +51,8 @@ def eval_data_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` over the whole ``cfg.split`` (``val`` | ``test``); print and write JSON.
 
-    Returns ``{"bpb", "loss", "tokens", ["bpd"], "position_buckets", "split", "protocol", "checkpoint",
-    "global_step"}``; the figure of bits against position is written beside the JSON.
+    Returns ``{"bpb", "loss", "tokens", ["bpd"], "position_buckets", ["accuracy"], "split", "protocol",
+    "checkpoint", "global_step", "state_floats_per_layer", "state_context"}``; the figure of bits against position is written beside the JSON.
     """
     quiet()
     validate(cfg)
@@ -84,6 +85,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "protocol": protocol,
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
         "global_step": int(checkpoint.get("global_step", 0)),
+        **state_size(trainer, module),
     }
     output = (
         Path(cfg.output) if cfg.get("output") else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
@@ -93,9 +95,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     unit = "bits/dim" if module.kind == "image" else "bits/byte"
     label = f"{Path(cfg.ckpt_path).stem}, {cfg.split}, {protocol}"
     save_figure(position_figure({label: result["position_buckets"]}, unit), str(output.with_suffix(".png")))
+    accuracy = f", accuracy {result['accuracy']['accuracy']:.4f}" if "accuracy" in result else ""
     say(
         f"{cfg.split}: {result['bpb']:.4f} bits/{'dim' if module.kind == 'image' else 'byte'}, "
-        f"loss {result['loss']:.4f} nats, {result['tokens']} tokens -> {output}"
+        f"loss {result['loss']:.4f} nats{accuracy}, {result['tokens']} tokens -> {output}"
     )
     return result
 

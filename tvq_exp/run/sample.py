@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,16 +43,21 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     model = module.model.to(device)
     prompt_tokens = torch.tensor(list(prompt), device=device).repeat(cfg.num_samples, 1)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    tokens = generate(
-        model,
-        prompt_tokens,
-        cfg.num_bytes,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        generator=generator,
-        vocab_limit=TEXT_VOCAB,
-    )
+    try:
+        tokens = generate(
+            model,
+            prompt_tokens,
+            cfg.num_bytes,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            generator=generator,
+            vocab_limit=TEXT_VOCAB,
+        )
+    except FloatingPointError as error:
+        raise ConfigError(
+            "ckpt_path", cfg.ckpt_path, f"{error}; use a checkpoint from before the divergence"
+        ) from None
     samples = [bytes(row.tolist()) for row in tokens.cpu()]
     length = prompt_tokens.shape[1] + cfg.num_bytes
     state = model.state_floats(length)

@@ -47,8 +47,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if not isinstance(resumed, DictConfig):
             return resumed
         cfg = resumed
+    resume_step = None
     if cfg.get("ckpt_path"):
-        cfg = resume_config(cfg, run_config(read_checkpoint(cfg.ckpt_path)))
+        checkpoint = read_checkpoint(cfg.ckpt_path)
+        cfg = resume_config(cfg, run_config(checkpoint))
+        resume_step = int(checkpoint.get("global_step", 0))
         validate(cfg)
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
@@ -69,7 +72,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
-        logger=build_loggers(cfg) or False,
+        logger=build_loggers(cfg, resume_step) or False,
         plugins=[AtomicCheckpointIO()],
     )
     n_params = sum(p.numel() for p in module.model.parameters())

@@ -1,5 +1,8 @@
 """Validation of a composed Hydra config, before any data is read or any step is trained.
 
+Over 300 lines: one walk over the whole config tree (the commands' own options, the model, the data, the
+module) with the schema generation and the error location it shares; split, each part would re-import the rest.
+
 Every rule lives in the constructors (:mod:`tvq_exp.options`); this module only asks them, and names the
 config key when they refuse:
 
@@ -21,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import inspect
 import types
 import typing
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.options import OptionError, check_values, constraints
 from tvq_exp.quantize.codebook import VectorQuantizer
+from tvq_exp.run import schema
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 SIMPLE_TYPES = (int, float, bool, str)
@@ -104,6 +110,10 @@ def schema_for(target: Callable[..., Any], skip: set[str] = frozenset()) -> type
     return dataclasses.make_dataclass(f"{getattr(target, '__name__', 'Target')}Config", fields)
 
 
+def _key(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
 def check_node(
     node: DictConfig,
     key: str,
@@ -120,7 +130,7 @@ def check_node(
     for name in plain:
         if name not in allowed:
             raise ConfigError(
-                f"{key}.{name}",
+                _key(key, name),
                 plain[name],
                 f"unknown option for {_name(target)}; allowed: {', '.join(allowed)}",
             )
@@ -131,14 +141,14 @@ def check_node(
         name = bad if bad in plain else next((n for n in plain if n in str(err)), bad)
         expected = schema_class.__dataclass_fields__.get(name)
         kind = getattr(expected.type, "__name__", str(expected.type)) if expected else "a valid value"
-        raise ConfigError(f"{key}.{name}", plain.get(name), f"must be of type {kind}") from None
+        raise ConfigError(_key(key, name), plain.get(name), f"must be of type {kind}") from None
     for name in schema.keys():
         if OmegaConf.is_missing(schema, name) and name not in plain:
-            raise ConfigError(f"{key}.{name}", "???", f"required by {_name(target)}")
+            raise ConfigError(_key(key, name), "???", f"required by {_name(target)}")
     try:
         check_values(None, constraints(_constructor(target)), plain)
     except OptionError as err:
-        raise ConfigError(f"{key}.{err.option}", err.value, err.allowed) from None
+        raise ConfigError(_key(key, err.option), err.value, err.allowed) from None
 
 
 def _name(target: Any) -> str:
@@ -248,10 +258,48 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
         error = error.__cause__ or error.__context__
 
 
+# --------------------------------------------------------------------------------------- the commands
+TRAIN_NODES = {"model", "data", "module", "guard", "trainer", "logger", "callbacks", "paths", "hydra"}
+
+
+def check_trainer(trainer: DictConfig) -> None:
+    """``trainer``: a name ``lightning.pytorch.Trainer`` takes (typos refused, with the nearest name), and the
+    values tvq_exp relies on in range (:func:`tvq_exp.run.schema.trainer_options`)."""
+    import lightning.pytorch as pl
+
+    known = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    for name in trainer.keys():
+        if name not in known | HYDRA_KEYS:
+            near = difflib.get_close_matches(str(name), sorted(known), n=1)
+            hint = f"did you mean trainer.{near[0]}? " if near else ""
+            raise ConfigError(
+                f"trainer.{name}", trainer[name], f"{hint}not an argument of lightning.pytorch.Trainer"
+            )
+    checked = set(inspect.signature(schema.trainer_options).parameters)
+    subset = OmegaConf.create({k: trainer[k] for k in trainer.keys() if k in checked})
+    check_node(subset, "trainer", schema.trainer_options)
+
+
+def check_command(cfg: DictConfig) -> None:
+    """The command's own options: train.py's top level, trainer and guard; eval.py's; sample.py's."""
+    if "trainer" in cfg:
+        check_node(cfg, "", schema.train_options, nested=TRAIN_NODES)
+        check_trainer(cfg.trainer)
+        check_node(cfg.guard, "guard", schema.guard_options)
+        for key in ("init_from", "ckpt_path"):
+            if cfg.get(key) and not Path(cfg[key]).is_file():
+                raise ConfigError(key, cfg[key], "no such checkpoint file")
+    elif "split" in cfg:
+        check_node(cfg, "", schema.eval_options, nested={"paths", "hydra", "model_options"})
+    elif "prompt" in cfg:
+        check_node(cfg, "", schema.sample_options, nested={"paths", "hydra"})
+
+
 # --------------------------------------------------------------------------------------- entry point
 def validate(cfg: DictConfig) -> None:
     """Validate a composed config: raises :class:`ConfigError` naming the first bad key."""
     try:
+        check_command(cfg)
         model = data = None
         if "model" in cfg:
             nodes = model_nodes(cfg.model)

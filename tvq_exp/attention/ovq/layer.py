@@ -1,5 +1,9 @@
 """Online vector-quantised attention (OVQ-attention; Alonso, Figliolia & Millidge 2026, arXiv 2602.03922).
 
+Over 300 lines: one algorithm; the online k-means decisions (growth, seeding, assignment, merge), the
+differentiable dictionary, the block read and the carried state share one block layout and state
+invariants, and the helpers serve only it (the reusable running means already live in ``vq/cache.py``).
+
 Transformer-VQ reads far keys through a codebook trained across sequences. OVQ-attention instead
 learns a key dictionary ``D_k (S, d_k)`` and a value dictionary ``D_v (S, d_v)`` *inside each
 sequence*, by online k-means with sparse (nearest-centroid) updates. Positions come in blocks of

@@ -1,5 +1,10 @@
 """Transformer-VQ attention: quantised keys, an exact two-block window and a compressive cache.
 
+Over 300 lines: the backend (options, FLOP count, state) and its forward's block bookkeeping (padding to
+blocks, query items, the cache entries each block sees, where the carried state is cut) share one block
+and state layout; the kernel, the cache means and the encoder form are already in ``kernel.py``,
+``cache.py`` and ``bidirectional.py``.
+
 Query ``i`` in block ``r`` (blocks of ``L`` positions) attends to
 - blocks ``r-1`` and ``r`` exactly (causally), with the XL bias for distances ``<= window_len``;
 - blocks ``0..r-2`` through the cache: per code ``s`` a count ``n_s`` and the mean value ``μ_s``,

@@ -69,6 +69,7 @@ def study_main(argv: Sequence[str]) -> None:
     parser.add_argument("--regimes", default="", help="comma-separated regimes (default: all)")
     parser.add_argument("--seeds", default="", help="comma-separated seeds (default: all)")
     parser.add_argument("--parallel", type=int, default=1, help="jobs at a time (the CPU cores are shared)")
+    parser.add_argument("--cores", type=int, default=None, help="CPU cores the study may use (default: all)")
     parser.add_argument("--figures", default=None, help="folder for the report's PNGs (default: --out)")
     args = parser.parse_args(argv)
     study, out = load_study(args.study), Path(args.out)
@@ -77,7 +78,7 @@ def study_main(argv: Sequence[str]) -> None:
         return
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
     jobs = select(study, split(args.runs), split(args.regimes), [int(s) for s in split(args.seeds)])
-    for line in run_jobs(study, jobs, out, args.parallel):
+    for line in run_jobs(study, jobs, out, args.parallel, args.cores):
         print(line, flush=True)
 
 

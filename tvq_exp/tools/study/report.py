@@ -7,45 +7,14 @@ bits against position with one line per (run, regime).
 
 from __future__ import annotations
 
-import json
 import statistics
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tvq_exp.plots import position_figure, save_figure
-
-Group = tuple[str, str]
-
-
-def load_results(out: Path) -> list[dict[str, Any]]:
-    """Every result file of a study folder, sorted by job id."""
-    return sorted(
-        (json.loads(p.read_text()) for p in (out / "results").glob("*.json")), key=lambda r: r["id"]
-    )
-
-
-def grouped(results: Sequence[dict[str, Any]], evaluation: str) -> dict[Group, list[dict[str, Any]]]:
-    """Evaluation ``evaluation`` of every job, by (run, regime), in the order the results come."""
-    groups: dict[Group, list[dict[str, Any]]] = defaultdict(list)
-    for result in results:
-        if evaluation in result["evaluations"]:
-            groups[result["run"], result["regime"]].append(
-                {"seed": result["seed"], **result["evaluations"][evaluation]}
-            )
-    return dict(groups)
-
-
-def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
-    """``(mean, half the range)``; the spread of a single value is 0."""
-    return statistics.fmean(values), (max(values) - min(values)) / 2
-
-
-def cell(values: Sequence[float]) -> str:
-    """``2.7160 ± 0.0040`` (or the value alone for one seed)."""
-    mean, spread = mean_and_spread(values)
-    return f"{mean:.4f}" if len(values) == 1 else f"{mean:.4f} ± {spread:.4f}"
+from tvq_exp.tools.study.recall import accuracy_section, backend_label
+from tvq_exp.tools.study.results import Group, cell, grouped, load_results
 
 
 def bucket_key(bucket: dict[str, Any]) -> str:
@@ -94,10 +63,12 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
             {f"{run} ({regime})": mean_buckets(evals) for (run, regime), evals in groups.items()}
         )
         path = Path(save_figure(figure, str(figures / f"{name}.png")))
+        lines += [f"## Evaluation `{name}`", ""]
+        if any("accuracy" in e for evals in groups.values() for e in evals):
+            labels = {r["run"]: backend_label(r["config"]) for r in results}
+            lines += accuracy_section(name, groups, labels, figures)
         lines += [
-            f"## Evaluation `{name}`",
-            "",
-            "Bits per byte (mean over seeds ± half their range), overall and "
+            "Bits per token (mean over seeds ± half their range), overall and "
             "by position since the last state reset:",
             "",
             table(groups),
@@ -110,4 +81,4 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
     return report
 
 
-__all__ = ["cell", "grouped", "load_results", "mean_and_spread", "mean_buckets", "table", "write_report"]
+__all__ = ["mean_buckets", "table", "write_report"]

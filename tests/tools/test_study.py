@@ -1,0 +1,132 @@
+"""Studies: the study file's jobs, the report's tables and figures from result files, and one real study run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tvq_exp.tools.study.recall import accuracy_table, backend_label, grid, state_curves
+from tvq_exp.tools.study.report import write_report
+from tvq_exp.tools.study.results import cell, grouped, load_results
+from tvq_exp.tools.study.spec import load_study
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _result(run: str, seed: int, bpb: float, accuracy: dict[str, Any] | None = None, **attention: Any) -> dict:
+    evaluation: dict[str, Any] = {
+        "bpb": bpb,
+        "position_buckets": [{"start": 0, "end": 16, "bpb": bpb + 0.1}, {"start": 16, "end": 32, "bpb": bpb}],
+        "state_floats_per_layer": 1000 * (1 + len(run)),
+    }
+    if accuracy is not None:
+        evaluation["accuracy"] = accuracy
+    config = {"model": {"attention": {"name": run.split("_")[0], **attention}}}
+    return {"run": run, "regime": "r", "seed": seed, "id": f"{run}--r--s{seed}", "config": config,
+            "evaluations": {"test": evaluation}}  # fmt: skip
+
+
+def _accuracy(overall: float, buckets: dict[str, float]) -> dict[str, Any]:
+    return {
+        "accuracy": overall,
+        "sequence_accuracy": overall,
+        "buckets": [{"name": k, "accuracy": v, "sequence_accuracy": v, "count": 10} for k, v in buckets.items()],
+    }
+
+
+def _write(out: Path, results: list[dict]) -> None:
+    (out / "results").mkdir(parents=True)
+    for r in results:
+        (out / "results" / f"{r['id']}.json").write_text(json.dumps(r))
+
+
+def test_the_study_files_expand_to_their_jobs() -> None:
+    study = load_study(REPO / "conf/study/long_context.yaml")
+    ids = {job.id for job in study.jobs}
+    assert {"gau_vq--tbptt--s3", "gau_dense--random--s1", "gau_vq_s64--tbptt--s1"} <= ids
+    assert "gau_vq_s64--random--s1" not in ids  # runs limited to the tbptt regime
+    job = next(job for job in study.jobs if job.id == "gau_vq_nocache--random--s2")
+    assert job.overrides[0] == "experiment=longctx_cpu" and "data.sampler=random" in job.overrides
+    assert job.overrides[-1] == "model.attention.use_cache=false"  # the run's own overrides come last
+    recall = load_study(REPO / "conf/study/recall.yaml")
+    assert sum(job.run == "dense" for job in recall.jobs) == 3
+
+
+def test_a_study_file_with_an_unknown_regime_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nregimes: {a: []}\nruns: {x: {regimes: [b]}}\nevaluate: []\n")
+    with pytest.raises(ValueError, match="unknown regimes"):
+        load_study(path)
+
+
+def test_cells_report_the_mean_and_half_the_range() -> None:
+    assert cell([2.0, 2.2, 2.1]) == "2.1000 ± 0.1000"
+    assert cell([2.0]) == "2.0000"
+
+
+def test_report_tables_and_figures_come_from_the_result_files(tmp_path: Path) -> None:
+    _write(tmp_path, [_result("vq", 1, 2.0), _result("vq", 2, 2.2), _result("dense", 1, 1.5)])
+    report = write_report(tmp_path, "Study t").read_text()
+    assert "| vq | r | 1,2 | 2.1000 ± 0.1000 | 2.2000 ± 0.1000 | 2.1000 ± 0.1000 |" in report
+    assert "| dense | r | 1 | 1.5000 | 1.6000 | 1.5000 |" in report
+    assert (tmp_path / "test.png").read_bytes()[:4] == b"\x89PNG"
+    assert "accuracy" not in report.lower().split("bits per token")[0]  # no accuracy section for bits only
+
+
+def test_accuracy_table_state_curves_and_heatmaps(tmp_path: Path) -> None:
+    gaps = {"gap_1_8": 1.0, "gap_8_64": 0.5}
+    results = [
+        _result("vq_s64", 1, 1.0, _accuracy(0.6, gaps)),
+        _result("vq_s64", 2, 1.0, _accuracy(0.8, gaps)),
+        _result("vq_s64_nocache", 1, 1.0, _accuracy(0.2, {"gap_1_8": 1.0}), use_cache=False),
+        _result("dense", 1, 1.0, _accuracy(1.0, gaps)),
+    ]
+    _write(tmp_path, results)
+    groups = grouped(load_results(tmp_path), "test")
+    table = accuracy_table(groups)
+    assert "| vq_s64 | r | 1,2 | 7000 | 0.7000 ± 0.1000 | 1.0000 ± 0.0000 | 0.5000 ± 0.0000 |" in table
+    assert "| vq_s64_nocache | r | 1 | 15000 | 0.2000 | 1.0000 |  |" in table  # no answers there: empty
+    labels = {r["run"]: backend_label(r["config"]) for r in results}
+    assert labels["vq_s64_nocache"] == "vq (no cache)"
+    curves = state_curves(groups, labels)
+    assert curves["vq"] == [(7000.0, pytest.approx(0.7), pytest.approx(0.1))]
+    assert set(curves) == {"vq", "vq (no cache)", "dense"}
+    assert grid(groups["vq_s64", "r"]) is None  # gap buckets are not a grid
+    passkey = [{"seed": 1, "accuracy": _accuracy(0.5, {
+        "len_256_depth_0.00": 1.0, "len_256_depth_1.00": 0.0, "len_512_depth_0.00": 0.5, "len_512_depth_1.00": 0.25,
+    })}]  # fmt: skip
+    values, rows, columns = grid(passkey)
+    assert rows == ["T=256", "T=512"] and columns == ["depth 0.00", "depth 1.00"]
+    assert values == [[1.0, 0.0], [0.5, 0.25]]
+    report = write_report(tmp_path, "Study t").read_text()
+    assert "![accuracy against state size](test-accuracy-vs-state.png)" in report
+    assert (tmp_path / "test-accuracy-vs-state.png").is_file()
+
+
+def test_a_tiny_study_runs_resumably_and_reports(tmp_path: Path) -> None:
+    study = tmp_path / "tiny.yaml"
+    study.write_text(
+        "name: tiny\nbase: [experiment=smoke, trainer.max_steps=4, trainer.val_check_interval=4, data=mqar,"
+        " data.seq_len=32, data.num_kv_pairs=2, data.vocab_size=64, data.num_val_examples=16,"
+        " data.num_test_examples=16, model.attention.block_len=8]\n"
+        "runs:\n  vq: {overrides: [model.attention.codebook_size=4], seeds: [1, 2]}\n"
+        "evaluate:\n  - {name: test, split: test}\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    command = [sys.executable, "-m", "tvq_exp.analysis", "study", "run", str(study), "--out", str(tmp_path / "s")]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = load_results(tmp_path / "s")
+    assert [r["id"] for r in results] == ["vq--default--s1", "vq--default--s2"]
+    evaluation = results[0]["evaluations"]["test"]
+    assert evaluation["split"] == "test" and 0.0 <= evaluation["accuracy"]["accuracy"] <= 1.0
+    assert evaluation["state_floats_per_layer"] > 0 and results[0]["train"]["global_step"] == 4
+    first = (tmp_path / "s/results/vq--default--s1.json").stat().st_mtime_ns
+    again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and (tmp_path / "s/results/vq--default--s1.json").stat().st_mtime_ns == first

@@ -1,0 +1,100 @@
+"""The options of the commands themselves, as annotated signatures: the top level of ``train.py`` (seed, threads,
+resume, ...), Lightning's ``trainer``, ``eval.py`` and ``sample.py``.
+
+The model, data and module nodes are checked against their constructors' signatures
+(:mod:`tvq_exp.run.validation`); the options below have no constructor of ours, so these functions are their
+signatures: same :mod:`tvq_exp.options` annotations, same checks (types, unknown keys, ranges), same one-line
+:class:`~tvq_exp.run.validation.ConfigError`. They are never called.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Annotated, Any
+
+from lightning.fabric.connector import _PRECISION_INPUT_STR
+
+from tvq_exp.options import Above, AtLeast, Between, OneOf
+
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+PRECISIONS = (*typing.get_args(_PRECISION_INPUT_STR), "bf16", 16, 32, 64)
+RESUME = ("auto",)
+
+
+def train_options(
+    task_name: str = "train",
+    seed: Annotated[int, AtLeast(0)] = 1234,
+    ckpt_path: str | None = None,
+    resume: Annotated[str, OneOf(*RESUME)] | None = None,
+    run_name: str | None = None,
+    init_from: str | None = None,
+    init_batches: Annotated[int, AtLeast(1)] = 8,
+    torch_threads: Annotated[int, AtLeast(1)] | None = None,
+    block_len: Annotated[int, AtLeast(1)] | None = None,
+    codebook_size: Annotated[int, AtLeast(2)] | None = None,
+    global_batch_size: Annotated[int, AtLeast(1)] | None = None,
+    optimized_metric: str | None = None,
+) -> None:
+    """The top-level keys of ``train.yaml`` (the nodes ``model``, ``data``, ``module``, ... are checked apart)."""
+
+
+def trainer_options(
+    accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
+    num_nodes: Annotated[int, AtLeast(1)] = 1,
+    precision: Annotated[Any, OneOf(*PRECISIONS)] = "32-true",
+    max_steps: Annotated[int, AtLeast(-1)] = -1,
+    max_epochs: Annotated[int, AtLeast(-1)] | None = None,
+    val_check_interval: Annotated[float, Above(0)] | None = None,
+    check_val_every_n_epoch: Annotated[int, AtLeast(1)] | None = None,
+    limit_val_batches: Annotated[float, Above(0)] | None = None,
+    limit_train_batches: Annotated[float, Above(0)] | None = None,
+    log_every_n_steps: Annotated[int, AtLeast(1)] = 50,
+    accumulate_grad_batches: Annotated[int, AtLeast(1)] = 1,
+    num_sanity_val_steps: Annotated[int, AtLeast(-1)] = 0,
+    enable_model_summary: bool = False,
+    enable_progress_bar: bool = True,
+    benchmark: bool = False,
+) -> None:
+    """The ``trainer`` keys whose values tvq_exp checks (any other ``lightning.pytorch.Trainer`` argument is
+    accepted by name and left to Lightning)."""
+
+
+def guard_options(max_bad_steps: Annotated[int, AtLeast(1)] = 10) -> None:
+    """``guard``: non-finite steps in a row that stop the run (docs/reliability.md)."""
+
+
+def eval_options(
+    ckpt_path: str,
+    split: Annotated[str, OneOf("val", "test")] = "val",
+    protocol: Annotated[str, OneOf("segment", "sequence", "split")] | None = None,
+    sequence_len: Annotated[int, AtLeast(1)] | None = None,
+    seq_len: Annotated[int, AtLeast(1)] | None = None,
+    carry_state: bool = False,
+    output: str | None = None,
+    data_root: str | None = None,
+    eval_batch_size: Annotated[int, AtLeast(1)] | None = None,
+    limit_batches: Annotated[int, AtLeast(1)] | None = None,
+    accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
+    precision: Annotated[Any, OneOf(*PRECISIONS)] | None = None,
+    progress_bar: bool = True,
+    torch_threads: Annotated[int, AtLeast(1)] | None = None,
+) -> None:
+    """``eval.py``'s options (``conf/eval.yaml``; ``model_options`` is merged into the run's model config)."""
+
+
+def sample_options(
+    ckpt_path: str,
+    prompt: str = "The ",
+    num_bytes: Annotated[int, AtLeast(0)] = 256,
+    num_samples: Annotated[int, AtLeast(1)] = 1,
+    temperature: Annotated[float, AtLeast(0)] = 1.0,
+    top_k: Annotated[int, AtLeast(1)] | None = None,
+    top_p: Annotated[float, Between(0, 1, "(]")] | None = None,
+    seed: Annotated[int, AtLeast(0)] = 0,
+    device: str = "auto",
+    output: str | None = None,
+    image_nrow: Annotated[int, AtLeast(1)] | None = None,
+    image_scale: Annotated[int, AtLeast(1)] = 4,
+    torch_threads: Annotated[int, AtLeast(1)] | None = None,
+) -> None:
+    """``sample.py``'s options (``conf/sample.yaml``)."""
