@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.errors import reported, run
+from tvq_exp.run.evaluate import evaluate
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")

@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.run.sample import sample
 from tvq_exp.run.errors import reported, run
+from tvq_exp.run.sample import sample
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sample")

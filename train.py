@@ -3,9 +3,9 @@
 import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.run.train import train
 from tvq_exp.run.errors import reported, run
 from tvq_exp.run.sweeps import objective
+from tvq_exp.run.train import train
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
