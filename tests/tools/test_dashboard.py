@@ -1,0 +1,103 @@
+"""The dashboard as users open it: the real TensorBoard server on the logs of a small sweep, read over its HTTP
+API (127.0.0.1 only): the runs, the scalars, the HParams table with the swept values and the final metrics,
+the position plot image and the text samples a browser would show."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(
+    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text").is_dir(),
+    reason="set TVQ_DATA_DIR to the shared datasets folder",
+)
+
+
+def _get(base: str, path: str, **query: str) -> Any:
+    url = f"{base}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body = response.read()
+    return body if path.endswith("individualImage") else json.loads(body)
+
+
+def _post(base: str, path: str, payload: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        f"{base}{path}", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _start(logdir: Path) -> tuple[subprocess.Popen[str], str]:
+    """TensorBoard on a free port; returns the process and its base URL."""
+    command = [str(Path(sys.executable).parent / "tensorboard"), "--logdir", str(logdir), "--host", "127.0.0.1",
+               "--port", "0", "--reload_interval", "1"]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = server.stdout.readline() if server.stdout else ""
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        if match:
+            return server, f"http://127.0.0.1:{match.group(1)}"
+    server.kill()
+    raise AssertionError("TensorBoard did not print its address within 60 s")
+
+
+def test_tensorboard_serves_a_sweeps_scalars_hparams_images_and_text(tmp_path: Path) -> None:
+    sweep = [
+        sys.executable, str(REPO / "train.py"), "-m", "experiment=smoke", "trainer.max_steps=4",
+        "trainer.val_check_interval=2", "trainer.enable_progress_bar=false", "data.batch_size=2,4",
+        "run_name=dash", f"paths.log_dir={tmp_path}",
+    ]  # fmt: skip
+    done = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    server, base = _start(tmp_path / "multiruns" / "dash")
+    try:
+        runs: list[str] = []
+        deadline = time.time() + 60
+        while time.time() < deadline:  # the logs load asynchronously
+            tags = _get(base, "/data/plugin/scalars/tags")
+            runs = sorted(run for run, run_tags in tags.items() if "val/bpb" in run_tags)
+            if len(runs) == 2:
+                break
+            time.sleep(1)
+        assert runs == ["0/tensorboard", "1/tensorboard"], tags
+        for run in runs:
+            points = _get(base, "/data/plugin/scalars/scalars", run=run, tag="val/bpb")
+            assert [step for _, step, _ in points] == [2, 4] and all(v > 0 for _, _, v in points)
+
+        experiment = _post(base, "/data/plugin/hparams/experiment", {"experimentName": ""})
+        hparams = {info["name"] for info in experiment["hparamInfos"]}
+        assert "data.batch_size" in hparams, sorted(hparams)
+        groups = _post(base, "/data/plugin/hparams/session_groups", {
+            "experimentName": "", "startIndex": 0, "sliceSize": 10,
+            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+            "colParams": [{"hparam": "data.batch_size", "includeInResult": True},
+                          {"metric": {"tag": "final/val_bpb", "group": ""}, "includeInResult": True}],
+        })["sessionGroups"]  # fmt: skip
+        swept = sorted(g["hparams"]["data.batch_size"] for g in groups)
+        assert swept == [2, 4], groups
+        for group in groups:
+            (value,) = [m["value"] for m in group["metricValues"] if m["name"]["tag"] == "final/val_bpb"]
+            assert value > 0
+
+        images = _get(base, "/data/plugin/images/images", run=runs[0], tag="val/bpb_by_position", sample="0")
+        png = _get(base, "/data/plugin/images/individualImage", blob_key=images[-1]["query"].split("=", 1)[1])
+        assert png[:4] == b"\x89PNG"
+        texts = _get(base, "/data/plugin/text/text", run=runs[0], tag="samples/text/text_summary")
+        assert texts and texts[-1]["step"] == 4 and "The " in texts[-1]["text"]
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)
