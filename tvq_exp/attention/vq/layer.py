@@ -143,9 +143,9 @@ class VQAttention(AttentionBackend):
 
     def state_floats(self, seq_len: int) -> int:
         """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and
-        ``S`` means of ``d_v``), per key/value head."""
+        ``S`` means of ``d_v``; none with ``use_cache=False``), per key/value head."""
         window = seq_len - max(0, (seq_len // self.block_len - 1) * self.block_len)
-        cache = self.codebook_size * (1 + self.d_v)
+        cache = self.codebook_size * (1 + self.d_v) if self.use_cache else 0
         return self.kv_heads * (window * (self.d_k + self.d_v + 1) + cache)
 
     def forward(
