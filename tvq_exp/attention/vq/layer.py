@@ -169,10 +169,12 @@ class VQAttention(AttentionBackend):
         all_codes = torch.cat([state["codes"], codes], dim=2)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
         vals = vb if self.grad_through_cache else vb.detach()
-        prefix = tuple(
-            x.unflatten(0, cb.shape[:2])
-            for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
-        )
+        prefix = None  # without the cache there are no running code means to keep (nor a cache in the state)
+        if self.use_cache:
+            prefix = tuple(
+                x.unflatten(0, cb.shape[:2])
+                for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
+            )
         out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         return out, new_state, aux
@@ -181,21 +183,23 @@ class VQAttention(AttentionBackend):
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
         b, h, _, dk = k.shape
         s = self.quantizer.codebook_size
-        return {
+        state: State = {
             "k": k.new_zeros(b, h, 0, dk),
             "v": k.new_zeros(b, h, 0, self.d_v),
             "codes": torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
-            "cache_n": torch.zeros(b, h, s, device=k.device, dtype=torch.float64),  # exact counts
-            "cache_mu": torch.zeros(b, h, s, self.d_v, device=k.device),
             "t": 0,
         }
+        if self.use_cache:
+            state["cache_n"] = torch.zeros(b, h, s, device=k.device, dtype=torch.float64)  # exact counts
+            state["cache_mu"] = torch.zeros(b, h, s, self.d_v, device=k.device)
+        return state
 
     def _attend(
         self,
         q: Tensor,
         kb: Tensor,
         vb: Tensor,
-        prefix: tuple[Tensor, Tensor],
+        prefix: tuple[Tensor, Tensor] | None,
         n_buf: int,
         cached_before: bool,
     ) -> Tensor:
@@ -258,7 +262,7 @@ class VQAttention(AttentionBackend):
         keys: Tensor,
         values: Tensor,
         codes: Tensor,
-        prefix: tuple[Tensor, Tensor],
+        prefix: tuple[Tensor, Tensor] | None,
         t0: int,
         t_new: int,
         p0: int,
@@ -270,14 +274,16 @@ class VQAttention(AttentionBackend):
         start = max(0, (c_end - 1) * L)
         last_cached = c_end - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
         j = max(last_cached + 1, 0)
-        return {
+        state: State = {
             "k": keys[:, :, start - p0 :].detach(),
             "v": values[:, :, start - p0 :].detach(),
             "codes": codes[:, :, start - p0 :],
-            "cache_n": prefix[0][:, :, j].detach(),
-            "cache_mu": prefix[1][:, :, j].detach(),
             "t": t_end,
         }
+        if prefix is not None:
+            state["cache_n"] = prefix[0][:, :, j].detach()
+            state["cache_mu"] = prefix[1][:, :, j].detach()
+        return state
 
 
 def _to_blocks(

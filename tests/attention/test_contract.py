@@ -1,0 +1,139 @@
+"""The backend contract (``tvq_exp/attention/base.py``), one parametrised test per rule over every backend in
+``BACKENDS``: shapes and dtype, causality, streaming in segments equals one forward, the carried state round-trips
+(cloned and resumed from gives the same outputs; its size is ``state_floats``), finite gradients.
+
+A backend added to ``BACKENDS`` without an entry in ``OPTIONS`` fails ``test_every_backend_is_covered``. Each
+backend's agreement with its plain reference is tested beside it (``test_<backend>.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.attention.registry import BACKENDS, build_attention
+
+B, H, D_K, D_V, L = 2, 2, 8, 6, 4
+T = 6 * L  # long enough for the VQ / OVQ cache (blocks two back) to matter
+# small options per backend (every block/group/chunk length L, so segments of L or 2L exercise the state)
+OPTIONS: dict[str, dict[str, Any]] = {
+    "dense": {"window_bias": True, "window_len": L},
+    "vq": {"codebook_size": 5, "block_len": L},
+    "linear": {"chunk_size": L},
+    "flash_chunk": {"group_size": L},
+    "ovq": {"num_centroids": 5, "block_len": L},
+}
+NAMES = sorted(BACKENDS)
+
+
+def backend(name: str) -> AttentionBackend:
+    torch.manual_seed(0)
+    return build_attention(name, d_k=D_K, d_v=D_V, heads=H, **OPTIONS[name]).double().eval()
+
+
+def inputs(seed: int = 0, t: int = T) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, t, D_K, generator=g, dtype=torch.float64) for _ in range(2))
+    return q, k, torch.randn(B, H, t, D_V, generator=g, dtype=torch.float64)
+
+
+def elements(state: Any) -> int:
+    """Elements of every tensor in a (nested) state."""
+    if torch.is_tensor(state):
+        return state.numel()
+    if isinstance(state, dict):
+        return sum(elements(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(elements(v) for v in state)
+    return 0
+
+
+def clone(state: Any) -> Any:
+    if torch.is_tensor(state):
+        return state.clone()
+    if isinstance(state, dict):
+        return {k: clone(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(clone(v) for v in state)
+    return state
+
+
+def test_every_backend_is_covered() -> None:
+    missing = set(BACKENDS) - set(OPTIONS)
+    assert not missing, f"add small options for {sorted(missing)} to OPTIONS in {__file__}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_shapes_and_dtype(name: str, dtype: torch.dtype) -> None:
+    attn = backend(name).to(dtype)
+    q, k, v = (x.to(dtype) for x in inputs())
+    out, state, aux = attn(q, k, v)
+    assert out.shape == (B, H, T, D_V) and out.dtype == dtype
+    assert bool(out.isfinite().all()) and isinstance(aux, dict)
+    with pytest.raises(ValueError):
+        attn(q[..., :-1], k, v)  # a wrong d_k is refused
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("t", [0, L - 1, 2 * L + 1, T - 1])
+def test_causality(name: str, t: int) -> None:
+    attn = backend(name)
+    q, k, v = inputs()
+    before = attn(q, k, v)[0]
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t] += 3.0
+    after = attn(q2, k2, v2)[0]
+    torch.testing.assert_close(after[:, :, :t], before[:, :, :t], rtol=0, atol=1e-12)
+    assert (after[:, :, t] - before[:, :, t]).abs().max() > 1e-6  # the change is seen at t
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("cuts", [(L,), (2 * L, 3 * L + 1), (1, 2, 5 * L)])
+def test_streaming_equals_one_forward(name: str, cuts: tuple[int, ...]) -> None:
+    attn = backend(name)
+    q, k, v = inputs()
+    full = attn(q, k, v)[0]
+    state, parts, start = None, [], 0
+    for end in (*cuts, T):
+        out, state, _ = attn(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], state)
+        parts.append(out)
+        start = end
+    torch.testing.assert_close(torch.cat(parts, dim=2), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("t", [L, 3 * L + 2])
+def test_state_round_trip_and_size(name: str, t: int) -> None:
+    attn = backend(name)
+    q, k, v = inputs()
+    _, state, _ = attn(q[:, :, :t], k[:, :, :t], v[:, :, :t])
+    copy = clone(state)
+    rest = (q[:, :, t:], k[:, :, t:], v[:, :, t:])
+    torch.testing.assert_close(attn(*rest, copy)[0], attn(*rest, state)[0], rtol=0, atol=0)
+    assert elements(state) == B * attn.state_floats(t)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_are_finite(name: str) -> None:
+    attn = backend(name).train()
+    q, k, v = (x.requires_grad_(True) for x in inputs())
+    out = attn(q, k, v)[0]
+    out.square().sum().backward()
+    for x in (q, v):
+        assert x.grad is not None and bool(x.grad.isfinite().all()) and x.grad.abs().sum() > 0
+    assert k.grad is not None and bool(k.grad.isfinite().all())
+    assert all(bool(p.grad.isfinite().all()) for p in attn.parameters() if p.grad is not None)
+
+
+def test_vq_without_its_cache_carries_no_cache() -> None:
+    """``use_cache=false`` (the cache ablation): the state is the window alone, and its size says so."""
+    attn = build_attention("vq", d_k=D_K, d_v=D_V, heads=H, use_cache=False, **OPTIONS["vq"]).double().eval()
+    q, k, v = inputs()
+    _, state, _ = attn(q, k, v)
+    assert "cache_n" not in state and elements(state) == B * attn.state_floats(T)
+    assert attn.state_floats(T) < backend("vq").state_floats(T)
