@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import REPO
+
 PKG = "tvq_exp"
 PKG_DIR = REPO / PKG
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 QUICK = [
     "trainer=cpu",
     "model=tiny",

@@ -14,11 +14,12 @@ import torchvision.datasets
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.data import ChecksumError, CorruptFileError, DataNotFoundError, ImageDataModule
 from tvq_exp.data.download import digest_file
 from tvq_exp.data.images import DigitsImages, IdxImages, Imagenet64Images, flatten_image, unflatten_tokens
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
+CONF = CONF_ROOT / "data"
 
 
 @pytest.fixture(scope="module")

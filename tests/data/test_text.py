@@ -13,12 +13,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data import DataNotFoundError, TextDataModule
 from tvq_exp.data.samplers import EvalSegmentSampler, RandomWindowSampler, StreamSampler
 from tvq_exp.data.text import GutenbergCorpus, MahoneyCorpus, PG19Corpus, TextFilesCorpus
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
+CONF = CONF_ROOT / "data"
 SEQ_LEN = 128
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 GROUP = pytest.mark.xdist_group("small_sweep")
 SWEEP_VALUES = (16, 32)
 OK_JOBS = ("0", "1")

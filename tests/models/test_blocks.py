@@ -16,6 +16,7 @@ from hydra.utils import instantiate
 
 from tests.attention.test_flash_chunk import with_random_bias
 from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
+from tests.helpers.paths import CONF
 from tvq_exp.attention import DenseAttention, build_attention
 from tvq_exp.attention.base import repeat_kv
 from tvq_exp.attention.naive import dense_attention as dense_reference
@@ -25,7 +26,6 @@ from tvq_exp.attention.naive import softmax_attention
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 CORPUS = Path("/work/shared/datasets/text/tinyshakespeare.txt")
 
 

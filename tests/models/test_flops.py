@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.helpers.paths import CONF
 from tvq_exp.attention import VQAttention, build_attention
 from tvq_exp.callbacks.throughput import Throughput, precision_dtype
 from tvq_exp.measure.timing import matmul_peak_flops
@@ -27,7 +28,6 @@ from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 D_K, D_V, BATCH, T = 8, 12, 2, 40  # T is a multiple of no chunk, group or block length below but 8
 

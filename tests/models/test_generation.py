@@ -16,6 +16,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 import tvq_exp  # noqa: F401 (registers the config resolvers)
+from tests.helpers.paths import CONF
 from tvq_exp.attention import build_attention
 from tvq_exp.callbacks.image_samples import ImageSamples
 from tvq_exp.data.images.render import completion_grid, grid_shape, image_grid, levels_to_uint8, save_png
@@ -25,7 +26,6 @@ from tvq_exp.models.generation import complete_images, sample_images
 from tvq_exp.nn import ImagePositionEmbedding
 from tvq_exp.run.validation import validate
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 SHAPE = (4, 3, 3)  # H, W, C: 36 sub-pixels
 LEVELS = 5
 

@@ -15,14 +15,14 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tests.helpers.paths import CONF
+from tests.helpers.paths import REPO as ROOT
 from tvq_exp.models.generation import filter_logits, generate, sample_next
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
 from tvq_exp.run.validation import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
 NOISE = ("GPU available", "LOCAL_RANK", "Tip:", "TPU available", "Warning", "warn")
 

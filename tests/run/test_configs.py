@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from tests.helpers.paths import CONF
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
 from tvq_exp.run.build import (  # registers the tvq.* resolvers
     build_callbacks,
@@ -17,7 +18,6 @@ from tvq_exp.run.build import (  # registers the tvq.* resolvers
     to_dict,
 )
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
 DATA_PLACEHOLDERS = {"text_files": ["data.corpus.path=some/folder"]}

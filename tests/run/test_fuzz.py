@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from tests.helpers.paths import CONF
 from tvq_exp.options import constraints
 from tvq_exp.run import schema
 from tvq_exp.run.validation import ConfigError, data_nodes, model_nodes, schema_for, validate
 
-REPO = Path(__file__).resolve().parents[2]
-CONF = REPO / "conf"
 PER_AREA = 10  # cases drawn per area (every case of an area with fewer)
 WRONG_TYPE = {int: "abc", float: "abc", bool: "maybe"}
 

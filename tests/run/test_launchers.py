@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from submitit.slurm.slurm import _make_sbatch_string
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from tests.helpers.paths import CONF
 
 
 def test_slurm_preset_writes_the_sbatch_script_a_cluster_would_run(tmp_path: Path, monkeypatch) -> None:
@@ -20,7 +20,9 @@ def test_slurm_preset_writes_the_sbatch_script_a_cluster_would_run(tmp_path: Pat
         cfg = compose("train", overrides=["experiment=smoke", *overrides], return_hydra_config=True)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     assert launcher["_target_"] == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-    params = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in ("partition", "gpus_per_node", "nodes")}
+    params = {
+        k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in ("partition", "gpus_per_node", "nodes")
+    }
     assert params == {"partition": "gpu", "gpus_per_node": 4, "nodes": 1}
     assert cfg.hydra.launcher.tasks_per_node == 4  # one task per GPU: Lightning's DDP under SLURM
     script = _make_sbatch_string(

@@ -13,11 +13,11 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.helpers.paths import CONF
 from tvq_exp.data.images.render import grid_shape
 from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3
 STEPS, VAL_EVERY = 60, 30
 

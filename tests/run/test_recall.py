@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from tests.helpers.paths import CONF
 from tvq_exp.run.train import train
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
 STEPS = ["trainer.max_steps=1000", "trainer.val_check_interval=1000"]
 

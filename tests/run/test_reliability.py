@@ -21,14 +21,13 @@ from hydra import compose, initialize_config_dir
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.helpers.paths import CONF, REPO
 from tests.helpers.reliability import read_records
 from tvq_exp.callbacks.checkpoint import BestAndLastCheckpoint
 from tvq_exp.callbacks.numerics_guard import NumericsError
 from tvq_exp.run.checkpoints import CheckpointError, newest_good_checkpoint, read_checkpoint
 from tvq_exp.run.train import train
 
-REPO = Path(__file__).resolve().parents[2]
-CONF = REPO / "conf"
 BASE = [
     "experiment=smoke",
     "data=shakespeare",
@@ -309,7 +308,9 @@ def test_relaunched_sweep_skips_finished_jobs_and_resumes_the_others(launcher: s
     (jobs / "1" / "finished.json").unlink()  # as if job 1 had been preempted after its last checkpoint
     again = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    logs = again.stdout + "".join(p.read_text() for p in jobs.glob(".submitit/*/*.out"))  # submitit's job logs
+    logs = again.stdout + "".join(
+        p.read_text() for p in jobs.glob(".submitit/*/*.out")
+    )  # submitit's job logs
     assert logs.count("finished at step 4; skipped") == 1
     assert f"resuming from {jobs / '1' / 'checkpoints'}" in logs
     assert (jobs / "1" / "finished.json").is_file()

@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, open_dict
 
+from tests.helpers.paths import CONF
 from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tvq_exp.data.paths import DataNotFoundError
 from tvq_exp.run import sweeps
@@ -22,7 +23,6 @@ from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.run.train import train
 from tvq_exp.run.validation import validate
 
-CONF = REPO / "conf"
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # Every preset runs on CPU here; paper-size presets are shrunk (their full size is the slow test), and

@@ -11,11 +11,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from tests.helpers.paths import CONF
 from tests.helpers.reliability import read_records
 from tvq_exp.run.checkpoints import read_checkpoint
 from tvq_exp.run.train import train
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 BASE = [
     "experiment=smoke",
     "data=shakespeare",

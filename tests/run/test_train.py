@@ -15,6 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.helpers.paths import CONF
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.dense_to_vq import collect_keys, init_from_dense, load_dense_weights
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
@@ -23,7 +24,6 @@ from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.train import train
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 TINY = ["model.d_model=64", "model.n_layers=2", "model.block.d_k=32"]
 TINY_VQ = [*TINY, "model.attention.codebook_size=32", "model.attention.block_len=32"]
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]

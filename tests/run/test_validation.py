@@ -15,10 +15,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from tests.helpers.paths import CONF, REPO
 from tvq_exp.run.validation import ConfigError, validate
 
-REPO = Path(__file__).resolve().parents[2]
-CONF = REPO / "conf"
 TINY = ["experiment=smoke"]
 
 # (overrides, the key the message must name)

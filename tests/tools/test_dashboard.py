@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
+
 pytestmark = pytest.mark.skipif(
     not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text").is_dir(),
     reason="set TVQ_DATA_DIR to the shared datasets folder",

@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.paths import REPO
 from tvq_exp.tools.study.recall import accuracy_table, backend_label, grid, state_curves
 from tvq_exp.tools.study.report import write_report
 from tvq_exp.tools.study.results import cell, grouped, load_results
 from tvq_exp.tools.study.spec import load_study
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def _result(run: str, seed: int, bpb: float, accuracy: dict[str, Any] | None = None, **attention: Any) -> dict:
+def _result(
+    run: str, seed: int, bpb: float, accuracy: dict[str, Any] | None = None, **attention: Any
+) -> dict:
     evaluation: dict[str, Any] = {
         "bpb": bpb,
         "position_buckets": [{"start": 0, "end": 16, "bpb": bpb + 0.1}, {"start": 16, "end": 32, "bpb": bpb}],
@@ -36,7 +37,9 @@ def _accuracy(overall: float, buckets: dict[str, float]) -> dict[str, Any]:
     return {
         "accuracy": overall,
         "sequence_accuracy": overall,
-        "buckets": [{"name": k, "accuracy": v, "sequence_accuracy": v, "count": 10} for k, v in buckets.items()],
+        "buckets": [
+            {"name": k, "accuracy": v, "sequence_accuracy": v, "count": 10} for k, v in buckets.items()
+        ],
     }
 
 
@@ -119,7 +122,16 @@ def test_a_tiny_study_runs_resumably_and_reports(tmp_path: Path) -> None:
         "evaluate:\n  - {name: test, split: test}\n"
     )
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    command = [sys.executable, "-m", "tvq_exp.analysis", "study", "run", str(study), "--out", str(tmp_path / "s")]
+    command = [
+        sys.executable,
+        "-m",
+        "tvq_exp.analysis",
+        "study",
+        "run",
+        str(study),
+        "--out",
+        str(tmp_path / "s"),
+    ]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = load_results(tmp_path / "s")

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import REPO
 from tvq_exp.tools.study.results import load_results
 from tvq_exp.tools.study.spec import load_study
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
