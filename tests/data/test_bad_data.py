@@ -64,12 +64,32 @@ def corpus_too_small(root: Path) -> tuple[list[str], str, str]:
     return overrides, str(root / "tiny.txt"), "lower data.seq_len"
 
 
+def truncated_catalog(root: Path) -> tuple[list[str], str, str]:
+    folder = root / "text" / "gutenberg"
+    folder.mkdir(parents=True)
+    rows = ["file\tsplit\tbytes"]
+    for i, split in enumerate(("train", "validation", "test")):
+        (folder / f"b{i}.txt").write_bytes(b"a book. " * 200)
+        rows.append(f"b{i}.txt\t{split}\t1600")
+    text = "\n".join(rows) + "\n"
+    (folder / "CATALOG.tsv").write_text(text[: text.rindex("\t")])  # cut inside the last row
+    return ["data=gutenberg", "data.seq_len=64"], str(folder / "CATALOG.tsv"), "restore it"
+
+
+def empty_file(root: Path) -> tuple[list[str], str, str]:
+    (root / "empty.txt").write_bytes(b"")
+    overrides = [*TEXT, "data.corpus.path=empty.txt", "data.corpus.split_by=bytes"]
+    return overrides, str(root / "empty.txt"), "lower data.seq_len"
+
+
 CASES: dict[str, Callable[[Path], tuple[list[str], str, str]]] = {
     "missing file": missing_file,
     "wrong checksum": wrong_checksum,
     "truncated archive": truncated_archive,
     "wrong image shape": wrong_image_shape,
     "corpus smaller than one sequence": corpus_too_small,
+    "truncated catalogue": truncated_catalog,
+    "empty file": empty_file,
 }
 
 

@@ -9,6 +9,8 @@ from tvq_exp.data.paths import CorruptFileError, not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
 from tvq_exp.data.text.files import concat_files
 
+CATALOG_COLUMNS = ("file", "split", "bytes")
+
 
 class GutenbergCorpus(ByteCorpus):
     """The shared Gutenberg folder: splits from ``CATALOG.tsv``'s ``split`` column.
@@ -39,10 +41,24 @@ class GutenbergCorpus(ByteCorpus):
             )
         files: dict[str, list[Path]] = {split: [] for split in SPLITS}
         with open(catalog, newline="", encoding="utf-8") as handle:
-            for row in csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE):
+            reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+            missing = [c for c in CATALOG_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise CorruptFileError(f"{catalog}: no column {', '.join(missing)}; restore the catalogue")
+            for line, row in enumerate(reader, start=2):
+                if any(not row.get(c) for c in CATALOG_COLUMNS) or not str(row["bytes"]).isdigit():
+                    raise CorruptFileError(
+                        f"{catalog}, line {line}: incomplete row {row.get('file')!r} (needs file, split and a "
+                        "byte count); the catalogue is truncated or edited: restore it"
+                    )
                 if row["split"] not in files:
                     raise CorruptFileError(f"{catalog}: unknown split {row['split']!r} for {row['file']}")
                 files[row["split"]].append(self._checked_book(folder / row["file"], int(row["bytes"]), root))
+        empty = [split for split, paths in files.items() if not paths]
+        if empty:
+            raise CorruptFileError(
+                f"{catalog}: no book in the {', '.join(empty)} split; restore the catalogue"
+            )
         return {split: sorted(paths, key=lambda path: path.name) for split, paths in files.items()}
 
     @staticmethod
