@@ -120,6 +120,8 @@ def run_script(script: str, *overrides: str, tmp_path: Path) -> subprocess.Compl
         (["experiment=smoke", "model.attention.codebook_size=1"], "model.attention.codebook_size"),
         (["experiment=smoke", "model.attention.codebok_size=8"], "codebok_size"),  # not in the config
         (["experiment=smoke", "model=nope"], "model"),  # unknown group option
+        (["experiment=smoke", "trainer.max_stepz=5"], "did you mean trainer.max_steps?"),  # no second error
+        (["experiment=smoke", "torch_thread=1"], "did you mean torch_threads?"),
     ],
 )
 def test_train_script_prints_one_line_and_exits_2(overrides: list[str], key: str, tmp_path: Path) -> None:

@@ -11,8 +11,11 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
@@ -23,8 +26,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tvq_exp.callbacks.numerics_guard import NumericsError
 from tvq_exp.data import ChecksumError, CorruptFileError, DataNotFoundError
+from tvq_exp.run import schema
 from tvq_exp.run.checkpoints import CheckpointError
-from tvq_exp.run.validation import ConfigError
+from tvq_exp.run.validation import TRAIN_NODES, ConfigError
 
 USAGE_ERRORS = (
     ConfigError,
@@ -48,9 +52,29 @@ def one_line(error: BaseException) -> str:
     return f"{message} ({first})" if first and first not in message else message
 
 
+def typo_hint(message: str) -> str:
+    """For Hydra's "Could not override 'KEY'" on a misspelt ``trainer.*`` or top-level key: the nearest real
+    key, so the user is not sent to add a ``+`` and meet a second error."""
+    match = re.search(r"Could not override '([\w.]+)'", message)
+    if match is None:
+        return ""
+    parent, _, name = match.group(1).rpartition(".")
+    if parent == "trainer":
+        import lightning.pytorch as pl
+
+        known = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+    elif not parent:
+        known = set(inspect.signature(schema.train_options).parameters) | TRAIN_NODES
+    else:
+        return ""
+    near = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"; did you mean {parent + '.' if parent else ''}{near[0]}?" if near else ""
+
+
 def fail(error: BaseException, status: int) -> NoReturn:
     """Print ``error: <message>`` on one line of stderr and exit with ``status``."""
-    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    message = one_line(error)
+    print(f"error: {message}{typo_hint(message)}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 
