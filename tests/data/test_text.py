@@ -284,7 +284,7 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
             assert cfg.seq_len == height * width * channels
         if cfg.kind != "synthetic":  # synthetic tasks are generated, never read from disk
             cfg.root = str(tmp_path / "absent")
-        if path.stem == "text_files":
+        if path.stem in ("text_files", "hf"):
             cfg.corpus.path = "anything"
         module = instantiate(cfg)  # cheap: no file is touched
         assert isinstance(module, L.LightningDataModule), path
