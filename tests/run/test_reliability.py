@@ -392,3 +392,38 @@ def test_a_real_divergence_ends_in_one_error_line_and_a_loadable_checkpoint(tmp_
     )  # fmt: skip
     lines = [line for line in evaluate.stderr.splitlines() if line.strip()]
     assert evaluate.returncode == 2 and len(lines) == 1 and name in lines[0], evaluate.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill", [("SIGTERM", 3), ("SIGTERM", 13), ("SIGKILL", 7), ("SIGKILL", 12), ("SIGKILL", 18)]
+)
+@pytest.mark.parametrize("setting", ["dropout", "tbptt"])
+def test_killed_process_resumes_to_the_uninterrupted_run(
+    setting: str, kill: tuple[str, int], tmp_path: Path
+) -> None:
+    """More kill points, as real signals to a real train.py process: SIGTERM (a checkpoint at the kill step) and
+    SIGKILL between checkpoints (the run goes back to its last validation's checkpoint and trains those steps
+    again); the last record of every step equals the uninterrupted run's."""
+    name, step = kill
+    extra = RESUME_SETTINGS[setting]
+    straight, pieces, ready = tmp_path / "straight.jsonl", tmp_path / "pieces.jsonl", tmp_path / "ready"
+    run_train([*extra, *record(straight)], tmp_path / "a")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(REPO / "train.py"), *BASE, *extra, *auto("b"), "torch_threads=1",
+               f"hydra.run.dir={tmp_path / 'b'}", *record(pieces)]  # fmt: skip
+    proc = subprocess.Popen([*command, *callback("ready", "TouchAt", step=step, path=str(ready))], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.Signals[name])
+    proc.communicate(timeout=120)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = {r["step"]: r for r in read_records(pieces)}  # a step trained again after SIGKILL: its last record
+    expected = read_records(straight)
+    assert sorted(last) == [r["step"] for r in expected]
+    assert [(last[r["step"]]["loss"], last[r["step"]]["checksum"]) for r in expected] == [
+        (r["loss"], r["checksum"]) for r in expected
+    ]
