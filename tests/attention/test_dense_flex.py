@@ -187,3 +187,34 @@ def test_unsupported_options_say_why() -> None:
     assert not on_cpu and "backward on CPU" in on_cpu.reason
     assert flex_support("cpu", requires_grad=True, compiled=False)
     assert "not meta" in flex_support("meta").reason
+
+
+def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:
+    """``kernel=flex`` through the backend's own forward (the eager flex path with gradients on CPU): outputs and
+    gradients equal ``kernel=plain``, also streamed in two segments with the state carried; ``last_kernel`` says
+    which ran; ``auto`` keeps the plain path where the compiled kernel cannot run (CPU with gradients)."""
+    plain = _dense(True, "cpu")
+    flex = build_attention("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="flex")
+    flex.load_state_dict(plain.state_dict())
+    q, k, v = _qkv(12, 0, "cpu")
+    outs, grads = [], []
+    for attn in (plain, flex):
+        first, state, _ = attn(q[:, :, :5], k[:, :, :5], v[:, :, :5])
+        second, _, _ = attn(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], state)
+        out = torch.cat([first, second], dim=2)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), (q, k, v, attn.bias.u)))
+    assert flex.last_kernel == "flex" and plain.last_kernel == "plain"
+    _close(outs[1], outs[0])
+    for ours, ref in zip(grads[1], grads[0], strict=True):
+        _close(ours, ref)
+    auto = build_attention("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="auto")
+    auto(q, k, v)
+    assert auto.last_kernel == "plain"  # gradients on CPU: no compiled flex kernel
+
+
+def test_the_flex_kernel_refuses_what_it_cannot_express() -> None:
+    attn = build_attention("dense", d_k=8, d_v=4, heads=2, score="relu2", kernel="flex")
+    q, k, v = _qkv(6, 0, "cpu")
+    with pytest.raises(FlexUnsupported, match="not softmax"):
+        attn(q, k, v)

@@ -18,6 +18,7 @@ from tvq_exp.data.paths import DataNotFoundError
 from tvq_exp.data.text.hf import HFTextCorpus
 from tvq_exp.data.text.local import TextFilesCorpus
 
+
 def documents() -> list[str]:
     """60 documents of real text (non-ASCII included), in file order."""
     rng = np.random.default_rng(0)

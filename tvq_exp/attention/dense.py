@@ -11,11 +11,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
+from tvq_exp.attention.flex import dense_attention_flex, dense_support
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 SCORES = ("softmax", "relu2")
+KERNELS = ("plain", "flex", "auto")
 LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
 
 
@@ -39,6 +41,9 @@ class DenseAttention(AttentionBackend):
         talking_heads: mix the logits across heads with a learned ``(H, H)`` matrix before the
             softmax (Shazeer et al. 2020); initialised to the identity.
         talking_heads_post: also mix the attention weights across heads after the softmax.
+        kernel: ``plain`` (below), ``flex`` (:mod:`tvq_exp.attention.flex`: the XL bias as a ``score_mod``, the
+            causal/window mask as a block mask; compiled where it can run, eager otherwise; ReLU² and talking
+            heads refuse it with the reason), ``auto`` (compiled flex where it runs, else plain).
 
     Plain softmax runs in ``scaled_dot_product_attention`` (memory-efficient kernels). The XL bias,
     ReLU² and talking heads need explicit logits: beyond :data:`LOGITS_BUDGET` logits they are
@@ -66,6 +71,7 @@ class DenseAttention(AttentionBackend):
         score: Annotated[str, OneOf(*SCORES)] = "softmax",
         talking_heads: bool = False,
         talking_heads_post: bool = False,
+        kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         if window_bias and window_len is None:
@@ -78,6 +84,8 @@ class DenseAttention(AttentionBackend):
         self.memory_len, self.score, self.attention_window = memory_len, score, attention_window
         self.mix_pre = nn.Parameter(torch.eye(heads)) if talking_heads else None
         self.mix_post = nn.Parameter(torch.eye(heads)) if talking_heads_post else None
+        self.kernel = kernel
+        self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
@@ -90,7 +98,7 @@ class DenseAttention(AttentionBackend):
         k_all = k if state is None else torch.cat([state["k"].to(k.dtype), k], dim=2)
         v_all = v if state is None else torch.cat([state["v"].to(v.dtype), v], dim=2)
         past = k_all.shape[2] - t_new
-        out = self._attend(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
+        out = self._dispatch(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
         keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
         new_state: State = {
             "k": k_all[:, :, -keep:].detach(),
@@ -144,6 +152,20 @@ class DenseAttention(AttentionBackend):
         """The keys and values kept: ``min(T, memory_len)`` positions of ``H_kv·(d_k + d_v)``."""
         kept = min([seq_len, *(n for n in (self.memory_len, self.attention_window) if n is not None)])
         return kept * self.kv_heads * (self.d_k + self.d_v)
+
+    def _dispatch(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
+        """``kernel``: ``plain`` (:meth:`_attend`), ``flex`` (flex attention: the compiled kernel where it runs,
+        else its eager form; :class:`FlexUnsupported` with the reason where flex cannot express the options),
+        ``auto`` (the compiled flex kernel where it runs, else plain)."""
+        if self.kernel != "plain":
+            grad = torch.is_grad_enabled() and (
+                any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
+            )
+            if self.kernel == "flex" or dense_support(self, q.device, requires_grad=grad, compiled=True):
+                self.last_kernel = "flex"
+                return dense_attention_flex(self, q, k, v, past)
+        self.last_kernel = "plain"
+        return self._attend(q, k, v, past)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
         t_q, t_k = q.shape[2], k.shape[2]

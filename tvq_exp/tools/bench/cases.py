@@ -21,9 +21,17 @@ def _autocast(device: torch.device, dtype: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
+# benchmark names of a backend with a given kernel: ``dense_flex`` is dense attention through flex attention
+KERNEL_VARIANTS = {"dense_flex": ("dense", "flex"), "dense_auto": ("dense", "auto")}
+
+
 def attention_options(backend: str, settings: dict[str, Any], window_bias: bool) -> dict[str, Any]:
-    """``build_attention`` options of ``backend`` for the benchmark settings."""
+    """``build_attention`` options of ``backend`` (a :data:`KERNEL_VARIANTS` name included) for the benchmark
+    settings."""
+    backend, kernel = KERNEL_VARIANTS.get(backend, (backend, None))
     opts: dict[str, Any] = {"d_k": settings["d_k"], "d_v": settings["d_v"], "heads": settings["heads"]}
+    if kernel is not None:
+        opts["kernel"] = kernel
     if backend == "vq":
         opts.update(
             codebook_size=settings["codebook_size"], block_len=settings["block_len"], window_bias=window_bias
@@ -40,7 +48,7 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
     s, t = spec["settings"], spec["seq_len"]
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
     opts = attention_options(spec["backend"], s, spec["window_bias"])
-    attn = build_attention(spec["backend"], **opts).to(device)
+    attn = build_attention(KERNEL_VARIANTS.get(spec["backend"], (spec["backend"],))[0], **opts).to(device)
     gen = torch.Generator(device="cpu").manual_seed(0)
     b, h, dk, dv = s["batch"], s["heads"], s["d_k"], s["d_v"]
     # GAU scaling: unit-RMS rows times d_k^-1/4, as the blocks feed the backends
@@ -56,6 +64,7 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
         if grad_out is not None:
             out.backward(grad_out)  # a dense gradient: ``out.sum()`` would give a stride-0 one
 
+    call.kernel = lambda: getattr(attn, "last_kernel", "plain")  # type: ignore[attr-defined]
     return call, attn.flops(t, b, backward=train)
 
 
@@ -131,6 +140,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "reps": len(times),
         "peak_mem_mb": mem.peak_mb(),
         "flops": flops,
+        **({"kernel": call.kernel()} if hasattr(call, "kernel") else {}),  # which kernel the backend ran
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tvq_exp.attention import BACKENDS
+from tvq_exp.tools.bench.cases import KERNEL_VARIANTS
 from tvq_exp.tools.bench.report import plot, print_table, row
 
 ATTENTION_SETTINGS = {"batch": 1, "heads": 1, "d_k": 128, "d_v": 256, "codebook_size": 512, "block_len": 512}
@@ -89,10 +90,9 @@ def _measure_one(
     last: tuple[int, float] | None,
 ) -> dict[str, Any]:
     settings = ATTENTION_SETTINGS if kind == "attention" else model_settings(args, name)
-    if kind == "attention" and name not in BACKENDS:
-        return {
-            "error": f"unknown backend {name!r} (not implemented yet; known: {', '.join(sorted(BACKENDS))})"
-        }
+    if kind == "attention" and name not in BACKENDS and name not in KERNEL_VARIANTS:
+        known = ", ".join(sorted([*BACKENDS, *KERNEL_VARIANTS]))
+        return {"error": f"unknown backend {name!r} (not implemented yet; known: {known})"}
     if last is not None:
         estimate = 2 * last[1] / 1e3 * (t / last[0]) ** 2  # warm-up + one call, quadratic in T
         if estimate > args.timeout:
