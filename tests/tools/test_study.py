@@ -142,3 +142,18 @@ def test_a_tiny_study_runs_resumably_and_reports(tmp_path: Path) -> None:
     first = (tmp_path / "s/results/vq--default--s1.json").stat().st_mtime_ns
     again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and (tmp_path / "s/results/vq--default--s1.json").stat().st_mtime_ns == first
+
+
+def test_paired_differences_of_two_evaluations_of_the_same_weights(tmp_path: Path) -> None:
+    results = []
+    for seed, (on, off) in enumerate([(2.0, 2.1), (2.2, 2.4)], start=1):
+        r = _result("vq", seed, on)
+        r["evaluations"]["test_nocache"] = {**r["evaluations"]["test"], "bpb": off}
+        r["evaluations"]["test_nocache"]["position_buckets"] = [
+            {"start": 0, "end": 16, "bpb": on + 0.1}, {"start": 16, "end": 32, "bpb": off}
+        ]  # fmt: skip
+        results.append(r)
+    _write(tmp_path, results)
+    report = write_report(tmp_path, "Study t").read_text()
+    assert "## `test_nocache` minus `test` on the same weights" in report
+    assert "| vq | r | 1,2 | +0.1500 ± 0.0500 | +0.0000 ± 0.0000 | +0.1500 ± 0.0500 |" in report

@@ -76,9 +76,51 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
             f"![{name}]({path.name})",
             "",
         ]
+    first = names[0] if names else None
+    for name in names[1:]:
+        paired = paired_table(grouped(results, first), grouped(results, name))
+        if paired:
+            lines += [
+                f"## `{name}` minus `{first}` on the same weights",
+                "",
+                "Per seed, the difference in bits per token between the two evaluations of the same checkpoint "
+                "(mean over seeds ± half their range; positive: worse under "
+                f"`{name}`):",
+                "",
+                paired,
+                "",
+            ]
     report = out / "report.md"
     report.write_text("\n".join(lines))
     return report
 
 
-__all__ = ["mean_buckets", "table", "write_report"]
+def paired_table(base: dict[Group, list[dict[str, Any]]], other: dict[Group, list[dict[str, Any]]]) -> str:
+    """Markdown: per (run, regime) evaluated both ways, the per-seed differences ``other - base``, overall and
+    per position bucket ("" when no run has both)."""
+    rows = []
+    for key, evals in other.items():
+        by_seed = {e["seed"]: e for e in base.get(key, [])}
+        pairs = [(by_seed[e["seed"]], e) for e in evals if e["seed"] in by_seed]
+        if not pairs:
+            continue
+        buckets = [bucket_key(b) for b in pairs[0][0]["position_buckets"]]
+        cells = [cell([o["bpb"] - b["bpb"] for b, o in pairs], signed=True)]
+        for k in buckets:
+            diffs = [
+                {bucket_key(x): x["bpb"] for x in o["position_buckets"]}[k]
+                - {bucket_key(x): x["bpb"] for x in b["position_buckets"]}[k]
+                for b, o in pairs
+            ]
+            cells.append(cell(diffs, signed=True))
+        rows.append((key, [str(s) for s in sorted(by_seed)], buckets, cells))
+    if not rows:
+        return ""
+    header = ["run", "regime", "seeds", "all", *rows[0][2]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for (run, regime), seeds, _, cells in rows:
+        lines.append("| " + " | ".join([run, regime, ",".join(seeds), *cells]) + " |")
+    return "\n".join(lines)
+
+
+__all__ = ["mean_buckets", "paired_table", "table", "write_report"]

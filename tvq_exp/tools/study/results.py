@@ -35,10 +35,11 @@ def mean_and_spread(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), (max(values) - min(values)) / 2
 
 
-def cell(values: Sequence[float]) -> str:
-    """``2.7160 ± 0.0040`` (or the value alone for one seed)."""
+def cell(values: Sequence[float], signed: bool = False) -> str:
+    """``2.7160 ± 0.0040`` (or the value alone for one seed; ``signed``: ``+0.0019``)."""
     mean, spread = mean_and_spread(values)
-    return f"{mean:.4f}" if len(values) == 1 else f"{mean:.4f} ± {spread:.4f}"
+    value = f"{mean:+.4f}" if signed else f"{mean:.4f}"
+    return value if len(values) == 1 else f"{value} ± {spread:.4f}"
 
 
 __all__ = ["Group", "cell", "grouped", "load_results", "mean_and_spread"]
