@@ -53,7 +53,11 @@ def state_figure(curves: Mapping[str, Sequence[tuple[float, float, float]]]) -> 
 
 
 def heatmap_figure(
-    values: Sequence[Sequence[float]], rows: Sequence[str], columns: Sequence[str], title: str
+    values: Sequence[Sequence[float]],
+    rows: Sequence[str],
+    columns: Sequence[str],
+    title: str,
+    xlabel: str = "",
 ) -> Figure:
     """A grid of accuracies in [0, 1] (e.g. passkey: context length x depth), each cell labelled."""
     figure = Figure(figsize=(1.2 + 0.9 * len(columns), 1.0 + 0.5 * len(rows)))
@@ -67,6 +71,7 @@ def heatmap_figure(
                 j, i, f"{value:.2f}", ha="center", va="center", color="w" if value < 0.6 else "k", fontsize=8
             )
     ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
     figure.colorbar(image, ax=ax)
     figure.tight_layout()
     return figure

@@ -105,7 +105,7 @@ def test_accuracy_table_state_curves_and_heatmaps(tmp_path: Path) -> None:
         "len_256_depth_0.00": 1.0, "len_256_depth_1.00": 0.0, "len_512_depth_0.00": 0.5, "len_512_depth_1.00": 0.25,
     })}]  # fmt: skip
     values, rows, columns = grid(passkey)
-    assert rows == ["T=256", "T=512"] and columns == ["depth 0.00", "depth 1.00"]
+    assert rows == ["T=256", "T=512"] and columns == ["0.00", "1.00"]
     assert values == [[1.0, 0.0], [0.5, 0.25]]
     report = write_report(tmp_path, "Study t").read_text()
     assert "![accuracy against state size](test-accuracy-vs-state.png)" in report

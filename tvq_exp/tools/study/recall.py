@@ -85,7 +85,7 @@ def grid(evals: Sequence[dict[str, Any]]) -> tuple[list[list[float]], list[str],
     lengths = sorted({k[0] for k in cells}, key=int)
     depths = sorted({k[1] for k in cells}, key=float)
     values = [[cells.get((length, depth), float("nan")) for depth in depths] for length in lengths]
-    return values, [f"T={length}" for length in lengths], [f"depth {depth}" for depth in depths]
+    return values, [f"T={length}" for length in lengths], [f"{float(depth):.2f}" for depth in depths]
 
 
 def accuracy_section(
@@ -106,7 +106,9 @@ def accuracy_section(
     for (run, regime), evals in groups.items():
         shaped = grid(evals)
         if shaped is not None:
-            figure = heatmap_figure(*shaped, title=f"{run} ({regime}): accuracy, length x depth")
+            figure = heatmap_figure(
+                *shaped, title=f"{run} ({regime}): accuracy, length x depth", xlabel="depth"
+            )
             path = Path(save_figure(figure, str(figures / f"{name}-{run}-{regime}-heatmap.png")))
             lines += [f"![{run} heatmap]({path.name})", ""]
     return lines
