@@ -1,5 +1,6 @@
 """MQAR on CPU (``experiment=recall_cpu``, docs/recall.md): dense attention solves it; Transformer-VQ without its
-cache cannot recall a pair further back than its receptive field (layers x 2L tokens), with it, it can try."""
+cache cannot recall a pair further back than its receptive field (layers x M tokens: without the cache, VQ
+attention is a sliding window over the distances 0..M), with it, it can try."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_dense_solves_mqar_and_vq_without_cache_fails_beyond_its_reach(tmp_path:
     """About 20 minutes on 2 CPU cores (``make test-slow``)."""
     dense = recall(["model=gau_dense"], tmp_path / "dense")
     nocache = recall(["model=gau_vq", "model.attention.use_cache=false"], tmp_path / "nocache")
-    reach = 2 * 2 * 16  # n_layers x 2L (recall_cpu: 2 layers, L = 16)
+    reach = 2 * 16  # n_layers x M (recall_cpu: 2 layers, M = L = 16)
     far = far_buckets(nocache, reach)
     print(f"\nMQAR (128, 8): dense {dense['accuracy']:.4f}; VQ without cache {nocache['accuracy']:.4f}, "
           f"gaps >= {reach}: {[(b['name'], round(b['accuracy'], 4)) for b in far]}")  # fmt: skip
