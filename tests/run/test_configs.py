@@ -20,7 +20,7 @@ from tvq_exp.run.build import (  # registers the tvq.* resolvers
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
-DATA_PLACEHOLDERS = {"text_files": ["data.corpus.path=some/folder"]}
+DATA_PLACEHOLDERS = {"text_files": ["data.corpus.path=some/folder"], "hf": ["data.corpus.path=some/dataset"]}
 
 
 def compose_train(
@@ -72,16 +72,28 @@ def test_stream_sampler_bounds_the_carried_state_by_default() -> None:
     assert cfg.data.reset_every == 8192 and instantiate(cfg.data).context_len == 8192
 
 
-@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu"])
+@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "fsdp_cpu"])
 def test_trainer_presets(trainer: str) -> None:
     cfg = compose_train([f"trainer={trainer}"])
     t = cfg.trainer
     assert t.gradient_clip_val is None and t.num_sanity_val_steps == 0
-    expected = {"cpu": "32-true", "ddp_cpu": "32-true", "gpu": "bf16-mixed", "ddp": "bf16-mixed"}
+    expected = {
+        "cpu": "32-true",
+        "ddp_cpu": "32-true",
+        "gpu": "bf16-mixed",
+        "ddp": "bf16-mixed",
+        "fsdp": "32-true",
+    }
     if trainer in expected:
         assert t.precision == expected[trainer]
     if trainer.startswith("ddp"):
         assert t.strategy == "ddp"
+    if trainer.startswith("fsdp"):
+        assert (
+            t.strategy._target_ == "tvq_exp.run.fsdp.BlockFSDPStrategy"
+            and t.strategy.activation_checkpointing
+        )
+        assert t.strategy.param_dtype == ("fp32" if trainer == "fsdp_cpu" else "bf16")
 
 
 def test_cpu_trainer_loggers_and_callbacks_instantiate(tmp_path: Path) -> None:

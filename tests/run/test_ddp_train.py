@@ -1,6 +1,8 @@
-"""DDP on CPU (2 gloo processes, ``trainer=ddp_cpu``) through ``train.py``: one run directory, the stated
-global batch, identical codebooks on both ranks, and a logged validation metric (reduced over ranks)
-equal to a single-process evaluation of the same weights on the same split."""
+"""DDP and FSDP on CPU (2 gloo processes, ``trainer=ddp_cpu`` / ``trainer=fsdp_cpu``) through ``train.py``: one
+run directory, the stated global batch, identical codebooks on both ranks, and a logged validation metric
+(reduced over ranks) equal to a single-process evaluation of the same weights on the same split; under FSDP
+the weights are sharded (each rank's checkpoint file holds its half) and the sharded checkpoint converts to
+one file that ``eval.py`` reads."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.distributed.checkpoint import FileSystemReader
 
 from tests.helpers.sweeps import REPO, run_train
 from tvq_exp.callbacks.codebook_sync import SYNC_FILE
 from tvq_exp.callbacks.global_batch import GlobalBatchSize, global_batch_size
 from tvq_exp.run.evaluate import evaluate
+from tvq_exp.run.fsdp import consolidate
 
 STEPS = 3
 DDP_OVERRIDES = [
@@ -64,6 +68,34 @@ def test_ddp_cpu_one_run_dir_synced_codebooks_reduced_validation(tmp_path: Path,
     logged = accumulator.Scalars("val/bpb")[-1]
     single = _single_process_val_bpb(run / "checkpoints" / "last.ckpt", tmp_path / "eval.json")
     assert math.isclose(logged.value, single, rel_tol=1e-4), (logged.value, single)
+
+
+def test_fsdp_cpu_shards_weights_syncs_codebooks_and_converts_for_eval(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    overrides = [o.replace("trainer=ddp_cpu", "trainer=fsdp_cpu") for o in DDP_OVERRIDES]
+    overrides += ["trainer.strategy.save_distributed_checkpoint=true", f"paths.log_dir={tmp_path / 'logs'}"]
+    proc = run_train(overrides, cwd=tmp_path, timeout=300)
+    assert "global batch 8 sequences = 4 per device x 2 processes x 1 accumulation" in proc.stdout
+    (run,) = list((tmp_path / "logs" / "runs").iterdir())
+    sync = json.loads((run / SYNC_FILE).read_text())
+    assert sync["world_size"] == 2 and sync["identical"] and sync["global_step"] == STEPS
+
+    sharded = run / "checkpoints" / "last.ckpt"
+    assert sharded.is_dir() and sorted(p.name for p in sharded.glob("*.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    metadata = FileSystemReader(str(sharded)).read_metadata().state_dict_metadata
+    weight = next(k for k in metadata if k.startswith("state_dict.model.blocks.0.") and k.endswith("weight"))
+    chunks = metadata[weight].chunks  # one chunk per rank: each holds half of the rows
+    assert len(chunks) == 2 and sum(c.sizes[0] for c in chunks) == metadata[weight].size[0]
+
+    single = consolidate(sharded, tmp_path / "single.ckpt")
+    logged = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    logged.Reload()
+    value = logged.Scalars("val/bpb")[-1].value
+    assert math.isclose(value, _single_process_val_bpb(single, tmp_path / "eval.json"), rel_tol=1e-4)
 
 
 def test_global_batch_size_is_per_device_times_processes_times_accumulation() -> None:

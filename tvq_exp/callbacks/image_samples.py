@@ -9,13 +9,13 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 
 from tvq_exp.callbacks.numerics_guard import validation_diverged
 from tvq_exp.data.images.render import completion_grid, image_grid, levels_to_uint8, save_png
 from tvq_exp.data.images.tokens import unflatten_tokens
 from tvq_exp.models.generation import complete_images, sample_images
+from tvq_exp.models.sharding import is_sharded
 
 
 class ImageSamples(Callback):
@@ -90,12 +90,14 @@ class ImageSamples(Callback):
         if self._validations % self.every_n_validations == 0:
             self.log_samples(trainer, pl_module, *info)
 
-    @rank_zero_only
     def log_samples(
         self, trainer: L.Trainer, pl_module: L.LightningModule, shape: tuple[int, int, int], levels: int
     ) -> None:
-        """Sample, write the PNGs and add the grids to every TensorBoard logger."""
+        """Sample, write the PNGs and add the grids to every TensorBoard logger (rank 0; a sharded model
+        samples on every rank, since each of its forwards gathers the parameters from all of them)."""
         model = pl_module.model
+        if not (trainer.is_global_zero or is_sharded(model)):
+            return
         was_training = model.training
         generator = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         options = {
@@ -111,7 +113,8 @@ class ImageSamples(Callback):
             completed = complete_images(model, originals, levels, **options)
             grids["completed"] = completion_grid(originals, completed, levels, scale=self.scale)
         model.train(was_training)
-        self.write(trainer, grids)
+        if trainer.is_global_zero:
+            self.write(trainer, grids)
 
     def write(self, trainer: L.Trainer, grids: dict[str, Tensor]) -> None:
         """PNGs into ``<run dir>/<dirname>/`` and ``samples/<name>`` images into TensorBoard."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from tvq_exp.callbacks.final_hparams import tensorboard_loggers
 from tvq_exp.callbacks.numerics_guard import validation_diverged
 from tvq_exp.models.generation import generate
+from tvq_exp.models.sharding import is_sharded
 
 TEXT_VOCAB = 256
 
@@ -66,12 +66,14 @@ class TextSamples(Callback):
         model.train(was_training)
         return (self.prompt + bytes(tokens[0].tolist())).decode("utf-8", errors="replace")
 
-    @rank_zero_only
     def log_sample(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Generate and log one sample (rank 0)."""
+        """Generate and log one sample (rank 0; a sharded model generates on every rank, since each of its
+        forwards gathers the parameters from all of them)."""
         loggers = tensorboard_loggers(trainer)
-        if not loggers:
+        if not loggers or not (trainer.is_global_zero or is_sharded(pl_module.model)):
             return
         text = self.sample(pl_module)
+        if not trainer.is_global_zero:
+            return
         for logger in loggers:
             logger.experiment.add_text("samples/text", f"```\n{text}\n```", global_step=trainer.global_step)

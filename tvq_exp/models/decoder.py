@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.measure.flops import mm, with_backward
 from tvq_exp.models.init import official_init
 from tvq_exp.nn.norms import RMSNorm
 from tvq_exp.options import Above, AtLeast, Between, OneOf, checked
-from tvq_exp.quantize.codebook import VectorQuantizer
+from tvq_exp.quantize.codebook import VectorQuantizer, statistics_frozen
 
 ModelState = list[dict[str, Any]]
 BlockFactory = Callable[..., nn.Module]
@@ -90,6 +92,7 @@ class Decoder(nn.Module):
             self.head.weight = self.embed.weight
         default_scale = self.embed_scale / d_model if tie_embeddings else 1.0
         self.logit_scale = default_scale if logit_scale is None else logit_scale
+        self.activation_checkpointing = False  # set by tvq_exp.models.sharding.shard_decoder
 
     def forward(self, tokens: Tensor, state: ModelState | None = None) -> DecoderOutput:
         t0 = 0 if state is None else int(state[0]["t"])
@@ -101,7 +104,7 @@ class Decoder(nn.Module):
         aux_loss = x.new_zeros((), dtype=torch.float32)
         metrics: dict[str, Tensor] = {}
         for i, blk in enumerate(self.blocks):
-            x, s, aux = blk(x, None if state is None else state[i])
+            x, s, aux = self._block(blk, x, None if state is None else state[i])
             new_state.append(s)
             for name, value in aux.items():
                 if name.endswith("_loss"):
@@ -109,6 +112,14 @@ class Decoder(nn.Module):
                 metrics[f"layer{i}/{name}"] = value.detach()
         logits = self.head(self.norm(x)) * self.logit_scale
         return DecoderOutput(logits, new_state, {"loss": aux_loss, **metrics})
+
+    def _block(self, blk: nn.Module, x: Tensor, state: dict[str, Any] | None) -> Any:
+        """One block; with activation checkpointing (training) its activations are recomputed in the
+        backward pass, with the codebook statistics frozen so the recomputation does not count them twice."""
+        if not (self.activation_checkpointing and self.training and torch.is_grad_enabled()):
+            return blk(x, state)
+        contexts = lambda: (contextlib.nullcontext(), statistics_frozen())  # noqa: E731  (forward, recompute)
+        return checkpoint(blk, x, state, use_reentrant=False, context_fn=contexts)
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
         """Matmul FLOPs on ``batch`` fresh sequences of ``seq_len``: every block plus the output head

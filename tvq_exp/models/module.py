@@ -27,7 +27,7 @@ from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
 from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
-from tvq_exp.models.optim import all_finite, parameter_groups, warmup_cosine
+from tvq_exp.models.optim import all_finite, full_tensor, parameter_groups, warmup_cosine
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
 
 EVAL_STAGES = ("val", "test")
@@ -105,6 +105,13 @@ class AutoregressiveLitModule(L.LightningModule):
         self.skipped_steps, self.consecutive_bad_steps, self.step_skipped = 0, 0, False
 
     # ------------------------------------------------------------------------------------ forward / loss
+
+    def configure_model(self) -> None:
+        """Under ``trainer=fsdp`` the strategy shards the decoder per block (its ``parallelize``); under
+        every other strategy there is nothing to do."""
+        parallelize = getattr(self._trainer.strategy, "parallelize", None) if self._trainer else None
+        if parallelize is not None:
+            self.model = parallelize(self.model)
 
     def forward(self, tokens: Tensor, state: ModelState | None = None) -> Any:
         """``tokens (B, T)`` -> :class:`~tvq_exp.models.decoder.DecoderOutput`."""
@@ -273,7 +280,7 @@ class AutoregressiveLitModule(L.LightningModule):
             return
         max_norm = self.grad_clip if self.grad_clip > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.log("train/grad_norm", norm)
+        self.log("train/grad_norm", full_tensor(norm))
 
     def optimizer_step(
         self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None

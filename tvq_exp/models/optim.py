@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 
 def warmup_cosine(step: int, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
@@ -42,5 +43,15 @@ def parameter_groups(
 def all_finite(loss: Tensor | None, parameters: Iterable[nn.Parameter]) -> bool:
     """Whether ``loss`` (if any) and every gradient are finite."""
     values = [] if loss is None else [loss.detach().float().reshape(-1)]
-    values += [p.grad.detach().float().reshape(-1) for p in parameters if p.grad is not None]
+    values += [local(p.grad).detach().float().reshape(-1) for p in parameters if p.grad is not None]
     return all(bool(v.isfinite().all()) for v in values)
+
+
+def local(x: Tensor) -> Tensor:
+    """This rank's shard of a ``DTensor`` (FSDP2 parameters and gradients); any other tensor as it is."""
+    return x.to_local() if isinstance(x, DTensor) else x
+
+
+def full_tensor(x: Tensor) -> Tensor:
+    """The whole value of a ``DTensor`` (a collective: call it on every rank); any other tensor as it is."""
+    return x.full_tensor() if isinstance(x, DTensor) else x

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Annotated
 
 import torch
@@ -13,6 +16,21 @@ from tvq_exp.quantize.kmeans import kmeans, nearest_code
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 
 STRATEGIES = ("ema", "gradient")
+_FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tvq_codebook_statistics_frozen", default=False
+)
+
+
+@contextlib.contextmanager
+def statistics_frozen() -> Iterator[None]:
+    """Inside this context no quantiser accumulates statistics or k-means-initialises: activation
+    checkpointing recomputes each block's forward in the backward pass, and that recomputation must not
+    count the step's keys a second time."""
+    token = _FROZEN.set(True)
+    try:
+        yield
+    finally:
+        _FROZEN.reset(token)
 
 
 class VectorQuantizer(nn.Module):
@@ -88,7 +106,7 @@ class VectorQuantizer(nn.Module):
                 f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})"
             )
         flat = k.detach().float().transpose(0, 1).reshape(h, b * t, d)
-        learning = self.training and torch.is_grad_enabled()
+        learning = self.training and torch.is_grad_enabled() and not _FROZEN.get()
         if learning and self.kmeans_init and not bool(self.initialized):
             self.init_from_keys(flat)
         codes = nearest_code(flat, self.embed)  # (H, N)
