@@ -82,6 +82,16 @@ def test_report_tables_and_figures_come_from_the_result_files(tmp_path: Path) ->
     assert "accuracy" not in report.lower().split("bits per token")[0]  # no accuracy section for bits only
 
 
+def test_the_bits_table_has_a_column_for_every_runs_buckets(tmp_path: Path) -> None:
+    whole = _result("dense", 1, 1.5)  # one bucket over the whole sequence, listed first
+    whole["evaluations"]["test"]["position_buckets"] = [{"start": 0, "end": 128, "bpb": 1.5}]
+    _write(tmp_path, [whole, _result("vq", 1, 2.0)])
+    report = write_report(tmp_path, "Study t").read_text()
+    assert "| run | regime | seeds | all | [0,16) | [0,128) | [16,32) |" in report
+    assert "| dense | r | 1 | 1.5000 |  | 1.5000 |  |" in report
+    assert "| vq | r | 1 | 2.0000 | 2.1000 |  | 2.0000 |" in report
+
+
 def test_accuracy_table_state_curves_and_heatmaps(tmp_path: Path) -> None:
     gaps = {"gap_1_8": 1.0, "gap_8_64": 0.5}
     results = [

@@ -33,7 +33,8 @@ def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
     """Markdown: one row per (run, regime): seeds, overall bits, bits per position bucket."""
     if not groups:
         return "(no results yet)"
-    buckets = [bucket_key(b) for b in mean_buckets(next(iter(groups.values())))]
+    spans = {(b["start"], b["end"]) for evals in groups.values() for b in mean_buckets(evals)}
+    buckets = [bucket_key({"start": a, "end": z}) for a, z in sorted(spans)]  # every run's (runs differ in L)
     header = ["run", "regime", "seeds", "all", *buckets]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for (run, regime), evals in groups.items():
