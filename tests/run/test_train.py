@@ -317,3 +317,51 @@ def test_image_data_logs_bits_per_dim(tmp_path: Path) -> None:
     val = result["val"]
     assert val["bpd"] == val["bpb"] and val["tokens"] == 180 * 64
     assert scalars(tmp_path, "val/bpd") == scalars(tmp_path, "val/bpb") and scalars(tmp_path, "train/bpd")
+
+
+def test_official_weight_decay_is_not_scaled_by_the_learning_rate() -> None:
+    """``weight_decay_mode=official``, hand-computed for one step: the official update is
+    ``p <- p - lr·s(t)·update - wd·p``; Adam's first update is ``g / (|g| + eps) = sign(g)``, the schedule's
+    ``s(0) = 1`` without warmup, so ``p1 = (1 - wd)·p0 - lr·sign(g0)`` for every decayed tensor (embeddings too)."""
+    import copy
+
+    import lightning as L
+
+    from tvq_exp.attention import build_attention
+    from tvq_exp.models.blocks import GAUBlock
+    from tvq_exp.models.decoder import Decoder
+    from tvq_exp.models.module import AutoregressiveLitModule
+
+    torch.manual_seed(0)
+    attention = functools.partial(build_attention, "dense", window_len=4)
+    model = Decoder(256, 16, 1, functools.partial(GAUBlock, d_k=8), attention, tie_embeddings=False)
+    lr, wd = 1e-2, 0.1
+    module = AutoregressiveLitModule(
+        model, lr=lr, weight_decay=wd, weight_decay_mode="official", max_steps=10
+    )
+    x = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    batch = {"input": x[:, :-1], "target": x[:, 1:], "reset": torch.ones(2, dtype=torch.bool)}
+
+    reference = copy.deepcopy(model)
+    out = reference(batch["input"])
+    nats = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["target"].flatten())
+    (nats + out.aux["loss"]).backward()
+    before = {n: p.detach().clone() for n, p in reference.named_parameters()}
+    grads = {n: p.grad for n, p in reference.named_parameters()}
+
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    loader = torch.utils.data.DataLoader([batch], batch_size=None)
+    trainer.fit(module, train_dataloaders=loader)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:  # vectors (norm gains, biases) are not decayed
+            continue
+        g = grads[name]
+        sure = (g == 0) | (g.abs() > 1e-4)  # Adam's first update is sign(g) to 1e-5 where |g| >> eps (1e-9)
+        expected = (1 - wd) * before[name] - lr * torch.sign(g)
+        assert sure.float().mean() > 0.5, name
+        torch.testing.assert_close(p.detach()[sure], expected[sure], rtol=0, atol=1e-6, msg=name)
+    embedding = model.embed.weight.detach()  # decayed too, by wd itself, not lr·wd
+    assert not torch.allclose(
+        embedding, before["embed.weight"] - lr * torch.sign(grads["embed.weight"]), atol=1e-4
+    )
