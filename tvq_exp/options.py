@@ -16,6 +16,7 @@ raise :class:`OptionError` too; config validation finds them by building the mod
 
 from __future__ import annotations
 
+import abc
 import functools
 import inspect
 import math
@@ -38,16 +39,16 @@ class OptionError(ValueError):
         super().__init__(f"{prefix}{option}={value!r}: {allowed}")
 
 
-class Constraint:
+class Constraint(abc.ABC):
     """A rule on one option's value."""
 
+    @abc.abstractmethod
     def violation(self, value: Any) -> str | None:
         """What is allowed, when ``value`` breaks the rule; ``None`` when it is fine."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def bad_values(self) -> list[Any]:
         """A few values that break the rule (for fuzzing)."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)

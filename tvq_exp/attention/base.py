@@ -14,6 +14,7 @@ blocks scale ``q`` and ``k`` themselves.
 
 from __future__ import annotations
 
+import abc
 from typing import Annotated, Any
 
 import torch
@@ -25,7 +26,7 @@ State = dict[str, Any]
 Aux = dict[str, Tensor]
 
 
-class AttentionBackend(nn.Module):
+class AttentionBackend(nn.Module, abc.ABC):
     """Base class: shape checks and the shared fields ``d_k, d_v, heads, causal``."""
 
     supports_kv_groups: bool = True
@@ -57,10 +58,10 @@ class AttentionBackend(nn.Module):
         """Raise :class:`~tvq_exp.options.OptionError` if this backend's options make no sense for sequences
         (contexts) of ``length`` positions; the default accepts any."""
 
+    @abc.abstractmethod
     def state_floats(self, seq_len: int) -> int:
         """Size of the recurrent inference state per sequence after ``seq_len`` positions: the number of
         elements of the tensors ``forward`` returns in ``state`` (integer codes counted too)."""
-        raise NotImplementedError(f"{type(self).__name__} does not report its state size")
 
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> None:
         """Validate ``q, k, v`` shapes against the backend's configuration."""

@@ -14,6 +14,7 @@ stream from any training batch) and do not depend on the world size.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import math
 from collections.abc import Callable, Iterator
@@ -187,7 +188,7 @@ class SyntheticEvalLoader:
 # ----------------------------------------------------------------------------------------------- data module
 
 
-class SyntheticDataModule(RootedDataModule):
+class SyntheticDataModule(RootedDataModule, abc.ABC):
     """A seeded synthetic probe: training batches on the fly, fixed validation and test sets.
 
     Subclasses implement :meth:`generate` and :meth:`bucket_names`. Attributes like the text module's:
@@ -227,13 +228,13 @@ class SyntheticDataModule(RootedDataModule):
         """Positions a model sees from a fresh state: one whole sequence."""
         return self.seq_len
 
+    @abc.abstractmethod
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
         """``num_examples`` examples of ``split`` (``"train"``, ``"validation"``, ``"test"``) from ``rng``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def bucket_names(self, split: str) -> list[str]:
         """The name of each bucket id of ``split``."""
-        raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
         for split in EVAL_SPLITS:
