@@ -39,6 +39,7 @@ ids) and the training-only terms (dropout, commitment and codebook losses, metri
 
 from __future__ import annotations
 
+import ast
 from functools import cache, partial
 
 import numpy as np
@@ -50,17 +51,31 @@ from tvq_exp.attention.registry import build_attention
 from tvq_exp.models.blocks import GAUBlock
 
 FIXTURE = REPO / "tests" / "fixtures" / "official" / "vq_gau_fp32.npz"
+GENERATOR = REPO / "tools" / "official_parity" / "make_fixture.py"
+
+
+def _generator_constants() -> dict[str, object]:
+    """The sizes and CONFIGS the fixture was made with, read from the generator's source (it imports JAX and
+    the official code, which this environment does not have, so it is parsed, not imported)."""
+    found: dict[str, object] = {}
+    for node in ast.parse(GENERATOR.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            names = (
+                [e.id for e in target.elts] if isinstance(target, ast.Tuple) else [getattr(target, "id", "")]
+            )
+            if set(names) & {"B", "D_MODEL", "CONFIGS"}:
+                value = ast.literal_eval(node.value)
+                found.update(zip(names, value, strict=True) if len(names) > 1 else [(names[0], value)])
+    return found
+
+
+_MADE_WITH = _generator_constants()
 # batch, block_len (= the official mem_len), codes, blocks per segment (one call of ours), segments
-B, L, S, K, SEGMENTS = 2, 8, 8, 3, 3
-D_MODEL, D_V_TOTAL = 32, 64  # d_v of all heads together: our expansion 2
-# as make_fixture.CONFIGS: name -> (agg_cache = use_cache, grad_thru_cache = grad_through_cache, heads, d_k/head)
-CONFIGS = {
-    "cache": (True, False, 1, 16),
-    "nocache": (False, False, 1, 16),
-    "cache_gtc": (True, True, 1, 16),
-    "nocache_gtc": (False, True, 1, 16),
-    "cache_h2": (True, False, 2, 8),
-}
+B, L, S, K, SEGMENTS = (int(_MADE_WITH[n]) for n in ("B", "L", "S", "K", "SEGMENTS"))  # type: ignore[call-overload]
+D_MODEL, D_V_TOTAL = int(_MADE_WITH["D_MODEL"]), int(_MADE_WITH["D_V_TOTAL"])  # type: ignore[call-overload]
+# name -> (agg_cache = use_cache, grad_thru_cache = grad_through_cache, heads, d_k per head)
+CONFIGS: dict[str, tuple[bool, bool, int, int]] = _MADE_WITH["CONFIGS"]  # type: ignore[assignment]
 TOL = 1e-5
 PARAMS = (
     "input_ln.g",
