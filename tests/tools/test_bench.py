@@ -119,3 +119,23 @@ def test_a_configuration_that_does_not_fit_is_reported_and_the_sweep_goes_on(tmp
     big, small = json.loads(out.read_text())
     assert big["error"].startswith("out of memory") and big["ms"] is None
     assert small["ms"] > 0 and "error" not in small
+
+
+def test_model_bench_times_inference_and_training_and_records_the_kernel(tmp_path: Path) -> None:
+    """``--mode fwd`` times an inference forward (its FLOPs without the backward), ``train`` a training step;
+    every record says which attention kernel ran; ``gau_dense_flex`` is the dense preset through flex attention."""
+    out = tmp_path / "m.json"
+    bench.main(
+        ["model", "--models", "gau_dense", "--mode", "train,fwd", "--lengths", "32", "--mm-size", "64", *TINY]
+        + ["--d-model", "32", "--n-layers", "1", "--json", str(out)]
+    )
+    train, fwd = json.loads(out.read_text())
+    assert (train["mode"], fwd["mode"]) == ("train", "fwd") and train["kernel"] == fwd["kernel"] == "plain"
+    model = instantiate(compose_model("gau_dense", model_settings(bench.parser().parse_args(
+        ["model", "--d-model", "32", "--n-layers", "1"]), "gau_dense")).model)  # fmt: skip
+    assert fwd["gflops"] * 1e9 == pytest.approx(model.flops(32, 1, backward=False), rel=1e-12)
+    assert train["gflops"] * 1e9 == pytest.approx(model.flops(32, 1, backward=True), rel=1e-12)
+    assert compose_model("gau_dense_flex", MODEL_SETTINGS).model.attention.kernel == "flex"
+    assert compose_model("gau_dense", MODEL_SETTINGS).model.attention.kernel == "plain"
+    with pytest.raises(SystemExit, match="fwdbwd"):
+        bench.main(["model", "--mode", "fwdbwd"])

@@ -23,6 +23,12 @@ def _autocast(device: torch.device, dtype: str) -> torch.autocast:
 
 # benchmark names of a backend with a given kernel: ``dense_flex`` is dense attention through flex attention
 KERNEL_VARIANTS = {"dense_flex": ("dense", "flex"), "dense_auto": ("dense", "auto")}
+# the same for model presets: ``gau_dense_flex`` is ``conf/model/gau_dense.yaml`` with ``attention.kernel=flex``
+MODEL_VARIANTS = {
+    f"{model}_{kernel}": (model, kernel)
+    for model in ("gau_dense", "mha_dense")
+    for kernel in ("flex", "auto")
+}
 
 
 def attention_options(backend: str, settings: dict[str, Any], window_bias: bool) -> dict[str, Any]:
@@ -70,16 +76,17 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
 
 def compose_model(name: str, settings: dict[str, Any]) -> Any:
     """The Hydra preset ``conf/model/<name>.yaml`` at the benchmark's width and depth, with the
-    ``settings["overrides"]`` (``key=value`` below ``model.``) applied (a DictConfig)."""
+    ``settings["overrides"]`` (``key=value`` below ``model.``) applied (a DictConfig); a :data:`MODEL_VARIANTS`
+    name is its preset with the variant's attention kernel."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
+    name, kernel = MODEL_VARIANTS.get(name, (name, None))
     if not (CONF_DIR / "model" / f"{name}.yaml").is_file():
         raise LookupError(f"unknown model preset {name!r}: no conf/model/{name}.yaml yet")
+    overrides = [*([f"attention.kernel={kernel}"] if kernel else []), *settings.get("overrides", ())]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(
-            overrides=[f"+model={name}", *(f"model.{item}" for item in settings.get("overrides", ()))]
-        )
+        cfg = compose(overrides=[f"+model={name}", *(f"model.{item}" for item in overrides)])
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
         cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]
@@ -89,15 +96,27 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
     return cfg
 
 
+def _last_kernels(model: torch.nn.Module) -> str:
+    """The attention kernels the model's latest call ran (``plain``, ``flex``; ``plain`` for backends with one)."""
+    kernels = {getattr(m, "last_kernel", None) for m in model.modules()} - {None}
+    return ",".join(sorted(kernels)) or "plain"
+
+
 def model_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int | None]:
-    """One training step (forward, backward, AdamW step, codebook step) of a model preset."""
+    """One training step (forward, backward, AdamW step, codebook step) of a model preset (mode ``train``), or
+    one inference forward pass from an empty state (mode ``fwd``: evaluation mode, no gradients)."""
     from hydra.utils import instantiate
 
     s, t = spec["settings"], spec["seq_len"]
-    model = instantiate(compose_model(spec["backend"], s).model).to(device).train()
+    train = spec["mode"] == "train"
+    model = instantiate(compose_model(spec["backend"], s).model).to(device).train(train)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, s["vocab_size"], (s["batch"], t + 1), generator=gen).to(device)
+
+    def forward() -> None:
+        with torch.no_grad(), _autocast(device, spec["dtype"]):
+            model(tokens[:, :-1])
 
     def call() -> None:
         with _autocast(device, spec["dtype"]):
@@ -110,7 +129,9 @@ def model_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[],
         opt.zero_grad(set_to_none=True)
         model.codebook_step()
 
-    return call, model.flops(t, s["batch"], backward=True)
+    timed = call if train else forward
+    timed.kernel = lambda: _last_kernels(model)  # type: ignore[attr-defined]
+    return timed, model.flops(t, s["batch"], backward=train)
 
 
 def mm_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int]:

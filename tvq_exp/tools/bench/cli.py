@@ -83,6 +83,12 @@ def parser() -> argparse.ArgumentParser:
     mod.add_argument(
         "--models", type=_csv(str), default=["gau_dense", "gau_vq", "gau_linear", "gau_flash", "mha_dense"]
     )
+    mod.add_argument(
+        "--mode",
+        type=_csv(str),
+        default=["train"],
+        help="train (a whole training step) and/or fwd (inference)",
+    )
     mod.add_argument("--d-model", type=int, default=MODEL_SETTINGS["d_model"], help="model width")
     mod.add_argument("--n-layers", type=int, default=MODEL_SETTINGS["n_layers"], help="blocks")
     mod.add_argument(
@@ -103,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
         worker_main(argv[1])
         return None
     args = parser().parse_args(argv)
-    if args.command == "attention" and not set(args.mode) <= {"fwd", "fwdbwd"}:
-        raise SystemExit(f"--mode takes fwd and/or fwdbwd, got {','.join(args.mode)}")
+    allowed = {"attention": {"fwd", "fwdbwd"}, "model": {"train", "fwd"}}[args.command]
+    if not set(args.mode) <= allowed:
+        raise SystemExit(f"--mode takes {' and/or '.join(sorted(allowed))}, got {','.join(args.mode)}")
     return run(args)
