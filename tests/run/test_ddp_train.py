@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from tests.helpers.sweeps import REPO, run_train
 from tvq_exp.callbacks.codebook_sync import SYNC_FILE
 from tvq_exp.callbacks.global_batch import GlobalBatchSize, global_batch_size
+from tvq_exp.run.checkpoints import gather_checkpoint, is_sharded
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.fsdp import consolidate
 
@@ -96,6 +98,55 @@ def test_fsdp_cpu_shards_weights_syncs_codebooks_and_converts_for_eval(
     logged.Reload()
     value = logged.Scalars("val/bpb")[-1].value
     assert math.isclose(value, _single_process_val_bpb(single, tmp_path / "eval.json"), rel_tol=1e-4)
+
+
+def _loss_curve(run: Path) -> list[tuple[int, float]]:
+    values = []
+    for events in sorted((run / "tensorboard").glob("events.out.tfevents.*")):
+        logged = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        logged.Reload()
+        values += [(e.step, e.value) for e in logged.Scalars("train/loss")]
+    return sorted(values)
+
+
+def test_fsdp_sharded_checkpoint_resumes_to_the_uninterrupted_run(tmp_path: Path, data_dir: Path) -> None:
+    """``resume=auto`` finds a sharded ``last.ckpt/`` folder and continues exactly: 2 + 2 steps give the
+    weights, optimiser and loss curve of 4 straight steps (the schedule is set for 4 in both)."""
+    fixed = ("trainer.max_steps=", "trainer.val_check_interval=", "trainer=")
+    overrides = [o for o in DDP_OVERRIDES if not o.startswith(fixed)] + [
+        "trainer=fsdp_cpu",
+        "trainer.strategy.save_distributed_checkpoint=true",
+        "trainer.val_check_interval=2",
+        "module.max_steps=4",
+        "resume=auto",
+        f"paths.log_dir={tmp_path / 'logs'}",
+    ]
+    run_train([*overrides, "run_name=straight", "trainer.max_steps=4"], cwd=tmp_path, timeout=300)
+    run_train([*overrides, "run_name=pieces", "trainer.max_steps=2"], cwd=tmp_path, timeout=300)
+    second = run_train([*overrides, "run_name=pieces", "trainer.max_steps=4"], cwd=tmp_path, timeout=300)
+    straight, pieces = (tmp_path / "logs" / "runs" / name for name in ("straight", "pieces"))
+    assert f"resuming from {pieces / 'checkpoints' / 'last.ckpt'}" in second.stdout
+    last, previous = pieces / "checkpoints" / "last.ckpt", pieces / "checkpoints" / "last.prev.ckpt"
+    assert is_sharded(last) and is_sharded(
+        previous
+    )  # the replaced checkpoint is kept; no staging folder left
+    assert not [p.name for p in (pieces / "checkpoints").iterdir() if p.name.startswith(".")]
+    a, b = gather_checkpoint(straight / "checkpoints" / "last.ckpt"), gather_checkpoint(last)
+    assert a["global_step"] == b["global_step"] == 4
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    moments = [(s["exp_avg"], s["exp_avg_sq"]) for s in a["optimizer_states"][0]["state"].values()]
+    resumed = [(s["exp_avg"], s["exp_avg_sq"]) for s in b["optimizer_states"][0]["state"].values()]
+    assert all(
+        torch.equal(x, y)
+        for pair, other in zip(moments, resumed, strict=True)
+        for x, y in zip(pair, other, strict=True)
+    )
+    curve = _loss_curve(pieces)
+    assert [step for step, _ in curve] == [
+        step for step, _ in _loss_curve(straight)
+    ] and curve == _loss_curve(straight)
 
 
 def test_global_batch_size_is_per_device_times_processes_times_accumulation() -> None:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
-from tvq_exp.run.checkpoints import read_checkpoint
+from tvq_exp.run.checkpoints import gather_checkpoint
 from tvq_exp.run.legacy import upgrade_run_config
 from tvq_exp.run.loggers import resume_options
 from tvq_exp.run.validation import ConfigError
@@ -69,7 +69,7 @@ def load_checkpoint(
     """Rebuild the module stored at ``path`` -> ``(module, run config, raw checkpoint)`` (weights loaded).
     ``model_options`` are merged into the stored model config first (e.g. ``{"attention": {"use_cache":
     False}}``: the same weights evaluated without the cache)."""
-    checkpoint = read_checkpoint(path)
+    checkpoint = gather_checkpoint(path)
     config = run_config(checkpoint)
     if model_options:
         merged = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(model_options)))

@@ -4,6 +4,10 @@
   file in the same folder, fsyncs it and ``os.replace``-s it into place; the file it overwrites
   (``last.ckpt``) is kept as ``last.prev.ckpt``. Loading refuses a truncated or corrupt file with a
   :class:`CheckpointError` naming it.
+* A *sharded* checkpoint (``trainer=fsdp`` with ``save_distributed_checkpoint=true``) is a folder named like a
+  file (``last.ckpt/``): one ``.distcp`` shard per rank plus ``meta.pt`` (everything but the weights and
+  optimiser states). :func:`read_checkpoint` reads its ``meta.pt``, :func:`gather_checkpoint` the whole of it
+  in one process; ``resume=auto`` and ``ckpt_path`` take either kind.
 * :func:`newest_good_checkpoint` picks the newest checkpoint of a run folder that loads; a run that ended
   normally leaves ``finished.json`` (:func:`mark_finished`), so relaunching it skips it.
 * Which checkpoints are written is :class:`~tvq_exp.callbacks.checkpoint.BestAndLastCheckpoint`'s job, the
@@ -16,17 +20,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR, LAST
 
 PREVIOUS_SUFFIX = ".prev"
 FINISHED = "finished.json"
 REQUIRED_KEYS = ("state_dict", "global_step")
+SHARDED_METADATA = "meta.pt"  # Lightning's ModelParallelStrategy: a sharded checkpoint's non-tensor part
 
 
 class CheckpointError(RuntimeError):
@@ -38,22 +46,68 @@ def previous_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}{PREVIOUS_SUFFIX}{path.suffix}")
 
 
+def is_sharded(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a sharded checkpoint (a folder with ``meta.pt`` and the ranks' shards)."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_METADATA).is_file()
+
+
+def is_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a checkpoint file or a sharded checkpoint folder (not whether it loads)."""
+    return Path(path).is_file() or is_sharded(path)
+
+
 def read_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by this project; raise :class:`CheckpointError` if it is unusable."""
+    """Load a checkpoint written by this project; raise :class:`CheckpointError` if it is unusable. Of a
+    sharded checkpoint, its ``meta.pt``: everything but ``state_dict`` and ``optimizer_states`` (the run
+    config, the step, the loops', callbacks' and samplers' states); :func:`gather_checkpoint` reads the rest."""
     path = Path(path)
-    if not path.is_file():
+    sharded = is_sharded(path)
+    if not (sharded or path.is_file()):
         raise CheckpointError(f"checkpoint {path} does not exist; check ckpt_path")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+        checkpoint = torch.load(
+            path / SHARDED_METADATA if sharded else path, map_location=map_location, weights_only=False
+        )
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
         raise CheckpointError(
             f"checkpoint {path} is truncated or corrupt ({type(error).__name__}: {str(error).splitlines()[0]}); "
             f"delete it and resume from an older one (resume=auto picks the newest good one)"
         ) from None
-    missing = [key for key in REQUIRED_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
+    required = [key for key in REQUIRED_KEYS if not (sharded and key == "state_dict")]
+    missing = [key for key in required if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise CheckpointError(f"checkpoint {path} is not a training checkpoint (no {', '.join(missing)})")
     return checkpoint
+
+
+def gather_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The whole checkpoint at ``path`` in this process (no process group): a file as :func:`read_checkpoint`
+    reads it; a sharded folder with every rank's weights and optimiser states gathered into full tensors."""
+    checkpoint = read_checkpoint(path)
+    if not is_sharded(path):
+        return checkpoint
+    with tempfile.TemporaryDirectory() as tmp:
+        gathered = Path(tmp) / "state.pt"
+        try:
+            dcp_to_torch_save(path, gathered)
+        except Exception as error:  # a missing or damaged shard
+            raise CheckpointError(
+                f"sharded checkpoint {path} cannot be gathered ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''})"
+            ) from None
+        state = torch.load(gathered, map_location="cpu", weights_only=False)
+    checkpoint["state_dict"] = state.pop("state_dict")
+    optimizers = sorted(key for key in state if key.startswith("optimizer_"))
+    checkpoint["optimizer_states"] = [state.pop(key) for key in optimizers]
+    return checkpoint
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint file or a sharded checkpoint folder (nothing if absent)."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -86,12 +140,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path, map_location or "cpu")
 
 
+def _written_ns(path: Path) -> int:
+    return (path / SHARDED_METADATA if is_sharded(path) else path).stat().st_mtime_ns
+
+
 def checkpoint_candidates(folder: Path) -> list[Path]:
-    """Every checkpoint in ``folder``, newest first (``last.ckpt`` before others written at the same time)."""
+    """Every checkpoint (file or sharded folder) in ``folder``, newest first (``last.ckpt`` before others
+    written at the same time); hidden names (a save in progress) are not checkpoints."""
     if not folder.is_dir():
         return []
-    files = [p for p in folder.glob("*.ckpt") if p.is_file() and not p.name.startswith(".")]
-    return sorted(files, key=lambda p: (p.stat().st_mtime_ns, p.name == LAST), reverse=True)
+    found = [p for p in folder.glob("*.ckpt") if is_checkpoint(p) and not p.name.startswith(".")]
+    return sorted(found, key=lambda p: (_written_ns(p), p.name == LAST), reverse=True)
 
 
 def newest_good_checkpoint(folder: Path) -> tuple[Path | None, list[str]]:
@@ -124,7 +183,11 @@ __all__ = [
     "CheckpointError",
     "checkpoint_candidates",
     "finished_summary",
+    "gather_checkpoint",
+    "is_checkpoint",
+    "is_sharded",
     "mark_finished",
     "newest_good_checkpoint",
     "read_checkpoint",
+    "remove_checkpoint",
 ]

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.sharding import DTYPES, shard_decoder
 from tvq_exp.options import OptionError
-from tvq_exp.run.checkpoints import AtomicCheckpointIO, CheckpointError
-
-METADATA_FILE = "meta.pt"  # Lightning's: everything of a sharded checkpoint but the weights and optimisers
+from tvq_exp.run.checkpoints import (
+    SHARDED_METADATA,
+    AtomicCheckpointIO,
+    CheckpointError,
+    gather_checkpoint,
+    is_sharded,
+    previous_path,
+    remove_checkpoint,
+)
 
 
 class BlockFSDPStrategy(ModelParallelStrategy):
@@ -27,9 +30,11 @@ class BlockFSDPStrategy(ModelParallelStrategy):
         param_dtype, reduce_dtype: compute and gradient-reduction dtypes (``fp32``, ``bf16``, ``fp16``);
             mixed precision lives here, so run it with ``trainer.precision=32-true``.
         activation_checkpointing: recompute each block's activations in the backward pass.
-        save_distributed_checkpoint: ``True``: each rank writes its shard (a checkpoint is a folder;
-            ``python -m tvq_exp.run.fsdp convert FOLDER FILE`` makes one file for ``eval.py``/``sample.py``);
-            ``False``: rank 0 gathers the full state into one ``.ckpt`` file (what ``resume=auto`` reads).
+        save_distributed_checkpoint: ``True``: each rank writes its shard (a checkpoint is a folder, written
+            atomically like the files: into a hidden folder, then renamed, the one it replaces kept as
+            ``.prev``; ``resume=auto``, ``ckpt_path``, ``eval.py`` and ``sample.py`` read it, and
+            ``python -m tvq_exp.run.fsdp convert FOLDER FILE`` makes one file); ``False``: rank 0 gathers
+            the full state into one ``.ckpt`` file.
         **kwargs: ``ModelParallelStrategy``'s other arguments (``process_group_backend``, ``timeout``).
     """
 
@@ -59,6 +64,35 @@ class BlockFSDPStrategy(ModelParallelStrategy):
         )  # all processes shard one model (no tensor parallelism)
         super().setup_environment()
 
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | os.PathLike[str], storage_options: Any | None = None
+    ) -> None:
+        """A sharded save goes to a hidden staging folder first; rank 0 then keeps the checkpoint it replaces
+        as ``<stem>.prev.ckpt`` and renames the staging folder into place: a checkpoint is whole or absent."""
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(str(filepath)))
+        staging = path.with_name(f".{path.name}.tmp")
+        if self.global_rank == 0:
+            remove_checkpoint(staging)  # what a save killed half-way left
+        self.barrier("sharded_save_staging")
+        super().save_checkpoint(checkpoint, staging, storage_options)
+        self.barrier("sharded_save_written")
+        if self.global_rank == 0:
+            if path.exists():
+                remove_checkpoint(previous_path(path))
+                os.replace(path, previous_path(path))
+            os.replace(staging, path)
+        self.barrier("sharded_save_done")
+
+    def load_checkpoint(
+        self, checkpoint_path: str | os.PathLike[str], weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Load a sharded or single-file checkpoint; ``meta.pt`` holds the RNG states (NumPy arrays among them),
+        so it is read as :func:`~tvq_exp.run.checkpoints.read_checkpoint` reads every checkpoint of ours, not
+        with ``weights_only``."""
+        return super().load_checkpoint(checkpoint_path, weights_only=False)
+
     def parallelize(self, decoder: Decoder) -> Decoder:
         """Shard ``decoder`` over the data-parallel mesh (called from the module's ``configure_model``)."""
         return shard_decoder(
@@ -74,20 +108,11 @@ def consolidate(folder: str | os.PathLike[str], output: str | os.PathLike[str]) 
     """Turn a sharded checkpoint (a folder written with ``save_distributed_checkpoint=true``) into one
     ``.ckpt`` file that ``eval.py``, ``sample.py`` and ``init_from`` read (one process, no process group)."""
     folder, output = Path(folder), Path(output)
-    meta = folder / METADATA_FILE
-    if not (folder.is_dir() and meta.is_file()):
+    if not is_sharded(folder):
         raise CheckpointError(
-            f"{folder} is not a sharded checkpoint (a folder with {METADATA_FILE} and .distcp files)"
+            f"{folder} is not a sharded checkpoint (a folder with {SHARDED_METADATA} and .distcp files)"
         )
-    with tempfile.TemporaryDirectory() as tmp:
-        gathered = Path(tmp) / "state.pt"
-        dcp_to_torch_save(folder, gathered)
-        state = torch.load(gathered, map_location="cpu", weights_only=False)
-    checkpoint = torch.load(meta, map_location="cpu", weights_only=False)
-    checkpoint["state_dict"] = state.pop("state_dict")
-    optimizers = sorted(k for k in state if k.startswith("optimizer_"))
-    checkpoint["optimizer_states"] = [state.pop(k) for k in optimizers]
-    AtomicCheckpointIO().save_checkpoint(checkpoint, output)
+    AtomicCheckpointIO().save_checkpoint(gather_checkpoint(folder), output)
     return output
 
 

@@ -29,7 +29,6 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.options import OptionError, check_values, constraints
 from tvq_exp.quantize.codebook import VectorQuantizer
 from tvq_exp.run import schema
+from tvq_exp.run.checkpoints import is_checkpoint
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 SIMPLE_TYPES = (int, float, bool, str)
@@ -287,8 +287,8 @@ def check_command(cfg: DictConfig) -> None:
         check_trainer(cfg.trainer)
         check_node(cfg.guard, "guard", schema.guard_options)
         for key in ("init_from", "ckpt_path"):
-            if cfg.get(key) and not Path(cfg[key]).is_file():
-                raise ConfigError(key, cfg[key], "no such checkpoint file")
+            if cfg.get(key) and not is_checkpoint(cfg[key]):
+                raise ConfigError(key, cfg[key], "no such checkpoint file (or sharded checkpoint folder)")
     elif "split" in cfg:
         check_node(cfg, "", schema.eval_options, nested={"paths", "hydra", "model_options"})
     elif "prompt" in cfg:
