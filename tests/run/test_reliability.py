@@ -127,6 +127,17 @@ def test_preempted_and_resumed_run_equals_the_uninterrupted_run(tmp_path: Path) 
     assert third["global_step"] == 20 and len(read_records(pieces)) == 20
 
 
+def test_a_run_preempted_before_its_first_validation_keeps_writing_last_ckpt(tmp_path: Path) -> None:
+    """The preemption's ``last.ckpt`` (written before ``ModelCheckpoint`` wrote any) is overwritten by the
+    resumed run, not left behind beside a ``last-v1.ckpt``."""
+    first = run_train([*auto("c"), *callback("kill", "SignalAt", step=3)], tmp_path / "c")
+    assert first["global_step"] == 3
+    run_train(auto("c"), tmp_path / "c")
+    folder = tmp_path / "c" / "checkpoints"
+    assert read_checkpoint(folder / "last.ckpt")["global_step"] == 20
+    assert not [p.name for p in folder.glob("last-v*")]
+
+
 # settings the kill-anywhere property must hold in: dropout (the RNG streams), the TBPTT sampler (its carried
 # state), independent random windows, and the CSV logger (its history)
 RESUME_SETTINGS = {
@@ -279,7 +290,9 @@ def test_sigterm_to_a_training_process_saves_and_exits_0(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert [r["step"] for r in read_records(rows)][-2:] == [step + 1, step + 2]
-    assert "weights_only" not in done.stderr and "Warning" not in done.stderr, done.stderr[-2000:]  # quiet resume
+    assert "weights_only" not in done.stderr and "Warning" not in done.stderr, done.stderr[
+        -2000:
+    ]  # quiet resume
 
 
 @pytest.mark.parametrize("launcher", ["basic", "parallel", "local"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -21,7 +22,15 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     from it would repeat, or lose, every step since the best). Here ``last.ckpt`` is written at the
     end of every validation in any case; the top-k files follow the monitor as before, except that a
     non-finite value (a diverged run) never makes a "best" file.
+
+    ``last.ckpt`` is always overwritten in place (atomically, the old one kept as ``last.prev.ckpt``), never
+    versioned: Lightning's version counter would write ``last-v1.ckpt`` beside a ``last.ckpt`` that it did not
+    write itself in this run, e.g. one saved by a preemption before the first validation, leaving ``last.ckpt``
+    behind the run.
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "enable_version_counter": False})
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         value = monitor_candidates.get(self.monitor) if self.monitor else None
