@@ -25,6 +25,7 @@ from tests.helpers.paths import CONF, REPO
 from tests.helpers.reliability import read_records
 from tvq_exp.callbacks.checkpoint import BestAndLastCheckpoint
 from tvq_exp.callbacks.numerics_guard import NumericsError
+from tvq_exp.options import OptionError
 from tvq_exp.run.checkpoints import CheckpointError, newest_good_checkpoint, read_checkpoint
 from tvq_exp.run.train import train
 
@@ -441,3 +442,9 @@ def test_killed_process_resumes_to_the_uninterrupted_run(
     assert [(last[r["step"]]["loss"], last[r["step"]]["checksum"]) for r in expected] == [
         (r["loss"], r["checksum"]) for r in expected
     ]
+
+
+def test_a_versioned_last_checkpoint_is_refused() -> None:
+    with pytest.raises(OptionError, match="enable_version_counter=True: must be false"):
+        BestAndLastCheckpoint(enable_version_counter=True)
+    assert BestAndLastCheckpoint()._enable_version_counter is False

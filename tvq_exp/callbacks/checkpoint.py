@@ -10,6 +10,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
+from tvq_exp.options import OptionError
+
 CHECKPOINT_DIR = "checkpoints"
 LAST = "last.ckpt"
 
@@ -30,7 +32,13 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{**kwargs, "enable_version_counter": False})
+        if kwargs.pop("enable_version_counter", False):
+            raise OptionError(
+                "callbacks.model_checkpoint.enable_version_counter",
+                True,
+                "must be false: last.ckpt is overwritten in place",
+            )
+        super().__init__(enable_version_counter=False, **kwargs)
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Tensor]) -> None:
         value = monitor_candidates.get(self.monitor) if self.monitor else None

@@ -130,10 +130,10 @@ def _measure_one(
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the ``attention`` or ``model`` benchmark; write JSON / plot; return the records."""
     kind = args.command
-    names, modes = (args.backends, args.mode) if kind == "attention" else (args.models, args.mode)
+    names = args.backends if kind == "attention" else args.models
     mm_before = mm_gflops(args)
     print(f"torch.mm {args.mm_size}^2 {args.dtype}: {mm_before:.1f} GFLOP/s", flush=True)
-    records = run_sweep(args, kind, names, modes)
+    records = run_sweep(args, kind, names, args.mode)
     mm_after = mm_gflops(args)
     mm_ref = max(mm_before, mm_after)
     print(

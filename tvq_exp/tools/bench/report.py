@@ -38,11 +38,11 @@ def plot(records: list[dict[str, Any]], path: str, kind: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     speed_key, speed_label = (
-        ("ms", "time per call (ms)") if kind == "attention" else ("tokens_per_s", "training tokens/s")
+        ("ms", "time per call (ms)") if kind == "attention" else ("tokens_per_s", "tokens/s")
     )
     for (name, mode), recs in _group(records).items():
         ok = [r for r in recs if r.get("ms") is not None]
-        label = name if kind == "model" else f"{name} {mode}"
+        label = name if (kind, mode) == ("model", "train") else f"{name} {mode}"
         for ax, key in zip(axes, (speed_key, "peak_mem_mb"), strict=True):
             ax.plot([r["seq_len"] for r in ok], [max(r[key], 1e-3) for r in ok], marker="o", label=label)
     for ax, ylabel in zip(axes, (speed_label, "peak memory (MB)"), strict=True):
