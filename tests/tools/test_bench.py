@@ -137,5 +137,6 @@ def test_model_bench_times_inference_and_training_and_records_the_kernel(tmp_pat
     assert train["gflops"] * 1e9 == pytest.approx(model.flops(32, 1, backward=True), rel=1e-12)
     assert compose_model("gau_dense_flex", MODEL_SETTINGS).model.attention.kernel == "flex"
     assert compose_model("gau_dense", MODEL_SETTINGS).model.attention.kernel == "plain"
+    assert compose_model("gau_vq_flex", MODEL_SETTINGS).model.attention.kernel == "flex"
     with pytest.raises(SystemExit, match="fwdbwd"):
         bench.main(["model", "--mode", "fwdbwd"])

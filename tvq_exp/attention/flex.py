@@ -235,31 +235,48 @@ def _xl_kernel(
     return flex_attention(q, k, v, score_mod=xl_score_mod(table, past, causal), block_mask=mask, scale=1.0)
 
 
-_COMPILED: dict[tuple[str, int | None, torch.dtype, str], Callable[..., Tensor]] = {}
+_COMPILED: dict[tuple[str, int | None, torch.dtype, Callable[..., Tensor]], Callable[..., Tensor]] = {}
 _COMPILED_LOCK = threading.Lock()
 
 
 def compiled_kernel(
-    device: torch.device | str, dtype: torch.dtype, kind: str = "plain"
+    device: torch.device | str, dtype: torch.dtype, kind: str | Callable[..., Tensor] = "plain"
 ) -> Callable[..., Tensor]:
-    """The ``torch.compile``d flex kernel for ``device``/``dtype`` (``kind``: ``plain`` or ``xl``), made
-    once and cached. ``dynamic=False``: each new ``(Tq, Tk, past)`` compiles once (see the module doc);
-    TorchDynamo's recompile limit (``torch._dynamo.config.recompile_limit``) bounds how many lengths one
-    process can compile before it falls back to the eager implementation."""
+    """The ``torch.compile``d flex kernel for ``device``/``dtype`` (``kind``: ``plain``, ``xl``, or a function
+    that calls :func:`flex_attention`, as Transformer-VQ's window + cache kernel), made once and cached.
+    ``dynamic=False``: each new shape compiles once (see the module doc); TorchDynamo's recompile limit
+    (``torch._dynamo.config.recompile_limit``) bounds how many lengths one process can compile before it
+    falls back to the eager implementation."""
     device = torch.device(device)
-    key = (device.type, device.index, dtype, kind)
+    fn = {"plain": _plain_kernel, "xl": _xl_kernel}[kind] if isinstance(kind, str) else kind
+    key = (device.type, device.index, dtype, fn)
     with _COMPILED_LOCK:
         if key not in _COMPILED:
-            fn = {"plain": _plain_kernel, "xl": _xl_kernel}[kind]
-            _COMPILED[key] = torch.compile(fn, dynamic=False, fullgraph=True)
+            _COMPILED[key] = _eager_past_the_limit(torch.compile(fn, dynamic=False, fullgraph=True), fn)
         return _COMPILED[key]
+
+
+def _eager_past_the_limit(
+    compiled: Callable[..., Tensor], eager: Callable[..., Tensor]
+) -> Callable[..., Tensor]:
+    """``compiled``, or ``eager`` for the shapes that would compile once TorchDynamo's recompile limit is
+    reached (``fullgraph=True`` turns that limit into an error; decoding token by token meets it)."""
+
+    @functools.wraps(eager)
+    def call(*args: object) -> Tensor:
+        try:
+            return compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            return eager(*args)
+
+    return call
 
 
 _GUARD_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
-def _eager_cpu_backward() -> Iterator[None]:
+def eager_cpu_backward() -> Iterator[None]:
     """Lift torch's ``FlexAttention does not support backward on CPU`` device check, for the eager
     (unfused) implementation only: its math backward is exact on CPU (checked against explicit logits,
     gradients of captured tensors included). A no-op if a future torch drops the check."""
@@ -324,7 +341,7 @@ def flex_dense_attention(
             return compiled_kernel(q.device, q.dtype, "plain")(q, k, v, mask)
         return compiled_kernel(q.device, q.dtype, "xl")(q, k, v, mask, distance_logits, past, causal)
     score_mod = None if distance_logits is None else xl_score_mod(distance_logits, past, causal)
-    guard = _eager_cpu_backward() if needs_grad and q.device.type == "cpu" else contextlib.nullcontext()
+    guard = eager_cpu_backward() if needs_grad and q.device.type == "cpu" else contextlib.nullcontext()
     with guard:
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=1.0)
 
@@ -384,6 +401,7 @@ __all__ = [
     "compiled_kernel",
     "dense_attention_flex",
     "dense_support",
+    "eager_cpu_backward",
     "flex_dense_attention",
     "flex_support",
     "xl_score_mod",

@@ -27,12 +27,14 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.flex import flex_support
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.flex import flex_window_cache_attention
 from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
 from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias, window_distances
-from tvq_exp.options import AtLeast, OptionError, checked
+from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
@@ -54,6 +56,10 @@ class VQAttention(AttentionBackend):
             detached). False: the official ``grad_thru_cache=0``: a query's gradient reaches only the keys
             and values of its own block (the carried part of its window and the cache are constants).
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (strategy, decay, ...).
+        kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
+            (:mod:`.flex`: flex attention, compiled where it runs, else its eager form) or ``auto`` (compiled
+            flex where it runs: CUDA, or CPU without gradients; else plain). The causal encoder form is
+            always plain.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: ``k, v, codes`` of positions ``max(0, (t//L - 1)·L) .. t-1``; ``cache_n (B, H_kv, S)``,
@@ -77,6 +83,7 @@ class VQAttention(AttentionBackend):
         causal: bool = True,
         kv_heads: int | None = None,
         codebook: Mapping[str, Any] | None = None,
+        kernel: Annotated[str, OneOf("plain", "flex", "auto")] = "plain",
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         window_len = block_len if window_len is None else window_len
@@ -84,6 +91,8 @@ class VQAttention(AttentionBackend):
             raise OptionError("window_len", window_len, f"must be <= block_len={block_len}", type(self))
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
+        self.kernel = kernel
+        self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
         self.bias = (
             XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
@@ -242,7 +251,9 @@ class VQAttention(AttentionBackend):
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
-        out = window_cache_attention(
+        attend = flex_window_cache_attention if self._use_flex(q, kw, vw) else window_cache_attention
+        self.last_kernel = "flex" if attend is flex_window_cache_attention else "plain"
+        out = attend(
             _to_items(qc, shape),
             kw,
             vw,
@@ -256,6 +267,15 @@ class VQAttention(AttentionBackend):
             prev_grad=self.grad_through_cache,
         )
         return _from_items(out, shape)
+
+    def _use_flex(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """``kernel=flex``: always; ``auto``: where the compiled flex kernel runs (see ``kernel``)."""
+        if self.kernel != "auto":
+            return self.kernel == "flex"
+        grad = torch.is_grad_enabled() and (
+            any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
+        )
+        return bool(flex_support(q.device, requires_grad=grad, compiled=True))
 
     def _next_state(
         self,

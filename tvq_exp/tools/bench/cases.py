@@ -21,12 +21,15 @@ def _autocast(device: torch.device, dtype: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
-# benchmark names of a backend with a given kernel: ``dense_flex`` is dense attention through flex attention
-KERNEL_VARIANTS = {"dense_flex": ("dense", "flex"), "dense_auto": ("dense", "auto")}
+# benchmark names of a backend with a given kernel: ``dense_flex`` is dense attention through flex attention,
+# ``vq_flex`` Transformer-VQ's window + cache step through it
+KERNEL_VARIANTS = {
+    f"{backend}_{kernel}": (backend, kernel) for backend in ("dense", "vq") for kernel in ("flex", "auto")
+}
 # the same for model presets: ``gau_dense_flex`` is ``conf/model/gau_dense.yaml`` with ``attention.kernel=flex``
 MODEL_VARIANTS = {
     f"{model}_{kernel}": (model, kernel)
-    for model in ("gau_dense", "mha_dense")
+    for model in ("gau_dense", "mha_dense", "gau_vq")
     for kernel in ("flex", "auto")
 }
 

@@ -1,0 +1,170 @@
+"""Transformer-VQ's window + cache step through :func:`torch.nn.attention.flex_attention`.
+
+The same function as :func:`tvq_exp.attention.vq.kernel.window_cache_attention` (same arguments, same
+result), laid out for flex attention: every **item** (one query block) is one batch entry whose keys are
+its ``W`` window keys followed by the ``S`` codes, and whose values are the window values followed by the
+item's cache means. One ``score_mod`` adds the window term (the XL bias looked up in the row's table
+``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]``, as the plain kernel) or the code's ``log n_s``; the causal part
+of the window is a block mask shared by all items, so flex skips the key blocks no query of a query block
+can see. Flex's fused kernel keeps the ``R × (W + S)`` scores out of memory, as the plain kernel's chunks do.
+
+Where it runs (:func:`tvq_exp.attention.flex.flex_support`): compiled on CUDA, compiled and forward-only on
+CPU (torch 2.14 has no compiled CPU backward); with gradients on CPU it runs flex's eager form, which
+materialises each item's scores (exact; a reference, slower than the plain kernel). ``kernel=auto`` in
+:class:`~tvq_exp.attention.vq.layer.VQAttention` therefore takes it only where the compiled kernel runs.
+
+Shapes: ``q (N, I, R, d_k)`` (``R = G·Lq`` rows: ``G`` grouped heads of ``Lq`` positions), ``kb, vb
+(N, I + 1, L, d)`` (two-block windows) or ``(N, I, L, d)`` (one-block), ``index (Lq, W)``, ``bias_q
+(N, I, R, d_k)``, ``rel (N, G, M + 1, d_k)``, ``codebook (N, S, d_k)``, ``log_n (N, I, S)``, ``mu
+(N, I, S, d_v)`` -> ``(N, I, R, d_v)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.base import accumulation_dtype
+from tvq_exp.attention.flex import (
+    FlexUnsupported,
+    compiled_kernel,
+    create_block_mask,
+    eager_cpu_backward,
+    flex_attention,
+    flex_support,
+)
+
+
+def flex_window_cache_attention(
+    q: Tensor,
+    kb: Tensor,
+    vb: Tensor,
+    index: Tensor,
+    bias_q: Tensor | None = None,
+    rel: Tensor | None = None,
+    codebook: Tensor | None = None,
+    log_n: Tensor | None = None,
+    mu: Tensor | None = None,
+    prev_masked: bool = False,
+    prev_grad: bool = True,
+    compiled: bool | None = None,
+) -> Tensor:
+    """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` through flex attention (see the module
+    doc for shapes).
+
+    Args:
+        compiled: the fused kernel (True), the eager implementation (False), or None: fused unless it cannot
+            run here (CPU with gradients), then eager.
+
+    Raises :class:`~tvq_exp.attention.flex.FlexUnsupported` with the reason when flex cannot run.
+    """
+    n, items, rows, _ = q.shape
+    blocks, block = kb.shape[1] - items + 1, kb.shape[2]
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, kb, vb, bias_q, rel, mu)
+    )
+    if compiled is None:
+        compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True))
+    support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled)
+    if not support:
+        raise FlexUnsupported(support.reason)
+
+    def window(x: Tensor, j: int) -> Tensor:
+        part = x[:, j : j + items]
+        return part.detach() if j == 0 and blocks == 2 and not prev_grad else part
+
+    keys = [window(kb, j) for j in range(blocks)]
+    values = [window(vb, j) for j in range(blocks)]
+    if codebook is not None:
+        keys.append(codebook[:, None].to(kb.dtype).expand(n, items, *codebook.shape[1:]))
+        values.append(mu.to(vb.dtype))
+    k, v = (torch.cat(x, dim=2).flatten(0, 1)[:, None] for x in (keys, values))  # (N·I, 1, W [+ S], d)
+    acc = accumulation_dtype(q.dtype)
+    table = _window_table(bias_q, rel, rows, acc, q.device)  # (N·I, R, M + 3), or (1, 1, 2) without the bias
+    row_index = index.repeat(rows // index.shape[0], 1)  # (R, W): the same for every head
+    cache = (
+        q.new_zeros(1, 1, dtype=acc) if log_n is None else log_n.to(acc).flatten(0, 1)
+    )  # (N·I, S): log counts
+    masked = table.shape[-1] - 1  # the table's -inf column
+    mask = _block_mask(row_index, k.shape[2], masked, str(q.device))
+    args = (q.flatten(0, 1)[:, None], k, v, mask, table, row_index, cache, log_n is not None, items, block,
+            prev_masked)  # fmt: skip
+    if not needs_grad:  # torch's CPU check looks at requires_grad, not at the grad mode
+        args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+    if compiled:
+        out = compiled_kernel(q.device, q.dtype, _kernel)(*args)
+    else:
+        guard = eager_cpu_backward() if needs_grad and q.device.type == "cpu" else contextlib.nullcontext()
+        with guard:
+            out = _kernel(*args)
+    return out.view(n, items, rows, -1)
+
+
+def _window_table(
+    bias_q: Tensor | None, rel: Tensor | None, rows: int, acc: torch.dtype, device: torch.device
+) -> Tensor:
+    """Every row's window terms: ``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]`` ``(N·I, R, M + 3)``; without the
+    bias the shared ``[0, -inf]`` as ``(1, 1, 2)``."""
+    if rel is None or bias_q is None:
+        return torch.tensor([[[0.0, float("-inf")]]], dtype=acc, device=device)
+    n, items, g = bias_q.shape[0], bias_q.shape[1], rel.shape[1]
+    bq = bias_q.reshape(n, items, g, rows // g, -1)
+    logits = (bq @ rel[:, None].transpose(-1, -2)).reshape(n * items, rows, -1).to(acc)
+    edge = logits.new_tensor([0.0, float("-inf")]).expand(*logits.shape[:-1], 2)
+    return torch.cat([logits, edge], dim=-1)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_mask(index_key: bytes, rows: int, width: int, columns: int, masked: int, device: str):  # noqa: ANN202
+    row_index = torch.frombuffer(bytearray(index_key), dtype=torch.long).view(rows, width).to(device)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        in_window = kv_idx < width
+        return ~in_window | (row_index[q_idx, kv_idx.clamp(max=width - 1)] != masked)
+
+    return create_block_mask(mask_mod, None, None, rows, columns, device=device)
+
+
+def _block_mask(row_index: Tensor, columns: int, masked: int, device: str):  # noqa: ANN202
+    """The causal window as a block mask, shared by every item and head (cached per layout): window key
+    ``j`` of row ``r`` is visible unless its table column is ``masked`` (the ``-inf`` one); the codes always
+    are."""
+    rows, width = row_index.shape
+    key = row_index.to("cpu", torch.long).contiguous().numpy().tobytes()
+    return _cached_mask(key, rows, width, columns, masked, device)
+
+
+def _kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: object,
+    table: Tensor,
+    row_index: Tensor,
+    cache: Tensor,
+    has_cache: bool,
+    items: int,
+    block: int,
+    prev_masked: bool,
+) -> Tensor:
+    width = row_index.shape[1]
+    per_row = table.shape[0] > 1  # a table per item and row (the XL bias), else the shared [0, -inf]
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        in_window = kv_idx < width
+        column = row_index[q_idx, kv_idx.clamp(max=width - 1)]
+        term = table[b, q_idx, column] if per_row else table[0, 0, column]
+        if has_cache:
+            term = torch.where(in_window, term, cache[b, (kv_idx - width).clamp(min=0)])
+        if prev_masked:  # item 0 has no previous block: its first L window keys are masked
+            hidden = (b % items == 0) & (kv_idx < block)
+            term = torch.where(hidden, torch.full_like(term, float("-inf")), term)
+        return score + term
+
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=1.0)
+
+
+__all__ = ["flex_window_cache_attention"]
