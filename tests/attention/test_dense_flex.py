@@ -211,6 +211,9 @@ def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:
     auto = build_attention("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="auto")
     auto(q, k, v)
     assert auto.last_kernel == "plain"  # gradients on CPU: no compiled flex kernel
+    with torch.no_grad():
+        auto(q[:, :, :1], k[:, :, :1], v[:, :, :1])
+    assert auto.last_kernel == "plain"  # a decoding step: fewer queries than FLEX_MIN_QUERIES
 
 
 def test_the_flex_kernel_refuses_what_it_cannot_express() -> None:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tvq_exp.attention import build_attention
-from tvq_exp.attention.flex import FLEX_AVAILABLE, flex_support
+from tvq_exp.attention.flex import FLEX_AVAILABLE, FLEX_MIN_QUERIES, flex_support
 
 pytestmark = [
     pytest.mark.skipif(not FLEX_AVAILABLE, reason="torch has no flex_attention"),
@@ -108,13 +108,13 @@ def test_flex_streams_like_the_plain_kernel(cache: bool) -> None:
         _close(ours, ref)
 
 
-def _compiled_forward(bias: bool, cache: bool) -> None:
+def _compiled_forward(bias: bool, cache: bool, kernel: str = "flex", length: int = 24) -> None:
     support = flex_support("cpu", compiled=True)
     if not support:
         pytest.skip(support.reason)
     plain, flex = _pair(bias, cache)
-    flex.kernel = "auto"  # inference on CPU: the compiled kernel
-    q, k, v = (x.detach() for x in _inputs(length=24))
+    flex.kernel = kernel  # inference on CPU: the compiled kernel
+    q, k, v = (x.detach() for x in _inputs(length=length))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected, _, _ = plain(q, k, v)
@@ -124,12 +124,16 @@ def _compiled_forward(bias: bool, cache: bool) -> None:
 
 
 def test_compiled_flex_forward_equals_the_plain_kernel() -> None:
-    """The path ``kernel=auto`` takes for inference on CPU: the compiled flex kernel (XL bias, the cache,
-    grouped heads); with gradients on CPU ``auto`` keeps the plain kernel."""
-    _compiled_forward(bias=True, cache=True)
+    """The path ``kernel=auto`` takes for inference on CPU (calls of at least 128 queries): the compiled flex
+    kernel (XL bias, the cache, grouped heads). With gradients on CPU, or for a short call (a decoding step),
+    ``auto`` keeps the plain kernel."""
+    _compiled_forward(bias=True, cache=True, kernel="auto", length=FLEX_MIN_QUERIES)
     plain, auto = _pair(True, True)
     auto.kernel = "auto"
-    auto(*_inputs())
+    auto(*_inputs())  # gradients on CPU
+    assert auto.last_kernel == "plain"
+    with torch.no_grad():
+        auto(*(x[:, :, :1] for x in _inputs()))  # one query
     assert auto.last_kernel == "plain"
 
 
@@ -151,7 +155,6 @@ def test_decoding_past_the_recompile_limit_falls_back_to_eager_flex() -> None:
     if not support:
         pytest.skip(support.reason)
     plain, flex = _pair(True, True)
-    flex.kernel = "auto"
     q, k, v = (x.detach() for x in _inputs(length=11))
     outs = []
     with torch.no_grad(), warnings.catch_warnings(), torch._dynamo.config.patch(recompile_limit=1):

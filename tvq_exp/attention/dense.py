@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
-from tvq_exp.attention.flex import dense_attention_flex, dense_support
+from tvq_exp.attention.flex import FLEX_MIN_QUERIES, dense_attention_flex, dense_support
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
@@ -43,7 +43,8 @@ class DenseAttention(AttentionBackend):
         talking_heads_post: also mix the attention weights across heads after the softmax.
         kernel: ``plain`` (below), ``flex`` (:mod:`tvq_exp.attention.flex`: the XL bias as a ``score_mod``, the
             causal/window mask as a block mask; compiled where it can run, eager otherwise; ReLU² and talking
-            heads refuse it with the reason), ``auto`` (compiled flex where it runs, else plain).
+            heads refuse it with the reason), ``auto`` (compiled flex where it runs, for calls of at least
+            128 queries; else plain: decoding steps stay plain).
 
     Plain softmax runs in ``scaled_dot_product_attention`` (memory-efficient kernels). The XL bias,
     ReLU² and talking heads need explicit logits: beyond :data:`LOGITS_BUDGET` logits they are
@@ -156,8 +157,9 @@ class DenseAttention(AttentionBackend):
     def _dispatch(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
         """``kernel``: ``plain`` (:meth:`_attend`), ``flex`` (flex attention: the compiled kernel where it runs,
         else its eager form; :class:`FlexUnsupported` with the reason where flex cannot express the options),
-        ``auto`` (the compiled flex kernel where it runs, else plain)."""
-        if self.kernel != "plain":
+        ``auto`` (the compiled flex kernel where it runs and the call has at least :data:`FLEX_MIN_QUERIES`
+        queries, else plain)."""
+        if self.kernel == "flex" or (self.kernel == "auto" and q.shape[2] >= FLEX_MIN_QUERIES):
             grad = torch.is_grad_enabled() and (
                 any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
             )

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
     from tvq_exp.attention.dense import DenseAttention
 
 FLEX_AVAILABLE = _flex_module is not None
+# ``kernel=auto`` takes flex only for calls with at least this many queries (flex's block size): below it block
+# sparsity saves nothing, and every new length would compile anew (decoding token by token).
+FLEX_MIN_QUERIES = 128
 FLEX_DEVICES = ("cuda", "cpu", "xpu")
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -394,6 +397,7 @@ def dense_attention_flex(
 
 __all__ = [
     "FLEX_AVAILABLE",
+    "FLEX_MIN_QUERIES",
     "FlexSupport",
     "FlexUnsupported",
     "block_mask",

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
-from tvq_exp.attention.flex import flex_support
+from tvq_exp.attention.flex import FLEX_MIN_QUERIES, flex_support
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.flex import flex_window_cache_attention
@@ -58,8 +58,8 @@ class VQAttention(AttentionBackend):
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (strategy, decay, ...).
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form) or ``auto`` (compiled
-            flex where it runs: CUDA, or CPU without gradients; else plain). The causal encoder form is
-            always plain.
+            flex where it runs: CUDA, or CPU without gradients; for calls of at least 128 queries; else plain:
+            decoding steps stay plain). The encoder form is always plain.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: ``k, v, codes`` of positions ``max(0, (t//L - 1)·L) .. t-1``; ``cache_n (B, H_kv, S)``,
@@ -269,8 +269,9 @@ class VQAttention(AttentionBackend):
         return _from_items(out, shape)
 
     def _use_flex(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """``kernel=flex``: always; ``auto``: where the compiled flex kernel runs (see ``kernel``)."""
-        if self.kernel != "auto":
+        """``kernel=flex``: always; ``auto``: where the compiled flex kernel runs, for calls of at least
+        :data:`~tvq_exp.attention.flex.FLEX_MIN_QUERIES` queries (see ``kernel``)."""
+        if self.kernel != "auto" or q.shape[2] < FLEX_MIN_QUERIES:
             return self.kernel == "flex"
         grad = torch.is_grad_enabled() and (
             any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
