@@ -243,19 +243,20 @@ _COMPILED_LOCK = threading.Lock()
 
 
 def compiled_kernel(
-    device: torch.device | str, dtype: torch.dtype, kind: str | Callable[..., Tensor] = "plain"
+    device: torch.device | str, dtype: torch.dtype, kernel: Callable[..., Tensor]
 ) -> Callable[..., Tensor]:
-    """The ``torch.compile``d flex kernel for ``device``/``dtype`` (``kind``: ``plain``, ``xl``, or a function
-    that calls :func:`flex_attention`, as Transformer-VQ's window + cache kernel), made once and cached.
+    """``kernel`` (a function that calls :func:`flex_attention`: dense's plain or XL one, Transformer-VQ's
+    window + cache one) ``torch.compile``d for ``device``/``dtype``, made once and cached.
     ``dynamic=False``: each new shape compiles once (see the module doc); TorchDynamo's recompile limit
     (``torch._dynamo.config.recompile_limit``) bounds how many lengths one process can compile before it
     falls back to the eager implementation."""
     device = torch.device(device)
-    fn = {"plain": _plain_kernel, "xl": _xl_kernel}[kind] if isinstance(kind, str) else kind
-    key = (device.type, device.index, dtype, fn)
+    key = (device.type, device.index, dtype, kernel)
     with _COMPILED_LOCK:
         if key not in _COMPILED:
-            _COMPILED[key] = _eager_past_the_limit(torch.compile(fn, dynamic=False, fullgraph=True), fn)
+            _COMPILED[key] = _eager_past_the_limit(
+                torch.compile(kernel, dynamic=False, fullgraph=True), kernel
+            )
         return _COMPILED[key]
 
 
@@ -325,28 +326,32 @@ def flex_dense_attention(
 
     Returns ``(B, H, Tq, d_v)``. Raises :class:`FlexUnsupported` with the reason when flex cannot run.
     """
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, distance_logits)
-    )
+    if not causal and past:
+        raise ValueError("a past offset only makes sense for causal attention")
+    mask = block_mask(q.shape[2], k.shape[2], q.device, past=past, causal=causal, window=window)
+    if distance_logits is None:
+        return run_flex(_plain_kernel, (q, k, v, mask), compiled)
+    return run_flex(_xl_kernel, (q, k, v, mask, distance_logits, past, causal), compiled)
+
+
+def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None = None) -> Tensor:
+    """``kernel(*args)`` (a function calling :func:`flex_attention`, ``args[0]`` the queries), compiled
+    (:func:`compiled_kernel`) or eager as ``compiled`` says (None: compiled unless it cannot run here, CPU with
+    gradients, then eager). Raises :class:`FlexUnsupported` with the reason when flex cannot run."""
+    q = args[0]
+    needs_grad = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
     if compiled is None:
         compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True))
     support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled)
     if not support:
         raise FlexUnsupported(support.reason)
-    if not causal and past:
-        raise ValueError("a past offset only makes sense for causal attention")
-    mask = block_mask(q.shape[2], k.shape[2], q.device, past=past, causal=causal, window=window)
     if not needs_grad:  # torch's CPU check looks at requires_grad, not at the grad mode
-        q, k, v = q.detach(), k.detach(), v.detach()
-        distance_logits = None if distance_logits is None else distance_logits.detach()
+        args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
     if compiled:
-        if distance_logits is None:
-            return compiled_kernel(q.device, q.dtype, "plain")(q, k, v, mask)
-        return compiled_kernel(q.device, q.dtype, "xl")(q, k, v, mask, distance_logits, past, causal)
-    score_mod = None if distance_logits is None else xl_score_mod(distance_logits, past, causal)
+        return compiled_kernel(q.device, q.dtype, kernel)(*args)
     guard = eager_cpu_backward() if needs_grad and q.device.type == "cpu" else contextlib.nullcontext()
     with guard:
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=1.0)
+        return kernel(*args)
 
 
 def dense_support(
@@ -408,5 +413,6 @@ __all__ = [
     "eager_cpu_backward",
     "flex_dense_attention",
     "flex_support",
+    "run_flex",
     "xl_score_mod",
 ]

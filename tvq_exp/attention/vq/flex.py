@@ -21,21 +21,13 @@ Shapes: ``q (N, I, R, d_k)`` (``R = G·Lq`` rows: ``G`` grouped heads of ``Lq`` 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
-from tvq_exp.attention.flex import (
-    FlexUnsupported,
-    compiled_kernel,
-    create_block_mask,
-    eager_cpu_backward,
-    flex_attention,
-    flex_support,
-)
+from tvq_exp.attention.flex import create_block_mask, flex_attention, run_flex
 
 
 def flex_window_cache_attention(
@@ -63,14 +55,6 @@ def flex_window_cache_attention(
     """
     n, items, rows, _ = q.shape
     blocks, block = kb.shape[1] - items + 1, kb.shape[2]
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, kb, vb, bias_q, rel, mu)
-    )
-    if compiled is None:
-        compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True))
-    support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled)
-    if not support:
-        raise FlexUnsupported(support.reason)
 
     def window(x: Tensor, j: int) -> Tensor:
         part = x[:, j : j + items]
@@ -92,14 +76,7 @@ def flex_window_cache_attention(
     mask = _block_mask(row_index, k.shape[2], masked, str(q.device))
     args = (q.flatten(0, 1)[:, None], k, v, mask, table, row_index, cache, log_n is not None, items, block,
             prev_masked)  # fmt: skip
-    if not needs_grad:  # torch's CPU check looks at requires_grad, not at the grad mode
-        args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
-    if compiled:
-        out = compiled_kernel(q.device, q.dtype, _kernel)(*args)
-    else:
-        guard = eager_cpu_backward() if needs_grad and q.device.type == "cpu" else contextlib.nullcontext()
-        with guard:
-            out = _kernel(*args)
+    out = run_flex(_kernel, args, compiled)
     return out.view(n, items, rows, -1)
 
 
