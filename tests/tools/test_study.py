@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.paths import REPO
 from tvq_exp.tools.study.recall import accuracy_table, backend_label, grid, state_curves
-from tvq_exp.tools.study.report import write_report
+from tvq_exp.tools.study.report import table, write_report
 from tvq_exp.tools.study.results import cell, grouped, load_results
 from tvq_exp.tools.study.spec import load_study
 
@@ -167,3 +167,14 @@ def test_paired_differences_of_two_evaluations_of_the_same_weights(tmp_path: Pat
     report = write_report(tmp_path, "Study t").read_text()
     assert "## `test_nocache` minus `test` on the same weights" in report
     assert "| vq | r | 1,2 | +0.1500 ± 0.0500 | +0.0000 ± 0.0000 | +0.1500 ± 0.0500 |" in report
+
+
+def test_the_long_context_docs_tables_are_the_committed_result_files() -> None:
+    """Every row of the tables generated from ``studies/long_context/results/`` (kept in git) is in
+    docs/long_context.md: the page cannot drift from its result files (regenerate it with the report command)."""
+    results = load_results(REPO / "studies" / "long_context")
+    assert len(results) >= 24
+    doc = (REPO / "docs" / "long_context.md").read_text()
+    for evaluation in ("sequence", "sequence_nocache"):
+        rows = table(grouped(results, evaluation)).splitlines()[2:]
+        assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
