@@ -1,4 +1,4 @@
-"""Codebook strategies: EMA closed form, accumulation, dead-code reset, k-means init, gradients."""
+"""The quantiser: nearest codes and straight-through, EMA closed form, accumulation, k-means init, options."""
 
 from __future__ import annotations
 
@@ -86,41 +86,12 @@ def test_statistics_only_accumulate_in_training_with_grad() -> None:
     assert vq.pending_count.sum() == 4 * 32
 
 
-def test_dead_code_reset_revives_a_collapsed_codebook() -> None:
-    torch.manual_seed(0)
-    vq = VectorQuantizer(1, 16, 4, decay=0.8, dead_code_threshold=0.5)
-    vq.embed.copy_(torch.full((1, 16, 4), 50.0))  # every code far away: collapsed onto one index
-    vq.embed[0, 0] = 0.0
-    vq.ema_sum.copy_(vq.embed)
-    k = torch.randn(8, 1, 64, 4)
-    before = float(vq(k)[2]["perplexity"])
-    for _ in range(10):
-        vq(k)
-        vq.update()
-    after = float(vq(k)[2]["perplexity"])
-    assert before == pytest.approx(1.0)
-    assert after > 4.0
-    assert int((vq.ema_count < 0.5).sum()) < 16
-
-
-def test_dead_code_reset_without_threshold_keeps_codes() -> None:
-    vq = VectorQuantizer(1, 16, 4, decay=0.8)
-    vq.embed.fill_(50.0)
-    vq.embed[0, 0] = 0.0
-    vq.ema_sum.copy_(vq.embed)
-    k = torch.randn(8, 1, 64, 4)
-    for _ in range(5):
-        vq(k)
-        vq.update()
-    assert float(vq(k)[2]["perplexity"]) == pytest.approx(1.0)
-
-
 def test_kmeans_init_lowers_quantisation_error() -> None:
     torch.manual_seed(0)
     centres = torch.randn(8, 4) * 5
     k = (centres[torch.randint(0, 8, (2048,))] + 0.05 * torch.randn(2048, 4)).view(4, 1, 512, 4)
     plain = VectorQuantizer(1, 8, 4)
-    init = VectorQuantizer(1, 8, 4, kmeans_init=True, kmeans_iters=20)
+    init = VectorQuantizer(1, 8, 4, init="kmeans", kmeans_iters=20)
     err_plain = float(plain(k)[2]["quant_error"])
     err_init = float(init(k)[2]["quant_error"])
     assert bool(init.initialized) and err_init < 0.05 * err_plain
@@ -135,7 +106,7 @@ def test_kmeans_recovers_separated_clusters() -> None:
 
 
 def test_gradient_strategy_trains_codebook_only_through_codebook_loss() -> None:
-    vq = VectorQuantizer(1, 4, 2, strategy="gradient")
+    vq = VectorQuantizer(1, 4, 2, update="gradient")
     k = torch.randn(2, 1, 8, 2, requires_grad=True)
     k_hat, _, aux = vq(k)
     (g_task,) = torch.autograd.grad(k_hat.sum(), vq.embed, allow_unused=True)
@@ -156,7 +127,14 @@ def test_ema_codebook_is_not_a_parameter_and_has_no_nan_with_empty_codes() -> No
 
 @pytest.mark.parametrize(
     "kwargs,match",
-    [({"strategy": "adam"}, "strategy"), ({"codebook_size": 1}, "codebook_size"), ({"decay": 1.0}, "decay")],
+    [
+        ({"update": "adam"}, "update"),
+        ({"codebook_size": 1}, "codebook_size"),
+        ({"decay": 1.0}, "decay"),
+        ({"reseed_fraction": 1.0}, "reseed_fraction"),
+        ({"estimator": "gumbel"}, "estimator"),
+        ({"init": "zeros"}, "init"),
+    ],
 )
 def test_bad_codebook_options(kwargs: dict, match: str) -> None:
     opts = {"heads": 1, "codebook_size": 4, "dim": 2} | kwargs

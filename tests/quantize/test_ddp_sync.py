@@ -1,5 +1,7 @@
 """Under DDP (2 gloo processes on CPU) every rank holds the identical codebook, equal to the
-single-process codebook trained on the union of the ranks' batches."""
+single-process codebook trained on the union of the ranks' batches; the stateful remedies (k-means init,
+decay warm-up, relative dead-code re-seeding, for the EMA and the affine rule) stay in sync, and re-seeding
+really re-seeds codes, from rank 0's keys."""
 
 from __future__ import annotations
 
@@ -31,26 +33,31 @@ def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     )
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, codebook: dict) -> None:
+def _worker(rank: int, world: int, init_file: str, out_dir: str, codebooks: list[dict]) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        attn = _make(**codebook).train()
-        for step in range(STEPS):
-            attn(*_batch(step, rank))
-            attn.quantizer.update()
-        torch.save(attn.quantizer.state_dict(), Path(out_dir) / f"rank{rank}.pt")
+        for i, codebook in enumerate(codebooks):
+            attn = _make(**codebook).train()
+            after_step = []
+            for step in range(STEPS):
+                attn(*_batch(step, rank))
+                attn.quantizer.update()
+                after_step.append(attn.quantizer.codebook.detach().clone())
+            state = attn.quantizer.state_dict() | {"codebooks": torch.stack(after_step)}
+            torch.save(state, Path(out_dir) / f"{i}.rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _run_ddp(tmp_path: Path, codebook: dict) -> list[dict]:
+def _run_ddp(tmp_path: Path, *codebooks: dict) -> list[list[dict]]:
+    """Per codebook config, every rank's quantiser state (plus its codebook after each step)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), codebook), nprocs=2, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), list(codebooks)), nprocs=2, join=True)
+    return [[torch.load(tmp_path / f"{i}.rank{r}.pt") for r in range(2)] for i in range(len(codebooks))]
 
 
 def test_ddp_codebooks_identical_and_equal_to_global_batch(tmp_path: Path) -> None:
-    ranks = _run_ddp(tmp_path, {"decay": 0.9})
+    (ranks,) = _run_ddp(tmp_path, {"decay": 0.9})
     for key in ranks[0]:
         assert torch.equal(ranks[0][key], ranks[1][key]), key
     single = _make(decay=0.9).train()
@@ -59,13 +66,20 @@ def test_ddp_codebooks_identical_and_equal_to_global_batch(tmp_path: Path) -> No
         single(*(torch.cat(xs, 0) for xs in zip(*parts, strict=True)))
         single.quantizer.update()
     assert torch.allclose(single.quantizer.embed, ranks[0]["embed"], atol=1e-5)
+    assert torch.allclose(single.quantizer.embed, ranks[0]["codebooks"][-1], atol=1e-5)
     assert torch.allclose(single.quantizer.ema_count, ranks[0]["ema_count"], atol=1e-5)
 
 
-def test_ddp_dead_code_reset_and_kmeans_init_stay_in_sync(tmp_path: Path) -> None:
-    ranks = _run_ddp(
-        tmp_path, {"decay": 0.5, "dead_code_threshold": 0.9, "kmeans_init": True, "kmeans_iters": 3}
-    )
-    for key in ranks[0]:
-        assert torch.equal(ranks[0][key], ranks[1][key]), key
-    assert bool(ranks[0]["initialized"])
+def test_ddp_reseeding_kmeans_init_and_warmup_stay_in_sync(tmp_path: Path) -> None:
+    remedies = {"decay": 0.5, "decay_warmup": 2, "reseed_fraction": 0.5, "init": "kmeans", "kmeans_iters": 3}
+    for ranks in _run_ddp(tmp_path, remedies | {"update": "ema"}, remedies | {"update": "affine"}):
+        for key in ranks[0]:
+            assert torch.equal(ranks[0][key], ranks[1][key]), key
+        assert bool(ranks[0]["initialized"]) and int(ranks[0]["steps"]) == STEPS
+        reseeded = 0
+        for step in range(1, STEPS):  # a code that moved onto one of rank 0's keys of the step was re-seeded
+            before, after = ranks[0]["codebooks"][step - 1], ranks[0]["codebooks"][step]
+            keys = _batch(step, 0)[1].transpose(0, 1).reshape(2, -1, 4)  # (H, N, d)
+            distance = (after[:, :, None] - keys[:, None]).norm(dim=-1).amin(-1)  # (H, S)
+            reseeded += int(((distance < 1e-5) & (after - before).norm(dim=-1).gt(1e-6)).sum())
+        assert reseeded > 0

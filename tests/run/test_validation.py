@@ -39,7 +39,7 @@ BAD_OVERRIDES: list[tuple[list[str], str]] = [
     (["model.block.position=alibi"], "model.block.position"),
     (["model.d_model=abc"], "model.d_model"),
     (["model.attention.codebook.decay=1.5"], "model.attention.codebook.decay"),
-    (["model.attention.codebook.strategy=adam"], "model.attention.codebook.strategy"),
+    (["model.attention.codebook.update=adam"], "model.attention.codebook.update"),
     (["model.attention.codebook.commit_weight=-1"], "model.attention.codebook.commit_weight"),
     (["model=mha_talking_heads", "model/attention=vq"], "talking_heads"),
     (["model=mha_dense", "model.block.heads=0"], "model.block.heads"),

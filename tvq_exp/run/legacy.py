@@ -11,6 +11,8 @@ checkpoints were written:
   ``model.attention.codebook``;
 - the codebook's Laplace smoothing ``eps`` is ``smoothing`` (its read-out otherwise follows the official
   code);
+- the codebook's ``strategy`` is ``update``, ``kmeans_init: true`` is ``init: kmeans``, and the absolute
+  ``dead_code_threshold`` gave way to the relative ``reseed_fraction`` (dropped: evaluation never re-seeds);
 - the module's ``carry_state`` / ``eval_carry_state`` gave way to the batches' ``reset`` flags: the data
   module's sampler and ``eval_protocol`` (``eval_carry_state: true`` is ``data.eval_protocol: split``).
 """
@@ -58,8 +60,8 @@ def upgrade_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(attention, dict) and attention.get("name") == "vq":
             attention.setdefault("codebook", dict(codebook))
     codebook = model.get("attention", {}).get("codebook") if isinstance(model, dict) else None
-    if isinstance(codebook, dict) and "eps" in codebook:  # Laplace smoothing was ``eps`` (1e-5 by default)
-        codebook["smoothing"] = codebook.pop("eps")
+    if isinstance(codebook, dict):
+        _codebook_options(codebook)
     return config
 
 
@@ -75,6 +77,17 @@ def _first_format(model: dict[str, Any]) -> None:
             or model["d_model"] // block.get("heads", 4)
         )
         block["sinusoid_dim"] = d_k + d_k % 2
+
+
+def _codebook_options(codebook: dict[str, Any]) -> None:
+    """Earlier codebook options, renamed in place."""
+    if "eps" in codebook:  # Laplace smoothing was ``eps`` (1e-5 by default)
+        codebook["smoothing"] = codebook.pop("eps")
+    if "strategy" in codebook:
+        codebook["update"] = codebook.pop("strategy")
+    if "kmeans_init" in codebook:
+        codebook["init"] = "kmeans" if codebook.pop("kmeans_init") else "random"
+    codebook.pop("dead_code_threshold", None)
 
 
 def _retarget(node: Any) -> Any:

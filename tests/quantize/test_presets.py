@@ -1,0 +1,119 @@
+"""Every preset of ``model/attention/codebook`` composes, validates and keeps the VQ attention invariants:
+VQ attention equals dense softmax over the quantised keys (forward and gradients), streaming in segments and
+token-by-token decoding equal one forward, and it is causal. Each preset first trains a few steps (k-means
+init, EMA updates, re-seeding), so the codebook it is checked with is one its rules produced."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from tests.helpers.paths import CONF
+from tvq_exp.attention import VQAttention, build_attention
+from tvq_exp.attention.vq.naive import vq_attention as vq_reference
+from tvq_exp.run.validation import validate
+
+PRESETS = sorted(p.stem for p in Path(CONF, "model", "attention", "codebook").glob("*.yaml"))
+T, L = 14, 3
+
+
+@functools.cache
+def preset(name: str) -> dict[str, Any]:
+    """The codebook options of ``model/attention/codebook=<name>`` (composed and validated)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "train", overrides=["experiment=smoke", "model=gau_vq", f"model/attention/codebook={name}"]
+        )
+    validate(cfg)
+    return OmegaConf.to_container(cfg.model.attention.codebook)
+
+
+def test_presets_are_the_official_settings_plus_their_remedy() -> None:
+    assert {
+        "ema",
+        "gradient",
+        "ema_warmup",
+        "ema_kmeans",
+        "ema_reseed",
+        "cosine",
+        "simvq",
+        "rotation",
+        "healthy",
+    } <= set(PRESETS)
+    official = preset("ema")
+    assert (official["update"], official["decay"], official["estimator"], official["init"]) == (
+        "ema",
+        0.99,
+        "straight_through",
+        "random",
+    )
+    assert official["reseed_fraction"] == 0 and official["decay_warmup"] == 0 and not official["normalize"]
+    changed = {name: {k for k, v in preset(name).items() if official[k] != v} for name in PRESETS}
+    assert changed["ema_reseed"] == {"reseed_fraction"} and changed["cosine"] == {"normalize"}
+    assert changed["rotation"] == {"estimator"} and changed["simvq"] == {"update"}
+    assert changed["healthy"] == {"decay_warmup", "init", "reseed_fraction"}
+
+
+def trained(name: str) -> VQAttention:
+    """A small fp64 VQ attention with the preset's codebook after three training steps, in eval mode."""
+    torch.manual_seed(0)
+    options = preset(name) | {"sample_keys": 64}
+    attn = build_attention(
+        "vq", d_k=4, d_v=3, heads=2, codebook_size=6, block_len=L, window_len=2, codebook=options
+    ).double()
+    torch.nn.init.normal_(attn.bias.u)
+    torch.nn.init.normal_(attn.bias.v)
+    attn.train()
+    for step in range(3):
+        g = torch.Generator().manual_seed(100 + step)
+        q, k, v = (torch.randn(2, 2, T, d, generator=g, dtype=torch.float64) for d in (4, 4, 3))
+        attn(q, k, v)
+        attn.quantizer.update()
+    return attn.eval()
+
+
+def qkv(grad: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return tuple(
+        torch.randn(2, 2, T, d, generator=g, dtype=torch.float64).requires_grad_(grad) for d in (4, 4, 3)
+    )
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_vq_equals_dense_softmax_over_quantised_keys(name: str) -> None:
+    attn = trained(name)
+    q, k, v = qkv()
+    out, _, _ = attn(q, k, v)
+    ref = vq_reference(attn, q, k, v)
+    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    assert grads[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_streaming_decoding_and_causality(name: str) -> None:
+    attn = trained(name)
+    q, k, v = qkv(grad=False)
+    full, _, _ = attn(q, k, v)
+    for cuts in ([5, 9], list(range(1, T))):  # segments, then token by token
+        pieces, state = [], None
+        for a, b in zip([0, *cuts], [*cuts, T], strict=True):
+            o, state, _ = attn(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], state)
+            pieces.append(o)
+        assert torch.allclose(torch.cat(pieces, 2), full, atol=1e-12)
+    x = torch.cat([q, k, v], -1)[:1]
+    jac = torch.autograd.functional.jacobian(lambda y: attn(y[..., :4], y[..., 4:8], y[..., 8:])[0], x)
+    per_pos = jac.abs().sum(dim=(0, 1, 3, 4, 5, 7))
+    assert torch.all(per_pos.triu(1) == 0) and torch.all(per_pos.diagonal() > 0)

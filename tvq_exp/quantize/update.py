@@ -1,0 +1,42 @@
+"""The interface every codebook update rule implements (:mod:`.ema`, :mod:`.gradient`, :mod:`.affine`)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+class CodebookUpdate:
+    """How a quantiser's codes learn: one small interface, one file per rule.
+
+    A rule holds only its hyper-parameters. Its tensors live on the quantiser (``owner``), created by
+    :meth:`create`, so a checkpoint names them as before the split (``quantizer.embed``,
+    ``quantizer.ema_sum``, ...) and they move with the module (``.to``, DDP, FSDP). Every method takes the
+    quantiser as ``owner``. Keys and codes are in the search space (l2-normalised under ``normalize``),
+    fp32, head-major: ``keys (H, N, d)``, ``codes (H, N)``.
+    """
+
+    trainable: bool = False
+    """True: the codes receive the gradient of the codebook loss ``||C_z - sg(k)||²`` (no EMA)."""
+
+    def create(self, owner: nn.Module, init: Tensor) -> None:
+        """Register the rule's state on ``owner``; the codes start as ``init (H, S, d)``."""
+        raise NotImplementedError
+
+    def codes(self, owner: nn.Module) -> Tensor:
+        """The code vectors ``(H, S, d)`` (before any normalisation by the quantiser)."""
+        raise NotImplementedError
+
+    def assign(self, owner: nn.Module, mask: Tensor, vectors: Tensor) -> None:
+        """Set the codes where ``mask (H, S)`` to ``vectors (H, S, d)`` (k-means init, re-seeding); the
+        usage counts ``owner.ema_count`` already hold the new codes' counts."""
+        raise NotImplementedError
+
+    def accumulate(self, owner: nn.Module, keys: Tensor, codes: Tensor) -> None:
+        """Gather one training forward's statistics (none by default)."""
+
+    def apply(self, owner: nn.Module, decay: float) -> None:
+        """Apply the gathered statistics once per optimiser step, after ``owner.ema_count`` took this step's
+        counts with ``decay`` (nothing by default)."""
+
+    def discard(self, owner: nn.Module) -> None:
+        """Forget the statistics gathered since the last :meth:`apply` (nothing by default)."""
