@@ -1,5 +1,6 @@
-"""Dead-code re-seeding relative to a code's fair share: it fires exactly for the codes under the fraction,
-re-seeds them from the step's keys, never at step 1 of a healthy codebook, and revives a collapsed one."""
+"""Dead-code re-seeding relative to a code's fair share of the step's keys: it fires exactly for the codes under
+the fraction, re-seeds them from the step's keys, never at step 1 of a healthy codebook, at once when a code
+loses its keys (not after the usage EMA decays), and revives a collapsed codebook."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _far_apart(vq: VectorQuantizer) -> torch.Tensor:
 
 
 def test_dead_codes_compares_counts_with_the_fair_share() -> None:
-    counts = torch.tensor([[8.0, 4.0, 2.0, 1.0, 1.0]])  # fair share 3.2
+    counts = torch.tensor([[8.0, 4.0, 2.0, 1.0, 1.0]])  # 16 keys: fair share 3.2
     assert dead_codes(counts, 0.5).tolist() == [[False, False, False, True, True]]  # < 1.6
     assert dead_codes(counts, 0.7).tolist() == [[False, False, True, True, True]]  # < 2.24
     assert not dead_codes(counts, 0.0).any()
@@ -37,12 +38,11 @@ def test_reseed_fires_exactly_under_the_fraction_and_draws_from_the_step_keys(up
     assert torch.equal(z.view(-1).bincount(minlength=8)[:4], uses)
     before = vq.codebook.detach().clone()
     vq.update()
-    counts = 0.5 + 0.5 * torch.tensor(
-        [40.0, 20, 3, 1, 0, 0, 0, 0]
-    )  # [20.5, 10.5, 2, 1, .5, ...]: fair 4.5625
-    fair = counts.mean()
-    dead = counts < 0.3 * fair  # codes 3..7 (under 1.37); code 2 (2.0) lives
+    step = torch.tensor([40.0, 20, 3, 1, 0, 0, 0, 0])  # 64 keys: fair share 8
+    dead = step < 0.3 * 8  # codes 3..7 (under 2.4); code 2 (3 keys) lives
     assert dead.tolist() == [False, False, False, True, True, True, True, True]
+    counts = 0.5 + 0.5 * step  # the usage EMA; the re-seeded codes get its mean
+    fair = counts.mean()
     assert torch.allclose(vq.ema_count[0], torch.where(dead, fair, counts))
     after = vq.codebook.detach()[0]
     if update != "ema":  # the EMA moves the live codes too
@@ -67,6 +67,25 @@ def test_no_reseed_at_step_one_when_every_code_gets_its_share() -> None:
     vq(keys)
     vq.update()
     assert torch.allclose(vq.codebook, codes, atol=1e-5)
+
+
+def test_a_code_that_loses_its_keys_is_reseeded_at_the_next_step() -> None:
+    """Its usage EMA (decay 0.99) is still far above the fraction; what counts is the step's share."""
+    torch.manual_seed(2)
+    vq = VectorQuantizer(1, 4, 4, decay=0.99, reseed_fraction=0.1)
+    codes = _far_apart(vq)
+    for _ in range(20):  # every code busy
+        vq(codes[0].repeat(10, 1).view(1, 1, -1, 4))
+        vq.update()
+    keys = codes[0, :3].repeat(10, 1).view(1, 1, -1, 4) + 0.01 * torch.randn(
+        1, 1, 30, 4
+    )  # code 3 loses its keys
+    usage = 0.99 * vq.ema_count + 0.01 * torch.tensor([[10.0, 10, 10, 0]])  # the usage EMA after this step
+    assert not dead_codes(usage, 0.1).any()  # an EMA test would not notice for ~230 steps ...
+    vq(keys)
+    vq.update()
+    assert (keys[0, 0] - vq.codebook[0, 3]).norm(dim=-1).min() < 1e-5  # ... the re-seeding has
+    assert torch.allclose(vq.codebook[0, :3], codes[0, :3], atol=0.01)
 
 
 def test_reseeding_revives_a_collapsed_codebook_and_without_it_nothing_moves() -> None:

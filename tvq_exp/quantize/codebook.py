@@ -23,7 +23,7 @@ from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 from tvq_exp.quantize.update import CodebookUpdate
 
 UPDATES = ("ema", "gradient", "affine")
-DEAD_SHARE = 0.01  # the ``dead_codes`` metric: codes used less than 1% of their fair share
+DEAD_SHARE = 0.01  # the ``dead_codes`` metric: codes a batch used less than 1% of their fair share
 _FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tvq_codebook_statistics_frozen", default=False
 )
@@ -51,7 +51,7 @@ class VectorQuantizer(nn.Module):
     ``aux`` holds ``commit_loss`` (``β·||k' - sg(C_z)||²`` summed over heads and key dimensions, averaged
     over batch and positions, as the official code), ``codebook_loss`` (trainable rules:
     ``codebook_weight·mean ||C_z - sg(k')||²``) and detached metrics: code-usage perplexity, relative
-    quantisation error, dead codes (under 1% of their fair share).
+    quantisation error, dead codes (codes the batch used under 1% of their fair share ``N/S``).
 
     How the codes learn (``update``, :mod:`.update`): ``ema`` (:class:`.EMAUpdate`, the official read-out
     ``ema_sum / max(ema_count, count_floor)``, ``smoothing > 0`` Laplace-smooths it), ``gradient``
@@ -61,9 +61,9 @@ class VectorQuantizer(nn.Module):
         ``decay_start`` over the first ``decay_warmup`` optimiser steps (0: no warm-up);
         ``init``: ``random`` (``N(0, init_std²)``, by default ``1/sqrt(H·S)``, the official fan-in
         initialisation, counts of one) or ``kmeans`` (k-means of the first training batch's keys);
-        ``reseed_fraction``: after each step, a code whose usage count is under this fraction of its fair
-        share (``Σ_s ema_count / S``, :func:`.reseed.dead_codes`) is re-seeded from a key of the step
-        (rank 0's) and given the fair share as its count (0: off);
+        ``reseed_fraction``: after each optimiser step, a code that took fewer than this fraction of its fair
+        share ``N/S`` of the step's ``N`` keys (all ranks, :func:`.reseed.dead_codes`) is re-seeded from a
+        key of the step (rank 0's) and given the mean usage count (0: off);
         ``normalize``: l2-normalised (cosine) keys and codes in the search and the read-out;
         ``estimator``: ``straight_through`` or ``rotation``.
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
@@ -164,7 +164,7 @@ class VectorQuantizer(nn.Module):
         entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)
         aux["perplexity"] = entropy.exp().mean().detach()
         aux["quant_error"] = (commit / kf.pow(2).mean().clamp_min(1e-12)).detach()
-        aux["dead_codes"] = dead_codes(self.ema_count, DEAD_SHARE).float().sum(-1).mean().detach()
+        aux["dead_codes"] = dead_codes(counts, DEAD_SHARE).float().sum(-1).mean().detach()
         return aux
 
     @torch.no_grad()
@@ -194,7 +194,7 @@ class VectorQuantizer(nn.Module):
         self.ema_count.mul_(decay).add_(self.pending_count, alpha=1 - decay)
         self.rule.apply(self, decay)
         if self.reseed_fraction > 0 and self.recent_keys is not None:
-            self._reseed(self.recent_keys)
+            self._reseed(dead_codes(self.pending_count, self.reseed_fraction), self.recent_keys)
         if self.decay_warmup:
             self.steps += 1
         self.discard_pending()
@@ -206,9 +206,9 @@ class VectorQuantizer(nn.Module):
         self.rule.discard(self)
         self.recent_keys = None
 
-    def _reseed(self, keys: Tensor) -> None:
-        """Re-seed the codes under ``reseed_fraction`` of their fair share from ``keys (H, N, d)``."""
-        dead = broadcast_from_rank0(dead_codes(self.ema_count, self.reseed_fraction).to(torch.uint8)).bool()
+    def _reseed(self, dead: Tensor, keys: Tensor) -> None:
+        """Re-seed the codes where ``dead (H, S)`` from ``keys (H, N, d)``, at the mean usage count."""
+        dead = broadcast_from_rank0(dead.to(torch.uint8)).bool()
         if not dead.any():
             return
         fair = self.ema_count.mean(-1, keepdim=True).expand_as(self.ema_count)

@@ -9,12 +9,12 @@ from tvq_exp.quantize.sync import broadcast_from_rank0
 
 
 def dead_codes(counts: Tensor, fraction: float) -> Tensor:
-    """Codes used less than ``fraction`` of their fair share: ``counts (H, S)`` (EMAs of per-step uses) ->
-    ``(H, S)`` bool, ``counts < fraction · Σ_s counts / S``.
+    """Codes used less than ``fraction`` of their fair share: ``counts (H, S)`` (the keys each code took in
+    one optimiser step, or one batch) -> ``(H, S)`` bool, ``counts < fraction · N / S`` with ``N = Σ_s counts``.
 
-    ``Σ_s counts`` is the EMA of the keys per step, so ``Σ_s counts / S`` is a code's expected use under
-    uniform usage, in the counts' own scale: the test is free of the batch size, of ``S`` and of the
-    counts' initial value.
+    Relative to the keys actually seen, the test is free of the batch size, of ``S`` and of any initial
+    value of the usage statistics, and it sees a code that lost its keys at once, not after the usage EMA
+    has decayed (``log(fraction) / log(decay)`` steps: 230 at 0.1 and 0.99).
     """
     return counts < fraction * counts.mean(-1, keepdim=True)
 
