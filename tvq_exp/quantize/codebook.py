@@ -99,6 +99,10 @@ class VectorQuantizer(nn.Module):
         """The code vectors in use, ``(H, S, d)``."""
         return self.embed
 
+    def search_keys(self, k: Tensor) -> Tensor:
+        """The keys as the nearest-code search sees them (here unchanged), in the space of :attr:`codebook`."""
+        return k
+
     def forward(self, k: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         b, h, t, d = k.shape
         if h != self.heads or d != self.dim:
