@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from tvq_exp.quantize.health import (
     code_counts,
@@ -110,3 +114,39 @@ def test_regret_is_deterministic_and_edge_cases() -> None:
     assert all(math.isnan(v) for v in codebook_regret(keys[:, :0], codebook, 5))
     with pytest.raises(ValueError, match=r"keys \(2, 80, 4\) do not match the codebook \(3, 8, 4\)"):
         codebook_regret(keys, torch.zeros(3, 8, 4))
+
+
+# ------------------------------------------------------------------------------------------- under DDP
+
+
+def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        keys, codebook = _ddp_keys()
+        mine = keys[:, :50] if rank == 0 else keys[:, 50:]
+        results = {
+            "regret": codebook_regret(mine, codebook, 10, torch.Generator().manual_seed(0)),
+            # rank 1 without keys: both ranks return NaN, neither waits for the other
+            "one_empty": codebook_regret(mine if rank == 0 else mine[:, :0], codebook, 10),
+        }
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _ddp_keys() -> tuple[torch.Tensor, torch.Tensor]:
+    return _clusters(_centres(), per_centre=15, noise=1.0), _centres(seed=5)
+
+
+def test_regret_under_ddp_is_identical_on_every_rank_and_never_hangs(tmp_path: Path) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert ranks[0]["regret"] == ranks[1]["regret"]
+    keys, codebook = _ddp_keys()
+    union = ranks[0]["regret"]
+    assert union.quant_error == pytest.approx(
+        relative_error(keys, codebook), rel=1e-6
+    )  # over both ranks' keys
+    assert 0 < union.kmeans_error < union.quant_error
+    assert all(math.isnan(v) for r in ranks for v in r["one_empty"])
