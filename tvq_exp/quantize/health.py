@@ -9,7 +9,9 @@ the nearest-code search works in (a quantiser's ``search_keys(k)`` and ``codeboo
 - Relative quantisation error: ``Σ ||k - c(k)||² / Σ ||k||²`` over heads and keys, ``c(k)`` the nearest code.
 - Regret: the codebook's relative error over that of a fresh k-means with ``S`` codes on the same keys (1: as
   good as k-means; a collapsed codebook scores far above 1; below 1 is possible, Lloyd's only finds a local
-  optimum).
+  optimum). Where the keys take few distinct values (the first layer of a byte-level model, whose keys depend on
+  the byte alone, has at most 256) k-means is nearly exact and the ratio is huge or infinite, rightly but
+  unhelpfully: read the two errors there.
 """
 
 from __future__ import annotations
