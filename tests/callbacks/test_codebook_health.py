@@ -210,7 +210,7 @@ def test_training_logs_validation_health_and_warns_once(
 
 @needs_data
 def test_eval_json_has_the_codebook_section(
-    collapsed_run: tuple[Path, dict[str, Any], str], tmp_path: Path
+    collapsed_run: tuple[Path, dict[str, Any], str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tvq_exp.run.evaluate import evaluate
 
@@ -233,3 +233,6 @@ def test_eval_json_has_the_codebook_section(
         for metric in METRICS:  # the same checkpoint, split, sample and seed as the last validation
             logged = scalars(out, f"codebook/{layer}/val_{metric}")[-1][1]
             assert math.isclose(result[metric], logged, rel_tol=1e-5), (layer, metric)
+    regrets = [f"{section[layer]['regret']:.2f}" for layer in section]
+    expected = f"codebook usage: layer0 1.0/32 (regret {regrets[0]}), layer1 1.0/32 (regret {regrets[1]})"
+    assert capsys.readouterr().out.splitlines()[-1] == expected

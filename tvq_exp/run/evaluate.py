@@ -107,6 +107,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         f"{cfg.split}: {result['bpb']:.4f} bits/{'dim' if module.kind == 'image' else 'byte'}, "
         f"loss {result['loss']:.4f} nats{accuracy}, {result['tokens']} tokens -> {output}"
     )
+    if health.results:
+        layers = (
+            f"{name} {r['perplexity']:.1f}/{r['codebook_size']} (regret {r['regret']:.2f})"
+            for name, r in health.results.items()
+        )
+        say(f"codebook usage: {', '.join(layers)}")
     return result
 
 
