@@ -9,8 +9,8 @@ import torch
 from tests.attention.test_flash_chunk import with_random_bias
 from tests.attention.test_linear import D_K, D_V, H, T, check_against_reference, inputs, rel_err
 from tvq_exp.attention import DenseAttention, VQAttention, build_attention
-from tvq_exp.attention.naive import dense_attention as dense_reference
-from tvq_exp.attention.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 
 

@@ -18,8 +18,8 @@ from tests.attention.test_linear import (
     tiny_decoder,
 )
 from tvq_exp.attention import DenseAttention, FlashChunkAttention, build_attention
-from tvq_exp.attention.naive import dense_attention as dense_reference
-from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
+from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
 
 
 def with_random_bias(attn: torch.nn.Module) -> torch.nn.Module:

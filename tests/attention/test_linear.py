@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tvq_exp.attention import LinearAttention, build_attention
-from tvq_exp.attention.naive import linear_attention as linear_reference
+from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
 

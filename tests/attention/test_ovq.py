@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tvq_exp.attention.naive import softmax_attention
+from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.ovq import OVQAttention
 from tvq_exp.attention.ovq.naive import ovq_attention as ovq_reference
 from tvq_exp.options import OptionError

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tvq_exp.attention import VQAttention, build_attention
-from tvq_exp.attention.naive import softmax_attention
+from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tvq_exp.attention import build_attention
-from tvq_exp.attention.flex import FLEX_AVAILABLE, FLEX_MIN_QUERIES, flex_support
+from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FLEX_MIN_QUERIES, flex_support
 
 pytestmark = [
     pytest.mark.skipif(not FLEX_AVAILABLE, reason="torch has no flex_attention"),

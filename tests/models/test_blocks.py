@@ -19,10 +19,10 @@ from tests.attention.test_linear import D_K, D_V, H, check_against_reference, in
 from tests.helpers.paths import CONF
 from tvq_exp.attention import DenseAttention, build_attention
 from tvq_exp.attention.base import repeat_kv
-from tvq_exp.attention.naive import dense_attention as dense_reference
-from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
-from tvq_exp.attention.naive import linear_attention as linear_reference
-from tvq_exp.attention.naive import softmax_attention
+from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.dense.naive import softmax_attention
+from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
+from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 

@@ -260,7 +260,7 @@ def test_throughput_logs_no_flops_without_a_formula(tmp_path: Path, monkeypatch:
 def test_chunked_dense_flops_match_counted_matmuls(monkeypatch, options: dict[str, Any]) -> None:
     """Dense attention with explicit logits beyond the budget: chunked rows over their visible keys,
     recomputed in the backward, counted exactly (fewer FLOPs than the full square when causal)."""
-    from tvq_exp.attention import dense
+    from tvq_exp.attention.dense import layer as dense
 
     monkeypatch.setattr(dense, "LOGITS_BUDGET", BATCH * options.get("heads", 1) * T * 7)  # rows of 7
     test_attention_flops_match_counted_matmuls("dense", options)

@@ -8,7 +8,7 @@ item's cache means. One ``score_mod`` adds the window term (the XL bias looked u
 of the window is a block mask shared by all items, so flex skips the key blocks no query of a query block
 can see. Flex's fused kernel keeps the ``R × (W + S)`` scores out of memory, as the plain kernel's chunks do.
 
-Where it runs (:func:`tvq_exp.attention.flex.flex_support`): compiled on CUDA, compiled and forward-only on
+Where it runs (:func:`tvq_exp.attention.flex_runtime.flex_support`): compiled on CUDA, compiled and forward-only on
 CPU (torch 2.14 has no compiled CPU backward); with gradients on CPU it runs flex's eager form, which
 materialises each item's scores (exact; a reference, slower than the plain kernel). ``kernel=auto`` in
 :class:`~tvq_exp.attention.vq.layer.VQAttention` therefore takes it only where the compiled kernel runs.
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
-from tvq_exp.attention.flex import create_block_mask, flex_attention, run_flex
+from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, run_flex
 
 
 def flex_window_cache_attention(
@@ -51,7 +51,7 @@ def flex_window_cache_attention(
         compiled: the fused kernel (True), the eager implementation (False), or None: fused unless it cannot
             run here (CPU with gradients), then eager.
 
-    Raises :class:`~tvq_exp.attention.flex.FlexUnsupported` with the reason when flex cannot run.
+    Raises :class:`~tvq_exp.attention.flex_runtime.FlexUnsupported` with the reason when flex cannot run.
     """
     n, items, rows, _ = q.shape
     blocks, block = kb.shape[1] - items + 1, kb.shape[2]

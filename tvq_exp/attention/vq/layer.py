@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
-from tvq_exp.attention.flex import FLEX_MIN_QUERIES, flex_support
+from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.flex import flex_window_cache_attention
@@ -83,7 +83,7 @@ class VQAttention(AttentionBackend):
         causal: bool = True,
         kv_heads: int | None = None,
         codebook: Mapping[str, Any] | None = None,
-        kernel: Annotated[str, OneOf("plain", "flex", "auto")] = "plain",
+        kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
         window_len = block_len if window_len is None else window_len
@@ -251,7 +251,8 @@ class VQAttention(AttentionBackend):
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
-        attend = flex_window_cache_attention if self._use_flex(q, kw, vw) else window_cache_attention
+        flex = wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
+        attend = flex_window_cache_attention if flex else window_cache_attention
         self.last_kernel = "flex" if attend is flex_window_cache_attention else "plain"
         out = attend(
             _to_items(qc, shape),
@@ -267,16 +268,6 @@ class VQAttention(AttentionBackend):
             prev_grad=self.grad_through_cache,
         )
         return _from_items(out, shape)
-
-    def _use_flex(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """``kernel=flex``: always; ``auto``: where the compiled flex kernel runs, for calls of at least
-        :data:`~tvq_exp.attention.flex.FLEX_MIN_QUERIES` queries (see ``kernel``)."""
-        if self.kernel != "auto" or q.shape[2] < FLEX_MIN_QUERIES:
-            return self.kernel == "flex"
-        grad = torch.is_grad_enabled() and (
-            any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
-        )
-        return bool(flex_support(q.device, requires_grad=grad, compiled=True))
 
     def _next_state(
         self,

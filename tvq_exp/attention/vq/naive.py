@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import repeat_kv
-from tvq_exp.attention.naive import window_bias_matrix
+from tvq_exp.attention.dense.naive import window_bias_matrix
 from tvq_exp.attention.vq.cache import block_stats
 
 
