@@ -10,12 +10,15 @@ blocks scale ``q`` and ``k`` themselves.
   equals running the concatenated sequence in one call (values; the carried state is detached).
 - ``aux`` is a dict of tensors: losses under keys ending in ``_loss`` (added to the objective by
   the model) and detached metrics under other keys (logged).
+
+What a backend can do is declared on its class (:class:`AttentionBackend`'s capabilities): the registry, config
+validation, the benchmarks and the tests ask the class, never a backend's name.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -24,13 +27,34 @@ from tvq_exp.options import AtLeast, OptionError, checked
 
 State = dict[str, Any]
 Aux = dict[str, Tensor]
+# what a block passes to a backend that takes the relative position bias (``supports_position_bias``)
+POSITION_BIAS_ARGUMENTS = frozenset({"window_bias", "sinusoid_dim", "sinusoid_dropout"})
+TALKING_HEADS_ARGUMENTS = ("talking_heads", "talking_heads_post")
 
 
 class AttentionBackend(nn.Module, abc.ABC):
-    """Base class: shape checks and the shared fields ``d_k, d_v, heads, causal``."""
+    """Base class: shape checks, the shared fields ``d_k, d_v, heads, causal`` and the capabilities a backend
+    declares (class attributes, read by the registry, config validation, the benchmarks and the tests)."""
 
-    supports_kv_groups: bool = True
-    supports_window_bias: bool = True
+    supports_kv_groups: ClassVar[bool] = True  # keys/values may have fewer heads (``kv_heads``) than queries
+    supports_position_bias: ClassVar[bool] = (
+        False  # takes the XL relative bias (:data:`POSITION_BIAS_ARGUMENTS`)
+    )
+    supports_talking_heads: ClassVar[bool] = (
+        False  # mixes logits across heads (:data:`TALKING_HEADS_ARGUMENTS`)
+    )
+    supports_encoder: ClassVar[bool] = True  # ``causal=False`` is allowed
+    has_codebook: ClassVar[bool] = False  # a learned codebook: options under ``codebook``, statistics to sync
+    kernels: ClassVar[tuple[str, ...]] = (
+        "plain",
+    )  # the values of its ``kernel`` option (flex where it has one)
+
+    @classmethod
+    def injected_arguments(cls) -> frozenset[str]:
+        """The constructor arguments a block passes (the shapes and, where the backend takes it, the position
+        bias): never config keys of the attention."""
+        bias = POSITION_BIAS_ARGUMENTS if cls.supports_position_bias else frozenset()
+        return frozenset({"d_k", "d_v", "heads", "kv_heads"}) | bias
 
     @checked
     def __init__(

@@ -55,6 +55,10 @@ class DenseAttention(AttentionBackend):
     State: ``{"k", "v"}`` past keys and values ``(B, H_kv, t, d)`` and the position ``"t"``.
     """
 
+    supports_position_bias = True
+    supports_talking_heads = True
+    kernels = KERNELS
+
     @checked
     def __init__(
         self,

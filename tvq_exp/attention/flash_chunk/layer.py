@@ -51,6 +51,8 @@ class FlashChunkAttention(AttentionBackend):
     the sum of ``k_j v_jᵀ`` over all complete groups, their length ``n`` and the position ``t``.
     """
 
+    supports_position_bias = True
+
     @checked
     def __init__(
         self,

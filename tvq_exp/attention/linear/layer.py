@@ -18,7 +18,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, mm, padded, with_backward
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, OneOf, checked
 
 FEATURE_MAPS = ("elu1", "relu", "favor")
 
@@ -36,14 +36,12 @@ class LinearAttention(AttentionBackend):
         eps: added to the normaliser ``φ(q)ᵀz``.
         num_features: ``m`` random features for ``favor`` (default ``d_k``).
         seed: seed of the ``favor`` projection; :meth:`redraw` draws the next one.
-        window_bias: must be False: linear attention has no relative bias (use RoPE or no positions);
-            ``sinusoid_dim`` and ``sinusoid_dropout`` (the bias's options, passed by every block) are unused.
+
+    No relative position bias (``supports_position_bias`` is False): blocks use RoPE or no positions with it.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: ``S (B, H_kv, d_f, d_v)``, ``z (B, H_kv, d_f)`` (accumulation dtype) and the position ``t``.
     """
-
-    supports_window_bias = False
 
     @checked
     def __init__(
@@ -58,18 +56,8 @@ class LinearAttention(AttentionBackend):
         eps: Annotated[float, AtLeast(0)] = 1e-6,
         num_features: Annotated[int, AtLeast(1)] | None = None,
         seed: int = 0,
-        window_bias: bool = False,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if window_bias:
-            raise OptionError(
-                "position",
-                "xl",
-                "linear attention has no relative position bias; use position=rope or position=none",
-                type(self),
-            )
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
         self.num_features = num_features or d_k
         self.seed, self.draws = seed, 0

@@ -82,6 +82,9 @@ class OVQAttention(AttentionBackend):
     (accumulation dtype); the position ``t``.
     """
 
+    supports_position_bias = True
+    supports_encoder = False
+
     @checked
     def __init__(
         self,

@@ -66,6 +66,10 @@ class VQAttention(AttentionBackend):
     ``cache_mu (B, H_kv, S, d_v)`` summarising all earlier blocks; the position ``t``.
     """
 
+    supports_position_bias = True
+    has_codebook = True
+    kernels = KERNELS
+
     @checked
     def __init__(
         self,
