@@ -64,7 +64,7 @@ def test_flex_gradients_equal_plain_path(causal: bool, past: int, device: str) -
     attn = _dense(causal, device)
     q, k, v = _qkv(19, past, device)
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
-    ref = attn._attend(q, k, v, past)  # explicit logits + bias + masked softmax
+    ref = attn.attend_plain(q, k, v, past)  # explicit logits + bias + masked softmax
     out = attn.attend_flex(q, k, v, past)  # CPU: eager flex; CUDA: compiled
     _close(out, ref)
     g = torch.randn_like(ref)
@@ -87,7 +87,7 @@ def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -
     torch.nn.init.normal_(attn.bias.v)
     q, k, v = _qkv(17, past, "cpu")
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
-    ref = attn._attend(q, k, v, past)
+    ref = attn.attend_plain(q, k, v, past)
     out = attn.attend_flex(q, k, v, past)
     _close(out, ref)
     g = torch.randn_like(ref)
@@ -121,7 +121,7 @@ def test_flex_equals_explicit_bias_matrix() -> None:
 def test_flex_without_bias_equals_sdpa_path() -> None:
     attn = build_attention("dense", d_k=8, d_v=4, heads=2)
     q, k, v = _qkv(13, 6, "cpu")
-    ref = attn._attend(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
+    ref = attn.attend_plain(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
     out = attn.attend_flex(q, k, v, 6)
     _close(out, ref)
     g = torch.randn_like(ref)
@@ -139,7 +139,7 @@ def _compiled_forward(causal: bool, past: int) -> None:
     attn = _dense(causal, "cpu")
     q, k, v = _qkv(24, past, "cpu")
     with torch.no_grad():
-        ref = attn._attend(q, k, v, past)
+        ref = attn.attend_plain(q, k, v, past)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out = attn.attend_flex(q, k, v, past, compiled=True)

@@ -191,13 +191,15 @@ class DenseAttention(AttentionBackend):
         )
 
     def _dispatch(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
-        """``kernel``: ``plain`` (:meth:`_attend`), ``flex`` (:meth:`attend_flex`: the compiled kernel where it
+        """``kernel``: ``plain`` (:meth:`attend_plain`), ``flex`` (:meth:`attend_flex`: the compiled kernel where it
         runs, else its eager form), ``auto`` (see :func:`~tvq_exp.attention.flex_runtime.wants_flex`)."""
         flex = wants_flex(self.kernel, self, q, k, v, self.flex_support(q.device, compiled=False))
         self.last_kernel = "flex" if flex else "plain"
-        return self.attend_flex(q, k, v, past) if flex else self._attend(q, k, v, past)
+        return self.attend_flex(q, k, v, past) if flex else self.attend_plain(q, k, v, past)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
+    def attend_plain(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
+        """The plain path (``kernel=plain``): ``q (B, H, Tq, d_k)`` at positions ``past..`` against ``k, v`` (already
+        repeated to every query head) -> ``(B, H, Tq, d_v)``; SDPA where no explicit logits are needed."""
         t_q, t_k = q.shape[2], k.shape[2]
         if not self.needs_logits:
             if self.attention_window is not None:
