@@ -41,7 +41,6 @@ code path and equal the parallel forward.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Annotated
 
 import torch
@@ -49,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.blocked import BlockLayout, check_context, resolve_window, window_floats, window_start
 from tvq_exp.attention.vq.cache import block_stats, running_code_means
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
@@ -107,9 +107,7 @@ class OVQAttention(AttentionBackend):
         if not causal:
             allowed = "must be True: the dictionary is learned online, left to right (decoder only)"
             raise OptionError("causal", causal, allowed, type(self))
-        window_len = block_len if window_len is None else window_len
-        if window_len > block_len:
-            raise OptionError("window_len", window_len, f"must be <= block_len={block_len}", type(self))
+        window_len = resolve_window(window_len, block_len, type(self))
         if growth_scale is not None and not math.isfinite(growth_scale):
             raise OptionError("growth_scale", growth_scale, "must be finite (a number > 0)", type(self))
         self.num_centroids, self.block_len, self.window_len = num_centroids, block_len, window_len
@@ -146,17 +144,13 @@ class OVQAttention(AttentionBackend):
 
     def check_context(self, length: int) -> None:
         """A block longer than the context never absorbs into the dictionary: ``block_len <= length``."""
-        if self.block_len > length:
-            raise OptionError(
-                "block_len", self.block_len, f"must be <= the context length {length}", type(self)
-            )
+        check_context(self.block_len, length, type(self))
 
     def state_floats(self, seq_len: int) -> int:
         """Keys and values since the start of the previous block, and the dictionary (``S`` key and
         value centroids and counts), per key/value head."""
-        window = seq_len - max(0, (seq_len // self.block_len - 1) * self.block_len)
-        per_position, per_centroid = self.d_k + self.d_v, self.d_k + self.d_v + 1
-        return self.kv_heads * (window * per_position + self.num_centroids * per_centroid)
+        window = window_floats(seq_len, self.block_len, self.d_k + self.d_v)
+        return self.kv_heads * (window + self.num_centroids * (self.d_k + self.d_v + 1))
 
     def empty_state(self, k: Tensor) -> State:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)`` (accumulation dtype)."""
@@ -186,7 +180,7 @@ class OVQAttention(AttentionBackend):
         absorbed = max(0, (t0 + t) // self.block_len - 1 - first_block)  # blocks leaving the window
         codes, centroids = self._decide(keys, state, first_block, absorbed)
         counts, means = self._dictionary(keys, values, codes, state)
-        layout = _Layout.of(t0 - p0, t, self.block_len)
+        layout = BlockLayout.of(t0 - p0, t, self.block_len)
         sees_dictionary = t0 + t > 2 * self.block_len  # the last query block is past block 1
         out = self._attend(q.to(acc), keys, values, counts, means, layout, sees_dictionary)
         new_state = self._next_state(keys, values, counts, means, centroids, t0 + t, p0)
@@ -230,7 +224,7 @@ class OVQAttention(AttentionBackend):
         return running_code_means(codes, kv, valid, n0, mu0)
 
     def _attend(
-        self, q: Tensor, keys: Tensor, values: Tensor, counts: Tensor, means: Tensor, layout: _Layout,
+        self, q: Tensor, keys: Tensor, values: Tensor, counts: Tensor, means: Tensor, layout: BlockLayout,
         sees_dictionary: bool,
     ) -> Tensor:  # fmt: skip
         """Outputs ``(B, H, T, d_v)`` of the queries ``q (B, H, T, d_k)``, placed by ``layout`` among
@@ -281,7 +275,7 @@ class OVQAttention(AttentionBackend):
         """State after position ``t_end``: the buffer from the start of the previous block, the
         dictionary after the last absorbed block (key centroids from :meth:`_decide`, seeds kept)."""
         b, hk = keys.shape[:2]
-        start = max(0, (t_end // self.block_len - 1) * self.block_len) - p0
+        start = window_start(t_end, self.block_len) - p0
         return {
             "k": keys[:, :, start:].detach(),
             "v": values[:, :, start:].detach(),
@@ -290,42 +284,6 @@ class OVQAttention(AttentionBackend):
             "counts": counts[:, -1].detach().reshape(b, hk, self.num_centroids),
             "t": t_end,
         }
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where ``t`` queries starting at buffer position ``start`` sit in blocks of ``L``: blocks
-    ``first .. first + items − 1`` (relative to the buffer). One block (decoding, short continuations)
-    is taken row by row (``rows = t``, the first at ``offset`` in its block); several are padded to
-    whole blocks (``front`` rows before, ``back`` after)."""
-
-    first: int
-    items: int
-    rows: int
-    offset: int
-    front: int
-    back: int
-
-    @classmethod
-    def of(cls, start: int, t: int, block_len: int) -> _Layout:
-        first, last = start // block_len, (start + t - 1) // block_len
-        items = last - first + 1
-        if items == 1:
-            return cls(first, 1, t, start - first * block_len, 0, 0)
-        front = start - first * block_len
-        return cls(first, items, block_len, 0, front, items * block_len - front - t)
-
-    def positions(self, device: torch.device) -> Tensor:
-        """``(rows,)`` positions of the rows inside their block."""
-        return torch.arange(self.rows, device=device) + self.offset
-
-    def to_items(self, x: Tensor) -> Tensor:
-        """``(B, H, T, d)`` -> ``(B, H, I, rows, d)``, padded to whole items."""
-        return F.pad(x, (0, 0, self.front, self.back)).unflatten(2, (self.items, self.rows))
-
-    def from_items(self, x: Tensor) -> Tensor:
-        """Inverse of :meth:`to_items`, padding dropped: ``(B, H, I, rows, d)`` -> ``(B, H, T, d)``."""
-        return x.flatten(2, 3)[:, :, self.front : self.items * self.rows - self.back]
 
 
 def _windows(x: Tensor, first: int, items: int, block_len: int) -> Tensor:

@@ -27,14 +27,15 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.blocked import BlockLayout, check_context, resolve_window, window_floats, window_start
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.flex import flex_window_cache_attention
-from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
+from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
 from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias, window_distances
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, OneOf, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
@@ -90,9 +91,7 @@ class VQAttention(AttentionBackend):
         kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        window_len = block_len if window_len is None else window_len
-        if window_len > block_len:
-            raise OptionError("window_len", window_len, f"must be <= block_len={block_len}", type(self))
+        window_len = resolve_window(window_len, block_len, type(self))
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
         self.kernel = kernel
@@ -148,18 +147,13 @@ class VQAttention(AttentionBackend):
 
     def check_context(self, length: int) -> None:
         """A block longer than the context never uses the cache: ``block_len <= length``."""
-        if self.block_len > length:
-            raise OptionError(
-                "block_len", self.block_len, f"must be <= the context length {length} (data.seq_len; with TBPTT "
-                "data.sequence_len): a longer block never uses the cache", type(self),
-            )  # fmt: skip
+        check_context(self.block_len, length, type(self))
 
     def state_floats(self, seq_len: int) -> int:
         """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and
         ``S`` means of ``d_v``; none with ``use_cache=False``), per key/value head."""
-        window = seq_len - max(0, (seq_len // self.block_len - 1) * self.block_len)
         cache = self.codebook_size * (1 + self.d_v) if self.use_cache else 0
-        return self.kv_heads * (window * (self.d_k + self.d_v + 1) + cache)
+        return self.kv_heads * (window_floats(seq_len, self.block_len, self.d_k + self.d_v + 1) + cache)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
@@ -227,51 +221,39 @@ class VQAttention(AttentionBackend):
         """
         b, h, t, _ = q.shape
         hk, L = kb.shape[1], self.block_len
-        first, last = n_buf // L, (n_buf + t - 1) // L
-        items = last - first + 1
-        rows, offset = (t, n_buf - first * L) if items == 1 else (L, 0)
-        front = 0 if items == 1 else n_buf - first * L
-        shape = (b, hk, h // hk, items, rows, front, items * rows - front - t)
+        layout = BlockLayout.of(n_buf, t, L)
+        first, last = layout.first, layout.last
         acc = accumulation_dtype(q.dtype)
 
         qc = q if self.bias is None else self.bias.content_query(q)
         blocks = slice(max(first - 1, 0), last + 1)
         kw, vw = kb[:, :, blocks].flatten(0, 1), vb[:, :, blocks].flatten(0, 1)
-        lone = first == 0 and items == 1  # a sequence's first block: a one-block window
+        lone = first == 0 and layout.items == 1  # a sequence's first block: a one-block window
         if first == 0 and not lone:  # no block before the first: a masked zero block
             kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
-        dist = self.dist[offset : offset + rows, L if lone else 0 :]
+        dist = self.dist[layout.offset : layout.offset + layout.rows, L if lone else 0 :]
         span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
         index = window_index(dist, None if self.bias is None else self.bias.max_distance, span)
-        bias_q = rel = codebook = log_n = mu = None
+        bias = cache = None
         if self.bias is not None:
-            bias_q = _to_items(self.bias.position_query(q), shape)
             rel = self.bias.rel().to(q.dtype)
             rel = (
                 rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)
             )  # (B·Hk, G, M+1, d_k)
+            bias = WindowBias(layout.to_grouped_items(self.bias.position_query(q), hk), rel)
         if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
             cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
+            cache = CodeCache(codebook, log_n, cache_mu)  # the means detached above unless grad_through_cache
         flex = wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
         attend = flex_window_cache_attention if flex else window_cache_attention
-        self.last_kernel = "flex" if attend is flex_window_cache_attention else "plain"
+        self.last_kernel = "flex" if flex else "plain"
         out = attend(
-            _to_items(qc, shape),
-            kw,
-            vw,
-            index,
-            bias_q,
-            rel,
-            codebook,
-            log_n,
-            mu,
-            prev_masked=first == 0 and not lone,
-            prev_grad=self.grad_through_cache,
-        )
-        return _from_items(out, shape)
+            layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache,
+            prev_masked=first == 0 and not lone, prev_grad=self.grad_through_cache,
+        )  # fmt: skip
+        return layout.from_grouped_items(out, b, h)
 
     def _next_state(
         self,
@@ -286,9 +268,8 @@ class VQAttention(AttentionBackend):
         """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
         L = self.block_len
         t_end = t0 + t_new
-        c_end = t_end // L
-        start = max(0, (c_end - 1) * L)
-        last_cached = c_end - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
+        start = window_start(t_end, L)
+        last_cached = t_end // L - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
         j = max(last_cached + 1, 0)
         state: State = {
             "k": keys[:, :, start - p0 :].detach(),
@@ -332,17 +313,3 @@ def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
     if first > 0:
         return prefix[:, :, first - 1 : last]
     return torch.cat([prefix[:, :, :1], prefix[:, :, :last]], dim=2)
-
-
-def _to_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """``(B, H, T, d)`` -> ``(B·Hk, I, G·rows, d)``: padded to whole items, grouped heads stacked."""
-    b, hk, g, items, rows, front, back = shape
-    x = torch.nn.functional.pad(x, (0, 0, front, back))
-    return x.view(b, hk, g, items, rows, -1).transpose(2, 3).reshape(b * hk, items, g * rows, -1)
-
-
-def _from_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Inverse of :func:`_to_items`, padding dropped: ``(B·Hk, I, G·rows, d)`` -> ``(B, H, T, d)``."""
-    b, hk, g, items, rows, front, back = shape
-    x = x.view(b, hk, items, g, rows, -1).transpose(2, 3).reshape(b, hk * g, items * rows, -1)
-    return x[:, :, front : items * rows - back]
