@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.attention.backends import NAMES, ROWS, small_options
-from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.attention.base import AttentionBackend, State
 from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.options import OptionError
 
@@ -36,25 +36,9 @@ def inputs(seed: int = 0, t: int = T) -> tuple[torch.Tensor, torch.Tensor, torch
     return q, k, torch.randn(B, H, t, D_V, generator=g, dtype=torch.float64)
 
 
-def elements(state: Any) -> int:
-    """Elements of every tensor in a (nested) state."""
-    if torch.is_tensor(state):
-        return state.numel()
-    if isinstance(state, dict):
-        return sum(elements(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(elements(v) for v in state)
-    return 0
-
-
-def clone(state: Any) -> Any:
-    if torch.is_tensor(state):
-        return state.clone()
-    if isinstance(state, dict):
-        return {k: clone(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(clone(v) for v in state)
-    return state
+def elements(state: State) -> int:
+    """Elements of every tensor in a state."""
+    return sum(t.numel() for t in state.tensors())
 
 
 def test_every_backend_has_a_row() -> None:
@@ -108,10 +92,12 @@ def test_state_round_trip_and_size(name: str, t: int) -> None:
     attn = backend(name)
     q, k, v = inputs()
     _, state, _ = attn(q[:, :, :t], k[:, :, :t], v[:, :, :t])
-    copy = clone(state)
+    copy = state.map(torch.clone)
     rest = (q[:, :, t:], k[:, :, t:], v[:, :, t:])
     torch.testing.assert_close(attn(*rest, copy)[0], attn(*rest, state)[0], rtol=0, atol=0)
     assert elements(state) == B * attn.state_floats(t)
+    assert isinstance(state, State) and state.position == t  # a typed state that knows its position
+    assert not any(x.requires_grad for x in state.tensors())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -135,7 +121,7 @@ def test_vq_without_its_cache_carries_no_cache() -> None:
     )
     q, k, v = inputs()
     _, state, _ = attn(q, k, v)
-    assert "cache_n" not in state and elements(state) == B * attn.state_floats(T)
+    assert state.cache_n is None and elements(state) == B * attn.state_floats(T)
     assert attn.state_floats(T) < backend("vq").state_floats(T)
 
 

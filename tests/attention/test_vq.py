@@ -85,7 +85,7 @@ def test_vq_segment_continuation_equals_one_shot(splits: list[int]) -> None:
         pieces.append(o)
         start = end
     assert torch.allclose(torch.cat(pieces, 2), full, atol=1e-12)
-    assert state["t"] == 21
+    assert state.position == 21
 
 
 def test_vq_token_by_token_decoding_equals_parallel_and_state_is_bounded() -> None:
@@ -96,16 +96,16 @@ def test_vq_token_by_token_decoding_equals_parallel_and_state_is_bounded() -> No
     for t in range(19):
         o, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
         outs.append(o)
-        assert state["k"].shape[2] < 2 * 4  # O(L + S) state, never the whole history
+        assert state.k.shape[2] < 2 * 4  # O(L + S) state, never the whole history
     assert torch.allclose(torch.cat(outs, 2), full, atol=1e-12)
-    assert state["cache_n"].sum(-1).eq(12).all()  # blocks 0..2 (12 tokens) are in the cache
+    assert state.cache_n.sum(-1).eq(12).all()  # blocks 0..2 (12 tokens) are in the cache
 
 
 def test_vq_carried_state_is_detached() -> None:
     attn = make_vq(4)
     q, k, v = qkv(10)
     _, state, _ = attn(q, k, v)
-    assert not any(x.requires_grad for x in state.values() if isinstance(x, torch.Tensor))
+    assert not any(x.requires_grad for x in state.tensors())
 
 
 @pytest.mark.parametrize("window_bias", [False, True])
@@ -195,9 +195,9 @@ def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
     k = torch.ones(1, 1, 262, 8)  # every key lands on one code
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, state, _ = attn(torch.randn(1, 1, 262, 8), k, torch.randn(1, 1, 262, 8))
-    assert state["cache_n"].dtype == torch.float64 and state["cache_mu"].dtype == torch.float32
+    assert state.cache_n.dtype == torch.float64 and state.cache_mu.dtype == torch.float32
     assert torch.isfinite(out).all()
-    assert float(state["cache_n"].max()) == 261.0  # odd and > 256: not representable in bf16
+    assert float(state.cache_n.max()) == 261.0  # odd and > 256: not representable in bf16
 
 
 @pytest.mark.parametrize("bad", [{"block_len": 0}, {"codebook_size": 1}, {"window_len": 9, "block_len": 8}])

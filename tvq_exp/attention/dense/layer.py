@@ -3,6 +3,7 @@ ReLU² scoring (FLASH-Quad) and talking-heads mixing of the logits."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import torch
@@ -19,6 +20,14 @@ from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 SCORES = ("softmax", "relu2")
 LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
+
+
+@dataclass(eq=False)
+class DenseState(State):
+    """Dense attention's state: the kept past keys ``k (B, H_kv, t, d_k)`` and values ``v (B, H_kv, t, d_v)``."""
+
+    k: Tensor
+    v: Tensor
 
 
 class DenseAttention(AttentionBackend):
@@ -52,7 +61,7 @@ class DenseAttention(AttentionBackend):
     so memory stays ``O(rows·T)`` instead of ``O(T²)`` and causal chunks skip the masked keys.
 
     Shapes: ``q, k (B, H, T, d_k)``, ``v (B, H, T, d_v)`` -> ``out (B, H, T, d_v)``.
-    State: ``{"k", "v"}`` past keys and values ``(B, H_kv, t, d)`` and the position ``"t"``.
+    State: :class:`DenseState`, the past keys and values ``(B, H_kv, t, d)`` (at most ``memory_len``).
     """
 
     supports_position_bias = True
@@ -93,24 +102,19 @@ class DenseAttention(AttentionBackend):
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
-    ) -> tuple[Tensor, State, Aux]:
+        self, q: Tensor, k: Tensor, v: Tensor, state: DenseState | None = None
+    ) -> tuple[Tensor, DenseState, Aux]:
         self.check_inputs(q, k, v)
         t_new = q.shape[2]
-        t0 = 0 if state is None else int(state["t"])
+        t0 = 0 if state is None else state.position
         if state is not None and not self.causal:
             raise ValueError("a carried state only makes sense for causal attention")
-        k_all = k if state is None else torch.cat([state["k"].to(k.dtype), k], dim=2)
-        v_all = v if state is None else torch.cat([state["v"].to(v.dtype), v], dim=2)
+        k_all = k if state is None else torch.cat([state.k.to(k.dtype), k], dim=2)
+        v_all = v if state is None else torch.cat([state.v.to(v.dtype), v], dim=2)
         past = k_all.shape[2] - t_new
         out = self._dispatch(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
         keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
-        new_state: State = {
-            "k": k_all[:, :, -keep:].detach(),
-            "v": v_all[:, :, -keep:].detach(),
-            "t": t0 + t_new,
-        }
-        return out, new_state, {}
+        return out, DenseState(t0 + t_new, k_all[:, :, -keep:].detach(), v_all[:, :, -keep:].detach()), {}
 
     @property
     def needs_logits(self) -> bool:

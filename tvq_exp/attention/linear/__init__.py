@@ -1,5 +1,5 @@
 """Kernelised linear attention: :mod:`.layer` (the backend), :mod:`.naive` (the plain reference)."""
 
-from tvq_exp.attention.linear.layer import LinearAttention
+from tvq_exp.attention.linear.layer import LinearAttention, LinearState
 
-__all__ = ["LinearAttention"]
+__all__ = ["LinearAttention", "LinearState"]

@@ -21,6 +21,7 @@ continuation, partial blocks and token-by-token decoding share one code path.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
@@ -37,6 +38,19 @@ from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias, window_distances
 from tvq_exp.options import AtLeast, OneOf, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
+
+
+@dataclass(eq=False)
+class VQState(State):
+    """Transformer-VQ's state: the quantised keys ``k``, values ``v`` and ``codes`` of the positions since the start
+    of the previous block ``(B, H_kv, W, ·)``; the cache summarising all earlier blocks, ``cache_n (B, H_kv, S)``
+    counts (fp64) and ``cache_mu (B, H_kv, S, d_v)`` means (None with ``use_cache=False``)."""
+
+    k: Tensor
+    v: Tensor
+    codes: Tensor
+    cache_n: Tensor | None = None
+    cache_mu: Tensor | None = None
 
 
 class VQAttention(AttentionBackend):
@@ -63,8 +77,8 @@ class VQAttention(AttentionBackend):
             decoding steps stay plain). The encoder form is always plain.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
-    State: ``k, v, codes`` of positions ``max(0, (t//L - 1)·L) .. t-1``; ``cache_n (B, H_kv, S)``,
-    ``cache_mu (B, H_kv, S, d_v)`` summarising all earlier blocks; the position ``t``.
+    State: :class:`VQState`: the positions ``max(0, (t//L - 1)·L) .. t-1`` and the cache of all earlier blocks
+    (the encoder form carries none: a plain :class:`State`).
     """
 
     supports_position_bias = True
@@ -156,7 +170,7 @@ class VQAttention(AttentionBackend):
         return self.kv_heads * (window_floats(seq_len, self.block_len, self.d_k + self.d_v + 1) + cache)
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+        self, q: Tensor, k: Tensor, v: Tensor, state: VQState | None = None
     ) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
         if not self.causal and state is not None:
@@ -167,38 +181,44 @@ class VQAttention(AttentionBackend):
                 q, k_hat, codes, v, self.quantizer.codebook, self.bias, self.block_len,
                 self.use_cache, self.grad_through_cache,
             )  # fmt: skip
-            return out, {"t": q.shape[2]}, aux
+            return out, State(q.shape[2]), aux
         state = state if state is not None else self.empty_state(k)
-        t0, t_new = int(state["t"]), q.shape[2]
-        n_buf = state["k"].shape[2]
-        keys = torch.cat([state["k"].to(k_hat.dtype), k_hat], dim=2)
-        values = torch.cat([state["v"].to(v.dtype), v], dim=2)
-        all_codes = torch.cat([state["codes"], codes], dim=2)
+        t0, t_new = state.position, q.shape[2]
+        n_buf = state.k.shape[2]
+        keys = torch.cat([state.k.to(k_hat.dtype), k_hat], dim=2)
+        values = torch.cat([state.v.to(v.dtype), v], dim=2)
+        all_codes = torch.cat([state.codes, codes], dim=2)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
         vals = vb if self.grad_through_cache else vb.detach()
         prefix = None  # without the cache there are no running code means to keep (nor a cache in the state)
         if self.use_cache:
             prefix = tuple(
                 x.unflatten(0, cb.shape[:2])
-                for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
+                for x in running_code_means(
+                    cb.flatten(0, 1),
+                    vals.flatten(0, 1),
+                    valid,
+                    state.cache_n.flatten(0, 1),
+                    state.cache_mu.flatten(0, 1),
+                )
             )
         out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         return out, new_state, aux
 
-    def empty_state(self, k: Tensor) -> State:
+    def empty_state(self, k: Tensor) -> VQState:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
         b, h, _, dk = k.shape
         s = self.quantizer.codebook_size
-        state: State = {
-            "k": k.new_zeros(b, h, 0, dk),
-            "v": k.new_zeros(b, h, 0, self.d_v),
-            "codes": torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
-            "t": 0,
-        }
+        state = VQState(
+            position=0,
+            k=k.new_zeros(b, h, 0, dk),
+            v=k.new_zeros(b, h, 0, self.d_v),
+            codes=torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
+        )
         if self.use_cache:
-            state["cache_n"] = torch.zeros(b, h, s, device=k.device, dtype=torch.float64)  # exact counts
-            state["cache_mu"] = torch.zeros(b, h, s, self.d_v, device=k.device)
+            state.cache_n = torch.zeros(b, h, s, device=k.device, dtype=torch.float64)  # exact counts
+            state.cache_mu = torch.zeros(b, h, s, self.d_v, device=k.device)
         return state
 
     def _attend(
@@ -264,22 +284,21 @@ class VQAttention(AttentionBackend):
         t0: int,
         t_new: int,
         p0: int,
-    ) -> State:
+    ) -> VQState:
         """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
         L = self.block_len
         t_end = t0 + t_new
         start = window_start(t_end, L)
         last_cached = t_end // L - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
         j = max(last_cached + 1, 0)
-        state: State = {
-            "k": keys[:, :, start - p0 :].detach(),
-            "v": values[:, :, start - p0 :].detach(),
-            "codes": codes[:, :, start - p0 :],
-            "t": t_end,
-        }
+        state = VQState(
+            position=t_end,
+            k=keys[:, :, start - p0 :].detach(),
+            v=values[:, :, start - p0 :].detach(),
+            codes=codes[:, :, start - p0 :],
+        )
         if prefix is not None:
-            state["cache_n"] = prefix[0][:, :, j].detach()
-            state["cache_mu"] = prefix[1][:, :, j].detach()
+            state.cache_n, state.cache_mu = prefix[0][:, :, j].detach(), prefix[1][:, :, j].detach()
         return state
 
 
@@ -301,11 +320,6 @@ def _to_blocks(
         torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len),
         valid.view(r, block_len),
     )
-
-
-def _flat_cache(state: State) -> tuple[Tensor, Tensor]:
-    """The state's cache counts ``(B·Hk, S)`` and means ``(B·Hk, S, d_v)``."""
-    return state["cache_n"].flatten(0, 1), state["cache_mu"].flatten(0, 1)
 
 
 def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
