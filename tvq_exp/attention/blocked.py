@@ -3,8 +3,9 @@
 Positions come in blocks of ``L``. A query in block ``r`` sees blocks ``r-1`` and ``r`` exactly (the window,
 with the XL bias up to ``M = window_len <= L``) and a summary of blocks ``0..r-2`` (VQ's compressive cache, OVQ's
 dictionary); the carried state keeps the positions since the start of the previous block. This module holds the
-rules both follow: the window option and the context check, where the state is cut and its size, and
-:class:`BlockLayout`, where a call's queries sit among the blocks.
+rules both follow: the window option and the context check, where the state is cut and its size,
+:class:`BlockLayout`, where a call's queries sit among the blocks, and :class:`BlockedAttention`, the base class
+with what the two backends share.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.measure.flops import xl_bias_flops
+from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import OptionError
 
 
@@ -103,4 +107,32 @@ class BlockLayout:
         return self.from_items(items.reshape(batch, heads, self.items, self.rows, -1))
 
 
-__all__ = ["BlockLayout", "check_context", "resolve_window", "window_floats", "window_start"]
+class BlockedAttention(AttentionBackend):
+    """Base of the blocked backends (Transformer-VQ, OVQ): ``block_len`` positions per block and the XL ``bias``
+    (None without it) over ``window_len`` distances; the context rule and the bias's FLOPs they share."""
+
+    supports_position_bias = True
+    block_len: int
+    window_len: int
+    bias: XLRelativeBias | None
+
+    def check_context(self, length: int) -> None:
+        """A block longer than the context never reaches past the window: ``block_len <= length``."""
+        check_context(self.block_len, length, type(self))
+
+    def bias_flops(self, rows: int, backward: bool) -> int:
+        """FLOPs of the XL bias for ``rows`` query rows (over all sequences); 0 without the bias."""
+        if self.bias is None:
+            return 0
+        d_sin = self.bias.proj.in_features
+        return xl_bias_flops(rows, self.heads, self.d_k, self.window_len, backward, d_sin=d_sin)
+
+
+__all__ = [
+    "BlockLayout",
+    "BlockedAttention",
+    "check_context",
+    "resolve_window",
+    "window_floats",
+    "window_start",
+]

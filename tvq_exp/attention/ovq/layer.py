@@ -48,10 +48,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
-from tvq_exp.attention.blocked import BlockLayout, check_context, resolve_window, window_floats, window_start
+from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.blocked import (
+    BlockedAttention,
+    BlockLayout,
+    resolve_window,
+    window_floats,
+    window_start,
+)
 from tvq_exp.attention.vq.cache import block_stats, running_code_means
-from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
+from tvq_exp.measure.flops import mm, with_backward
 from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import Above, AtLeast, OneOf, OptionError, checked
 
@@ -71,7 +77,7 @@ class OVQState(State):
     counts: Tensor
 
 
-class OVQAttention(AttentionBackend):
+class OVQAttention(BlockedAttention):
     """OVQ-attention backend (decoder only).
 
     Args:
@@ -94,7 +100,6 @@ class OVQAttention(AttentionBackend):
     State: :class:`OVQState`: the positions ``max(0, (t//L − 1)·L) .. t−1`` and the dictionary.
     """
 
-    supports_position_bias = True
     supports_encoder = False
 
     @checked
@@ -148,15 +153,7 @@ class OVQAttention(AttentionBackend):
         attend = heads * (mm(rows, keys, d_k) + mm(rows, d_v, keys))
         absorbed = max(0, seq_len // L - 1)
         total = batch * (with_backward(attend, backward) + self.kv_heads * absorbed * mm(L, S, d_k))
-        if self.bias is not None:
-            total += xl_bias_flops(
-                batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features
-            )
-        return total
-
-    def check_context(self, length: int) -> None:
-        """A block longer than the context never absorbs into the dictionary: ``block_len <= length``."""
-        check_context(self.block_len, length, type(self))
+        return total + self.bias_flops(batch * rows, backward)
 
     def state_floats(self, seq_len: int) -> int:
         """Keys and values since the start of the previous block, and the dictionary (``S`` key and

@@ -27,14 +27,20 @@ from typing import Annotated, Any
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
-from tvq_exp.attention.blocked import BlockLayout, check_context, resolve_window, window_floats, window_start
+from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.blocked import (
+    BlockedAttention,
+    BlockLayout,
+    resolve_window,
+    window_floats,
+    window_start,
+)
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.flex import flex_window_cache_attention
 from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
-from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
+from tvq_exp.measure.flops import mm, padded, with_backward
 from tvq_exp.nn.position import XLRelativeBias, window_distances
 from tvq_exp.options import AtLeast, OneOf, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
@@ -53,7 +59,7 @@ class VQState(State):
     cache_mu: Tensor | None = None
 
 
-class VQAttention(AttentionBackend):
+class VQAttention(BlockedAttention):
     """Transformer-VQ attention backend (``causal=False``: the encoder form of :mod:`.bidirectional`).
 
     Args:
@@ -81,7 +87,6 @@ class VQAttention(AttentionBackend):
     (the encoder form carries none: a plain :class:`State`).
     """
 
-    supports_position_bias = True
     has_codebook = True
     kernels = KERNELS
 
@@ -153,15 +158,7 @@ class VQAttention(AttentionBackend):
         total = batch * (
             self.kv_heads * mm(seq_len, S, d_k) + with_backward(attend, backward) + (extra if backward else 0)
         )
-        if self.bias is not None:
-            total += xl_bias_flops(
-                batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features
-            )
-        return total
-
-    def check_context(self, length: int) -> None:
-        """A block longer than the context never uses the cache: ``block_len <= length``."""
-        check_context(self.block_len, length, type(self))
+        return total + self.bias_flops(batch * rows, backward)
 
     def state_floats(self, seq_len: int) -> int:
         """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and
