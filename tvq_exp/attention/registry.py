@@ -40,7 +40,7 @@ def build_attention(name: str, **options: Any) -> AttentionBackend:
         able = ", ".join(n for n, b in BACKENDS.items() if b.supports_talking_heads)
         raise OptionError(
             talking[0], True, f"the {name} backend cannot mix logits across heads (talking heads need the full "
-            f"T×T logits, which only {able} materialises); use model/attention=dense or turn them off",
+            f"T×T logits, which only {able} materialises); use model/attention={able} or turn them off",
             backend,
         )  # fmt: skip
     if options.get("window_bias") and not backend.supports_position_bias:
