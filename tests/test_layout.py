@@ -1,6 +1,7 @@
-"""The package's architecture, checked statically (``ast``, nothing imported): no import cycles, the floors of
-``tvq_exp/__init__.py``'s docstring (a lower floor never imports a higher one), and a stated reason for every
-module over 300 lines."""
+"""The package's architecture, checked statically (``ast``, nothing imported): no import cycles (``TYPE_CHECKING``
+imports counted too), the floors of ``tvq_exp/__init__.py``'s docstring (a lower floor never imports a higher one),
+no private name reached across modules, one folder per attention mixer (as docs/design.md's map says), and a
+stated reason for every module over 300 lines."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Edge:
     path: Path
     line: int
     lazy: bool  # inside a function (runs on call, not on import)
+    typing: bool = False  # inside ``if TYPE_CHECKING:`` (never runs, but still couples the two modules)
 
     def where(self) -> str:
         return f"{self.path.relative_to(REPO)}:{self.line}"
@@ -66,23 +68,27 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement with whether it sits inside a function; ``if TYPE_CHECKING:`` bodies skipped."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement with whether it sits inside a function; ``if TYPE_CHECKING:`` bodies skipped, or
+    (``type_checking``) only those."""
     found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
 
-    def visit(node: ast.AST, lazy: bool) -> None:
+    def visit(node: ast.AST, lazy: bool, typing: bool) -> None:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append((node, lazy))
+            if typing == type_checking:
+                found.append((node, lazy))
             return
         if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, lazy, True)
             for child in node.orelse:
-                visit(child, lazy)
+                visit(child, lazy, typing)
             return
         inner = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         for child in ast.iter_child_nodes(node):
-            visit(child, inner)
+            visit(child, inner, typing)
 
-    visit(tree, False)
+    visit(tree, False, False)
     return found
 
 
@@ -110,14 +116,15 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -
 
 
 @cache
-def edges() -> tuple[Edge, ...]:
+def edges(type_checking: bool = False) -> tuple[Edge, ...]:
+    """The package's import edges; ``type_checking``: those inside ``if TYPE_CHECKING:`` instead."""
     found = []
     for module, path in modules().items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        for node, lazy in _imports(tree):
+        for node, lazy in _imports(tree, type_checking):
             for target in _targets(module, path.name == "__init__.py", node):
                 if target != module:
-                    found.append(Edge(module, target, path, node.lineno, lazy))
+                    found.append(Edge(module, target, path, node.lineno, lazy, type_checking))
     return tuple(found)
 
 
@@ -209,6 +216,8 @@ def test_type_checking_imports_are_skipped() -> None:
     )
     found = [(n.names[0].name, lazy) for n, lazy in _imports(tree) if isinstance(n, ast.Import)]
     assert found == [("tvq_exp.b", False), ("tvq_exp.c", True)]
+    typing = [n.names[0].name for n, _ in _imports(tree, type_checking=True) if isinstance(n, ast.Import)]
+    assert typing == ["tvq_exp.a"]
 
 
 def test_edges_are_found() -> None:
@@ -227,6 +236,17 @@ def test_no_import_cycles_counting_lazy_imports() -> None:
     """A function-level import hides a cycle from the interpreter, not from the design."""
     cycles = _cycles([e for e in edges() if (e.importer, e.imported) not in ALLOWED_CYCLE_EDGES])
     assert not cycles, "import cycles (lazy imports included):\n" + "\n".join(cycles)
+
+
+def test_no_import_cycles_counting_type_checking_imports() -> None:
+    """An import under ``if TYPE_CHECKING:`` never runs, but the two modules still know each other: a cycle."""
+    chosen = [
+        e
+        for e in (*edges(), *edges(type_checking=True))
+        if (e.importer, e.imported) not in ALLOWED_CYCLE_EDGES
+    ]
+    cycles = _cycles(chosen)
+    assert not cycles, "import cycles (TYPE_CHECKING imports included):\n" + "\n".join(cycles)
 
 
 # ---------------------------------------------------------------- floors
@@ -351,3 +371,124 @@ def test_long_modules_state_why() -> None:
         f"first two paragraphs), in a line containing {SIZE_REASON!r} and the reason:\n"
         + "\n".join(unexplained)
     )
+
+
+# ---------------------------------------------------------------- private names
+
+
+# private names a test may reach, each with the reason; keep it short
+ALLOWED_PRIVATE = {
+    "bar._get_train_description": "Lightning's own hook name, which the progress bar overrides (tests/callbacks)",
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+@cache
+def private_names() -> dict[str, set[str]]:
+    """Per module of the package, the private names it defines: module-level functions, classes and variables,
+    methods, and attributes it assigns on ``self``."""
+    found: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+        found[module] = {n for n in names if _is_private(n)}
+    return found
+
+
+def _private_reaches(path: Path, own: set[str]) -> list[str]:
+    """Where the file at ``path`` imports a private name from the package, or reads a private attribute that
+    some package module defines and this file does not (``self._x``, ``cls._x`` and dunders allowed)."""
+    defined_elsewhere = set().union(*private_names().values()) - own
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PKG):
+            found += [f"{node.module}.{a.name}" for a in node.names if _is_private(a.name)]
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in defined_elsewhere
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            if ast.unparse(node) not in ALLOWED_PRIVATE:
+                found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return [f"  {path.relative_to(REPO)}: {where}" for where in found]
+
+
+def test_no_private_name_is_reached_across_modules() -> None:
+    """A leading-underscore name is its module's own: no other module (nor test) imports it or reads it as an
+    attribute. What another module needs is public, and documented."""
+    bad = []
+    for module, path in modules().items():
+        bad += _private_reaches(path, private_names()[module])
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        bad += _private_reaches(path, set())
+    assert not bad, "private names used outside their module:\n" + "\n".join(bad)
+
+
+def test_private_reaches_are_found(tmp_path: Path) -> None:
+    """The checker sees an imported private name and a private attribute defined in another module."""
+    some = next(iter(sorted(n for names in private_names().values() for n in names)))
+    probe = REPO / "tests" / "_probe_private.py"
+    try:
+        probe.write_text(f"from tvq_exp.x import _y\nobj.{some}\nself.{some}\n")
+        found = _private_reaches(probe, set())
+    finally:
+        probe.unlink()
+    assert len(found) == 2 and "tvq_exp.x._y" in found[0] and some in found[1]
+
+
+# ---------------------------------------------------------------- attention: one folder per mixer
+
+ATTENTION = PKG_DIR / "attention"
+# what the attention package holds besides one folder per mixer: backend-free pieces
+ATTENTION_MODULES = {"__init__", "base", "blocked", "flex_runtime", "registry"}
+MIXER_FILES = {"__init__.py", "layer.py", "naive.py"}  # and flex.py where the mixer has a flex kernel
+
+
+def mixers() -> list[str]:
+    """The backends' names, as ``BACKENDS`` in ``attention/registry.py`` lists them."""
+    tree = ast.parse((ATTENTION / "registry.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "BACKENDS":
+            return sorted(ast.literal_eval(key) for key in node.value.keys)  # type: ignore[union-attr]
+    raise AssertionError("no BACKENDS in attention/registry.py")
+
+
+def test_every_mixer_has_its_folder() -> None:
+    """``attention/<name>/`` per backend, with its backend (``layer.py``), its plain reference (``naive.py``) and,
+    where it has one, its flex kernel (``flex.py``); beside them only the backend-free modules."""
+    names = mixers()
+    assert len(names) >= 5
+    for name in names:
+        folder = ATTENTION / name
+        files = {p.name for p in folder.glob("*.py")}
+        assert MIXER_FILES <= files, f"attention/{name}/ lacks {sorted(MIXER_FILES - files)}"
+    tops = {p.stem for p in ATTENTION.glob("*.py")}
+    assert tops <= ATTENTION_MODULES, (
+        f"attention/ holds {sorted(tops - ATTENTION_MODULES)}: put it in a mixer's folder"
+    )
+    folders = {p.name for p in ATTENTION.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(names), f"attention folders {sorted(folders)} != backends {names}"
+
+
+def test_the_design_map_matches_the_attention_tree() -> None:
+    """docs/design.md §1's map names every mixer folder and backend-free attention module, and nothing else."""
+    text = (REPO / "docs" / "design.md").read_text()
+    line = next(ln for ln in text.splitlines() if "attention/" in ln and "floor 2" in ln)
+    start = text.index(line)
+    block = text[start : text.index("models/", start)]
+    named = set(re.findall(r"\b(\w+)/", block)) - {"attention"}
+    files = set(re.findall(r"\b(\w+\.py)\b", block))
+    assert named == set(mixers()), f"the design map's attention folders {sorted(named)} != {mixers()}"
+    tops = {p.name for p in ATTENTION.glob("*.py")} - {"__init__.py"}
+    inside = {p.name for p in ATTENTION.glob("*/*.py")}
+    assert tops <= files, f"the design map does not name attention/{sorted(tops - files)}"
+    assert files <= tops | inside, f"the design map names {sorted(files - tops - inside)}, not in attention/"

@@ -8,9 +8,9 @@ import torch
 
 from tests.attention.test_flash_chunk import with_random_bias
 from tests.attention.test_linear import D_K, D_V, H, T, check_against_reference, inputs, rel_err
-from tvq_exp.attention import DenseAttention, VQAttention, build_attention
-from tvq_exp.attention.naive import dense_attention as dense_reference
-from tvq_exp.attention.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention import DenseAttention, State, VQAttention, build_attention
+from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 
 
@@ -122,6 +122,6 @@ def test_vq_encoder_refuses_a_state_and_returns_aux() -> None:
     attn = vq_attention()
     q, k, v = inputs(torch.float32, kv_heads=2)
     out, state, aux = attn(q, k, v)
-    assert out.shape == (q.shape[0], H, T, D_V) and state == {"t": T} and "commit_loss" in aux
+    assert out.shape == (q.shape[0], H, T, D_V) and state == State(T) and "commit_loss" in aux
     with pytest.raises(ValueError, match="causal"):
         attn(q, k, v, state)

@@ -2,8 +2,9 @@
 ``BACKENDS``: shapes and dtype, causality, streaming in segments equals one forward, the carried state round-trips
 (cloned and resumed from gives the same outputs; its size is ``state_floats``), finite gradients.
 
-A backend added to ``BACKENDS`` without an entry in ``OPTIONS`` fails ``test_every_backend_is_covered``. Each
-backend's agreement with its plain reference is tested beside it (``test_<backend>.py``).
+The small options of every backend come from the shared table (``tests/attention/backends.py``); a backend added
+to ``BACKENDS`` without its row there fails ``test_every_backend_has_a_row``. Each backend's agreement with its plain
+reference is tested beside it (``test_<backend>.py``).
 """
 
 from __future__ import annotations
@@ -13,25 +14,20 @@ from typing import Any
 import pytest
 import torch
 
-from tvq_exp.attention.base import AttentionBackend
+from tests.attention.backends import NAMES, ROWS, small_options
+from tvq_exp.attention.base import AttentionBackend, State
 from tvq_exp.attention.registry import BACKENDS, build_attention
+from tvq_exp.options import OptionError
 
 B, H, D_K, D_V, L = 2, 2, 8, 6, 4
 T = 6 * L  # long enough for the VQ / OVQ cache (blocks two back) to matter
-# small options per backend (every block/group/chunk length L, so segments of L or 2L exercise the state)
-OPTIONS: dict[str, dict[str, Any]] = {
-    "dense": {"window_bias": True, "window_len": L},
-    "vq": {"codebook_size": 5, "block_len": L},
-    "linear": {"chunk_size": L},
-    "flash_chunk": {"group_size": L},
-    "ovq": {"num_centroids": 5, "block_len": L},
-}
-NAMES = sorted(BACKENDS)
 
 
 def backend(name: str) -> AttentionBackend:
+    """Backend ``name`` at block/group/chunk length ``L`` (segments of L or 2L exercise the state), with the XL
+    bias where it takes one."""
     torch.manual_seed(0)
-    return build_attention(name, d_k=D_K, d_v=D_V, heads=H, **OPTIONS[name]).double().eval()
+    return build_attention(name, d_k=D_K, d_v=D_V, heads=H, **small_options(name, L)).double().eval()
 
 
 def inputs(seed: int = 0, t: int = T) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -40,30 +36,14 @@ def inputs(seed: int = 0, t: int = T) -> tuple[torch.Tensor, torch.Tensor, torch
     return q, k, torch.randn(B, H, t, D_V, generator=g, dtype=torch.float64)
 
 
-def elements(state: Any) -> int:
-    """Elements of every tensor in a (nested) state."""
-    if torch.is_tensor(state):
-        return state.numel()
-    if isinstance(state, dict):
-        return sum(elements(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(elements(v) for v in state)
-    return 0
+def elements(state: State) -> int:
+    """Elements of every tensor in a state."""
+    return sum(t.numel() for t in state.tensors())
 
 
-def clone(state: Any) -> Any:
-    if torch.is_tensor(state):
-        return state.clone()
-    if isinstance(state, dict):
-        return {k: clone(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(clone(v) for v in state)
-    return state
-
-
-def test_every_backend_is_covered() -> None:
-    missing = set(BACKENDS) - set(OPTIONS)
-    assert not missing, f"add small options for {sorted(missing)} to OPTIONS in {__file__}"
+def test_every_backend_has_a_row() -> None:
+    missing = set(BACKENDS) - set(ROWS)
+    assert not missing, f"add a row of small options for {sorted(missing)} to tests/attention/backends.py"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -112,10 +92,12 @@ def test_state_round_trip_and_size(name: str, t: int) -> None:
     attn = backend(name)
     q, k, v = inputs()
     _, state, _ = attn(q[:, :, :t], k[:, :, :t], v[:, :, :t])
-    copy = clone(state)
+    copy = state.map(torch.clone)
     rest = (q[:, :, t:], k[:, :, t:], v[:, :, t:])
     torch.testing.assert_close(attn(*rest, copy)[0], attn(*rest, state)[0], rtol=0, atol=0)
     assert elements(state) == B * attn.state_floats(t)
+    assert isinstance(state, State) and state.position == t  # a typed state that knows its position
+    assert not any(x.requires_grad for x in state.tensors())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -132,8 +114,37 @@ def test_gradients_are_finite(name: str) -> None:
 
 def test_vq_without_its_cache_carries_no_cache() -> None:
     """``use_cache=false`` (the cache ablation): the state is the window alone, and its size says so."""
-    attn = build_attention("vq", d_k=D_K, d_v=D_V, heads=H, use_cache=False, **OPTIONS["vq"]).double().eval()
+    attn = (
+        build_attention("vq", d_k=D_K, d_v=D_V, heads=H, use_cache=False, **small_options("vq", L))
+        .double()
+        .eval()
+    )
     q, k, v = inputs()
     _, state, _ = attn(q, k, v)
-    assert "cache_n" not in state and elements(state) == B * attn.state_floats(T)
+    assert state.cache_n is None and elements(state) == B * attn.state_floats(T)
     assert attn.state_floats(T) < backend("vq").state_floats(T)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_declared_capabilities_hold(name: str) -> None:
+    """What a backend's class declares (encoder form, talking heads, the XL bias) is what building it allows: each
+    either builds and runs, or is refused with an :class:`OptionError` naming the option."""
+    cls, options = BACKENDS[name], small_options(name, L, position_bias=False)
+    q, k, v = inputs()
+
+    def build(**extra: Any) -> AttentionBackend:
+        return build_attention(name, d_k=D_K, d_v=D_V, heads=H, **options, **extra).double()
+
+    for capable, extra, check in [
+        (cls.supports_encoder, {"causal": False}, lambda a: a(q, k, v)[0].shape == (B, H, T, D_V)),
+        (cls.supports_talking_heads, {"talking_heads": True}, lambda a: a(q, k, v)[0].isfinite().all()),
+        (cls.supports_position_bias, {"window_bias": True}, lambda a: a.bias is not None),
+        (cls.has_codebook, {}, lambda a: hasattr(a, "quantizer")),
+    ]:
+        if capable:
+            assert check(build(**extra)), (name, extra)
+        elif extra:
+            with pytest.raises(OptionError):
+                build(**extra)
+    assert {"d_k", "d_v", "heads"} <= cls.injected_arguments()
+    assert ("window_bias" in cls.injected_arguments()) == cls.supports_position_bias

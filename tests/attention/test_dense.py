@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tvq_exp.attention import build_attention
-from tvq_exp.attention.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
 
 
 def _qkv(b=2, h=2, t=11, dk=5, dv=3, hk=None, dtype=torch.float64):
@@ -106,7 +106,7 @@ CAUSAL_EXPLICIT = [
 def test_explicit_logits_in_row_chunks_equal_one_chunk(monkeypatch, options: dict, past: int) -> None:
     """Beyond the logits budget, chunks of query rows (checkpointed, causal ones over their visible
     keys only) give the same outputs and gradients as one full matrix, also after a carried state."""
-    from tvq_exp.attention import dense
+    from tvq_exp.attention.dense import layer as dense
 
     attn = build_attention("dense", d_k=4, d_v=3, heads=2, **options).double()
     for p in attn.parameters():
@@ -131,7 +131,7 @@ def test_explicit_logits_in_row_chunks_equal_one_chunk(monkeypatch, options: dic
 def test_chunked_explicit_logits_save_nothing_quadratic_for_the_backward(monkeypatch) -> None:
     """With row chunks, the autograd graph keeps only inputs (and views of them): the distinct
     storages it saves hold less than one T×T matrix in all."""
-    from tvq_exp.attention import dense
+    from tvq_exp.attention.dense import layer as dense
 
     t = 256
     attn = build_attention("dense", d_k=8, d_v=8, heads=1, window_bias=True, window_len=16)

@@ -1,4 +1,4 @@
-"""Dense attention through flex_attention (:mod:`tvq_exp.attention.flex`) equals the plain explicit-logit
+"""Dense attention through flex_attention (:mod:`tvq_exp.attention.dense.flex`) equals the plain explicit-logit
 path of :class:`~tvq_exp.attention.dense.DenseAttention`: forward and gradients (q, k, v and the XL bias
 parameters u, v, W_r), fp32, causal, with a past offset, and for encoders.
 
@@ -19,15 +19,9 @@ import torch
 
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.base import causal_mask
-from tvq_exp.attention.flex import (
-    FLEX_AVAILABLE,
-    FlexUnsupported,
-    causal_mask_mod,
-    dense_attention_flex,
-    dense_support,
-    flex_support,
-)
-from tvq_exp.attention.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention.dense.flex import causal_mask_mod
+from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FlexUnsupported, flex_support
 
 pytestmark = [
     pytest.mark.skipif(not FLEX_AVAILABLE, reason="torch has no flex_attention"),
@@ -70,8 +64,8 @@ def test_flex_gradients_equal_plain_path(causal: bool, past: int, device: str) -
     attn = _dense(causal, device)
     q, k, v = _qkv(19, past, device)
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
-    ref = attn._attend(q, k, v, past)  # explicit logits + bias + masked softmax
-    out = dense_attention_flex(attn, q, k, v, past)  # CPU: eager flex; CUDA: compiled
+    ref = attn.attend_plain(q, k, v, past)  # explicit logits + bias + masked softmax
+    out = attn.attend_flex(q, k, v, past)  # CPU: eager flex; CUDA: compiled
     _close(out, ref)
     g = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * g).sum(), params)
@@ -93,8 +87,8 @@ def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -
     torch.nn.init.normal_(attn.bias.v)
     q, k, v = _qkv(17, past, "cpu")
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
-    ref = attn._attend(q, k, v, past)
-    out = dense_attention_flex(attn, q, k, v, past)
+    ref = attn.attend_plain(q, k, v, past)
+    out = attn.attend_flex(q, k, v, past)
     _close(out, ref)
     g = torch.randn_like(ref)
     for a, b in zip(
@@ -112,7 +106,7 @@ def test_flex_equals_explicit_bias_matrix() -> None:
     ref = softmax_attention(
         attn.bias.content_query(q), k, v, causal=True, bias=window_bias_matrix(attn.bias, q, causal=True)
     )
-    out = dense_attention_flex(attn, q, k, v)
+    out = attn.attend_flex(q, k, v)
     _close(out, ref)
     g = torch.randn_like(ref)
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
@@ -127,8 +121,8 @@ def test_flex_equals_explicit_bias_matrix() -> None:
 def test_flex_without_bias_equals_sdpa_path() -> None:
     attn = build_attention("dense", d_k=8, d_v=4, heads=2)
     q, k, v = _qkv(13, 6, "cpu")
-    ref = attn._attend(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
-    out = dense_attention_flex(attn, q, k, v, 6)
+    ref = attn.attend_plain(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
+    out = attn.attend_flex(q, k, v, 6)
     _close(out, ref)
     g = torch.randn_like(ref)
     for a, b in zip(
@@ -145,10 +139,10 @@ def _compiled_forward(causal: bool, past: int) -> None:
     attn = _dense(causal, "cpu")
     q, k, v = _qkv(24, past, "cpu")
     with torch.no_grad():
-        ref = attn._attend(q, k, v, past)
+        ref = attn.attend_plain(q, k, v, past)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = dense_attention_flex(attn, q, k, v, past, compiled=True)
+            out = attn.attend_flex(q, k, v, past, compiled=True)
     _close(out, ref)
 
 
@@ -177,12 +171,12 @@ def test_mask_mod_matches_causal_mask(past: int, window: int | None, causal: boo
 
 def test_unsupported_options_say_why() -> None:
     relu2 = build_attention("dense", d_k=4, d_v=4, score="relu2")
-    assert not dense_support(relu2, "cpu")
-    assert "not softmax" in dense_support(relu2, "cpu").reason
+    assert not relu2.flex_support("cpu")
+    assert "not softmax" in relu2.flex_support("cpu").reason
     talking = build_attention("dense", d_k=4, d_v=4, heads=2, talking_heads=True)
-    assert "talking heads" in dense_support(talking, "cpu").reason
+    assert "talking heads" in talking.flex_support("cpu").reason
     with pytest.raises(FlexUnsupported, match="not softmax"):
-        dense_attention_flex(relu2, *(torch.randn(1, 1, 4, 4) for _ in range(3)))
+        relu2.attend_flex(*(torch.randn(1, 1, 4, 4) for _ in range(3)))
     on_cpu = flex_support("cpu", requires_grad=True, compiled=True)
     assert not on_cpu and "backward on CPU" in on_cpu.reason
     assert flex_support("cpu", requires_grad=True, compiled=False)

@@ -17,9 +17,9 @@ from tests.attention.test_linear import (
     rel_err,
     tiny_decoder,
 )
-from tvq_exp.attention import DenseAttention, FlashChunkAttention, build_attention
-from tvq_exp.attention.naive import dense_attention as dense_reference
-from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
+from tvq_exp.attention import DenseAttention, FlashChunkAttention, State, build_attention
+from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
 
 
 def with_random_bias(attn: torch.nn.Module) -> torch.nn.Module:
@@ -63,7 +63,7 @@ def test_flash_chunk_streaming_and_decoding(options: dict) -> None:
             parts.append(out)
         assert rel_err(torch.cat(parts, 2), full) < 1e-12
     g = attn.group_size
-    assert state["t"] == T and state["n"] == (T // g) * g and state["k"].shape[2] == T % g
+    assert state.position == T and state.n == (T // g) * g and state.k.shape[2] == T % g
 
 
 def test_flash_chunk_normaliser_never_uses_the_total_length() -> None:
@@ -118,7 +118,7 @@ def test_bad_options_are_refused() -> None:
         FlashChunkAttention(D_K, D_V, H, group_size=0)
     q, k, v = inputs(torch.float32, kv_heads=H)
     with pytest.raises(ValueError, match="causal"):
-        FlashChunkAttention(D_K, D_V, H, causal=False)(q, k, v, {"t": 0})
+        FlashChunkAttention(D_K, D_V, H, causal=False)(q, k, v, State(0))
 
 
 @pytest.mark.parametrize("block", ["gau", "mha"])

@@ -9,8 +9,8 @@ import functools
 import pytest
 import torch
 
-from tvq_exp.attention import LinearAttention, build_attention
-from tvq_exp.attention.naive import linear_attention as linear_reference
+from tvq_exp.attention import LinearAttention, State, build_attention
+from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
 
@@ -80,7 +80,7 @@ def test_backend_streaming_and_decoding(feature_map: str) -> None:
         parts.append(out)
     assert rel_err(torch.cat(parts, 2), full) < 1e-12
     assert (
-        state["t"] == T and state["S"].shape == (B, 1, attn.d_f, D_V) and state["z"].shape == (B, 1, attn.d_f)
+        state.position == T and state.s.shape == (B, 1, attn.d_f, D_V) and state.z.shape == (B, 1, attn.d_f)
     )
     state, tokens = None, []
     for t in range(T):
@@ -94,7 +94,7 @@ def test_state_and_normaliser_are_fp32_under_half_inputs() -> None:
     q, k, v = (x.detach().bfloat16() for x in inputs(torch.float32, kv_heads=H))
     out, state, _ = attn(q, k, v)
     assert out.dtype == torch.bfloat16
-    assert state["S"].dtype == torch.float32 and state["z"].dtype == torch.float32
+    assert state.s.dtype == torch.float32 and state.z.dtype == torch.float32
     ref = linear_reference(copy.deepcopy(attn).double(), *(x.double() for x in (q, k, v)))
     assert rel_err(out, ref) < 2e-2
 
@@ -131,7 +131,7 @@ def test_bad_options_are_refused() -> None:
     attn = LinearAttention(D_K, D_V, H, causal=False)
     q, k, v = inputs(torch.float32, kv_heads=H)
     with pytest.raises(ValueError, match="causal"):
-        attn(q, k, v, {"t": 0})
+        attn(q, k, v, State(0))
 
 
 def tiny_decoder(block: str, position: str, **attention) -> Decoder:

@@ -181,16 +181,16 @@ def ours(name: str) -> dict[str, np.ndarray]:
         got[f"{name}.grad_x.{i}"] = x.grad.double().numpy()
         for key, grad in our_grads(block, heads, d_k).items():
             got[f"{name}.grad.{i}.{key}"] = grad.double().numpy()
-        attn = state["attn"]
-        got[f"{name}.state.{i}.pos_offset"] = np.asarray(attn["t"])
-        got[f"{name}.state.{i}.z"] = attn["codes"].numpy()
-        got[f"{name}.state.{i}.k_hat"] = attn["k"].double().numpy()
-        got[f"{name}.state.{i}.v"] = attn["v"].double().numpy()
-        assert ("cache_n" in attn) == ("cache_mu" in attn) == use_cache
+        attn = state.attn
+        got[f"{name}.state.{i}.pos_offset"] = np.asarray(attn.position)
+        got[f"{name}.state.{i}.z"] = attn.codes.numpy()
+        got[f"{name}.state.{i}.k_hat"] = attn.k.double().numpy()
+        got[f"{name}.state.{i}.v"] = attn.v.double().numpy()
+        assert (attn.cache_n is not None) == (attn.cache_mu is not None) == use_cache
         if use_cache:
-            got[f"{name}.state.{i}.lower"] = attn["cache_n"].double().numpy()
-            got[f"{name}.state.{i}.upper_div_lower"] = attn["cache_mu"].double().numpy()
-        assert int(state["t"]) == int(attn["t"])
+            got[f"{name}.state.{i}.lower"] = attn.cache_n.double().numpy()
+            got[f"{name}.state.{i}.upper_div_lower"] = attn.cache_mu.double().numpy()
+        assert state.position == attn.position
     return got
 
 

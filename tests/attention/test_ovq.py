@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tvq_exp.attention.naive import softmax_attention
-from tvq_exp.attention.ovq import OVQAttention
+from tvq_exp.attention.dense.naive import softmax_attention
+from tvq_exp.attention.ovq import OVQAttention, OVQState
 from tvq_exp.attention.ovq.naive import ovq_attention as ovq_reference
 from tvq_exp.options import OptionError
 
@@ -51,10 +51,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
-def state_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[n], b[n]) if torch.is_tensor(a[n]) else a[n] == b[n] for n in a
-    )
+def state_equal(a: OVQState, b: OVQState) -> bool:
+    return a == b  # the same position and exactly the same tensors
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -145,11 +143,11 @@ def test_state_is_detached_bounded_and_counts_every_absorbed_position() -> None:
     attn = make(num_centroids=5)
     q, k, v = inputs(23)
     _, state, aux = attn(q, k, v)
-    tensors = [x for x in state.values() if torch.is_tensor(x)]
+    tensors = state.tensors()
     assert not any(x.requires_grad for x in tensors)
     absorbed = (23 // 4 - 1) * 4  # blocks 0..4 left the window
-    assert torch.equal(state["counts"].sum(-1), torch.full((B, 2), float(absorbed), dtype=torch.float64))
-    assert state["k"].shape[2] == 23 - 16  # from the start of the previous block
+    assert torch.equal(state.counts.sum(-1), torch.full((B, 2), float(absorbed), dtype=torch.float64))
+    assert state.k.shape[2] == 23 - 16  # from the start of the previous block
     assert 0 < aux["ovq_used"].item() <= 1 and not aux["ovq_used"].requires_grad
 
 
@@ -158,7 +156,7 @@ def test_state_is_detached_bounded_and_counts_every_absorbed_position() -> None:
 def test_state_floats_count_the_returned_state(t: int, kv_heads: int) -> None:
     attn = make(kv_heads=kv_heads)
     _, state, _ = attn(*inputs(t, kv_heads))
-    floats = sum(x.numel() for x in state.values() if torch.is_tensor(x))
+    floats = sum(x.numel() for x in state.tensors())
     assert floats == B * attn.state_floats(t)
 
 
@@ -192,8 +190,8 @@ def test_bf16_autocast_keeps_the_state_in_fp32() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, state, _ = attn(q, k, v)
     ref, _, _ = attn(q.float(), k.float(), v.float())
-    assert out.dtype == torch.bfloat16 and state["keys"].dtype == torch.float32
-    assert state["counts"].dtype == torch.float64  # exact integer counts at any length
+    assert out.dtype == torch.bfloat16 and state.keys.dtype == torch.float32
+    assert state.counts.dtype == torch.float64  # exact integer counts at any length
     assert torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tvq_exp.attention import VQAttention, build_attention
-from tvq_exp.attention.naive import softmax_attention
-from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
+from tvq_exp.attention.dense.naive import softmax_attention
+from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
 
@@ -85,7 +85,7 @@ def test_vq_segment_continuation_equals_one_shot(splits: list[int]) -> None:
         pieces.append(o)
         start = end
     assert torch.allclose(torch.cat(pieces, 2), full, atol=1e-12)
-    assert state["t"] == 21
+    assert state.position == 21
 
 
 def test_vq_token_by_token_decoding_equals_parallel_and_state_is_bounded() -> None:
@@ -96,16 +96,16 @@ def test_vq_token_by_token_decoding_equals_parallel_and_state_is_bounded() -> No
     for t in range(19):
         o, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
         outs.append(o)
-        assert state["k"].shape[2] < 2 * 4  # O(L + S) state, never the whole history
+        assert state.k.shape[2] < 2 * 4  # O(L + S) state, never the whole history
     assert torch.allclose(torch.cat(outs, 2), full, atol=1e-12)
-    assert state["cache_n"].sum(-1).eq(12).all()  # blocks 0..2 (12 tokens) are in the cache
+    assert state.cache_n.sum(-1).eq(12).all()  # blocks 0..2 (12 tokens) are in the cache
 
 
 def test_vq_carried_state_is_detached() -> None:
     attn = make_vq(4)
     q, k, v = qkv(10)
     _, state, _ = attn(q, k, v)
-    assert not any(x.requires_grad for x in state.values() if isinstance(x, torch.Tensor))
+    assert not any(x.requires_grad for x in state.tensors())
 
 
 @pytest.mark.parametrize("window_bias", [False, True])
@@ -195,9 +195,9 @@ def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
     k = torch.ones(1, 1, 262, 8)  # every key lands on one code
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, state, _ = attn(torch.randn(1, 1, 262, 8), k, torch.randn(1, 1, 262, 8))
-    assert state["cache_n"].dtype == torch.float64 and state["cache_mu"].dtype == torch.float32
+    assert state.cache_n.dtype == torch.float64 and state.cache_mu.dtype == torch.float32
     assert torch.isfinite(out).all()
-    assert float(state["cache_n"].max()) == 261.0  # odd and > 256: not representable in bf16
+    assert float(state.cache_n.max()) == 261.0  # odd and > 256: not representable in bf16
 
 
 @pytest.mark.parametrize("bad", [{"block_len": 0}, {"codebook_size": 1}, {"window_len": 9, "block_len": 8}])
@@ -235,17 +235,27 @@ def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int
     return inputs
 
 
+def grouped(inputs: dict) -> dict:
+    """The kernels' arguments from :func:`kernel_inputs`' flat tensors: the bias and cache as their groups."""
+    out = {key: inputs[key] for key in ("q", "kb", "vb", "index")}
+    if "rel" in inputs:
+        out["bias"] = WindowBias(inputs["bias_q"], inputs["rel"])
+    if "mu" in inputs:
+        out["cache"] = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"])
+    return out
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("rows", [4, 1, 3])
 def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cache: bool, rows: int) -> None:
     inputs = kernel_inputs(bias, cache, rows)
     wrt = [x for x in inputs.values() if x.requires_grad]
-    ref = window_cache_reference(**inputs, prev_masked=True)
+    ref = window_cache_reference(**grouped(inputs), prev_masked=True)
     g = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * g).sum(), wrt)
     for chunk in (1, 2, 3, 5, 8):
-        out = window_cache_attention(**inputs, prev_masked=True, chunk=chunk)
+        out = window_cache_attention(**grouped(inputs), prev_masked=True, chunk=chunk)
         assert torch.allclose(out, ref, atol=1e-12, rtol=0)
         grads = torch.autograd.grad((out * g).sum(), wrt)
         for name, got, want in zip(
@@ -262,7 +272,7 @@ def test_kernel_passes_gradcheck() -> None:
     } | {"index": inputs["index"]}
     names = [k for k, v in inputs.items() if v.requires_grad]
     fn = lambda *xs: window_cache_attention(
-        **(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2
+        **grouped(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2
     )
     assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])
 
@@ -271,10 +281,10 @@ def test_kernel_under_bf16_autocast_tracks_fp32() -> None:
     inputs = {
         k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()
     }
-    ref = window_cache_reference(**inputs, prev_masked=True)
+    ref = window_cache_reference(**grouped(inputs), prev_masked=True)
     low = {k: v.bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = window_cache_attention(**low, prev_masked=True)
+        out = window_cache_attention(**grouped(low), prev_masked=True)
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), ref, atol=0.05, rtol=0.05)
 

@@ -121,4 +121,4 @@ class StatePosition(Callback):
     ) -> None:
         state = pl_module.train_state
         with self.path.open("a") as file:
-            file.write(json.dumps({"step": trainer.global_step, "t": int(state[0]["t"])}) + "\n")
+            file.write(json.dumps({"step": trainer.global_step, "t": state[0].position}) + "\n")

@@ -14,15 +14,16 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
+from tests.attention.backends import NAMES, backend_class, small_options
 from tests.attention.test_flash_chunk import with_random_bias
 from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
 from tests.helpers.paths import CONF
 from tvq_exp.attention import DenseAttention, build_attention
 from tvq_exp.attention.base import repeat_kv
-from tvq_exp.attention.naive import dense_attention as dense_reference
-from tvq_exp.attention.naive import flash_chunk_attention as flash_chunk_reference
-from tvq_exp.attention.naive import linear_attention as linear_reference
-from tvq_exp.attention.naive import softmax_attention
+from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.dense.naive import softmax_attention
+from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
+from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 
@@ -71,7 +72,10 @@ def test_talking_heads_equal_reference(dtype: torch.dtype, post: bool) -> None:
     check_against_reference(with_random_bias(attn), dense_reference, dtype, kv_heads=2)
 
 
-@pytest.mark.parametrize("name", ["vq", "linear", "flash_chunk"])
+WITHOUT_TALKING_HEADS = [name for name in NAMES if not backend_class(name).supports_talking_heads]
+
+
+@pytest.mark.parametrize("name", WITHOUT_TALKING_HEADS)
 @pytest.mark.parametrize("flag", ["talking_heads", "talking_heads_post"])
 def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
     with pytest.raises(ValueError, match=f"{flag}.*{name}.*dense"):
@@ -80,7 +84,7 @@ def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
     assert not isinstance(attn, DenseAttention)
 
 
-@pytest.mark.parametrize("backend", ["vq", "linear", "flash_chunk"])
+@pytest.mark.parametrize("backend", WITHOUT_TALKING_HEADS)
 def test_talking_heads_refused_when_the_config_is_composed(backend: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(
@@ -144,14 +148,19 @@ def test_mqa_softmax_equals_plain_reference() -> None:
 
 
 # ---------------------------------------------------------------- causality by Jacobian
+# every backend of the shared table (XL positions where its class takes the bias, else RoPE), and variants
 BACKENDS = {
-    "dense": ("xl", {"name": "dense", "window_len": 4}),
+    **{
+        name: (
+            "xl" if backend_class(name).supports_position_bias else "rope",
+            {"name": name, **small_options(name, length=4, codes=8, position_bias=False)},
+        )
+        for name in NAMES
+    },
     "flash_quad": ("xl", {"name": "dense", "window_len": 4, "score": "relu2"}),
     "talking_heads": ("rope", {"name": "dense", "talking_heads": True, "talking_heads_post": True}),
-    "vq": ("xl", {"name": "vq", "codebook_size": 8, "block_len": 4}),
-    "linear": ("rope", {"name": "linear", "feature_map": "elu1", "chunk_size": 3}),
     "favor": ("none", {"name": "linear", "feature_map": "favor", "chunk_size": 5}),
-    "flash_chunk": ("xl", {"name": "flash_chunk", "group_size": 4, "window_len": 3}),
+    "flash_chunk_window": ("xl", {"name": "flash_chunk", "group_size": 4, "window_len": 3}),
 }
 
 

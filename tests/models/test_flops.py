@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.attention.backends import NAMES, backend_class, small_options
 from tests.helpers.paths import CONF
 from tvq_exp.attention import VQAttention, build_attention
 from tvq_exp.callbacks.throughput import Throughput, precision_dtype
@@ -53,6 +54,7 @@ def _assert_counts(run: Callable[[], Tensor], formula: Callable[..., int | None]
 @pytest.mark.parametrize(
     ("name", "options"),
     [
+        *((name, small_options(name, length=8, codes=16)) for name in NAMES),
         ("dense", {}),
         ("dense", {"window_bias": True, "window_len": 8}),
         ("dense", {"score": "relu2"}),
@@ -93,17 +95,21 @@ def test_attention_flops_match_counted_matmuls(name: str, options: dict[str, Any
     _assert_counts(lambda: attn(q, k, v)[0], functools.partial(attn.flops, T, BATCH))
 
 
+def _position(name: str) -> str:
+    """XL positions where the backend takes the bias, else RoPE."""
+    return "xl" if backend_class(name).supports_position_bias else "rope"
+
+
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        ("dense", {"window_len": 8}),
-        ("vq", {"codebook_size": 16, "block_len": 8}),
+        *((name, small_options(name, length=8, codes=16, position_bias=False)) for name in NAMES),
         ("linear", {"chunk_size": 16, "feature_map": "favor"}),
         ("flash_chunk", {"group_size": 16}),
     ],
 )
 def test_gau_block_flops_match_counted_matmuls(name: str, options: dict[str, Any]) -> None:
-    position = "rope" if name == "linear" else "xl"
+    position = _position(name)
     attention = functools.partial(build_attention, name, **options)
     block = GAUBlock(d_model=16, attention=attention, d_k=D_K, heads=2, position=position)
     x = torch.randn(BATCH, T, 16, requires_grad=True)
@@ -113,7 +119,7 @@ def test_gau_block_flops_match_counted_matmuls(name: str, options: dict[str, Any
 @pytest.mark.parametrize(
     ("name", "options", "sizes"),
     [
-        ("dense", {"window_len": 8}, {}),
+        *((name, small_options(name, length=8, codes=16, position_bias=False), {}) for name in NAMES),
         (
             "dense",
             {"window_len": 8, "talking_heads": True},
@@ -131,7 +137,7 @@ def test_gau_block_flops_match_counted_matmuls(name: str, options: dict[str, Any
 def test_mha_block_flops_match_counted_matmuls(
     name: str, options: dict[str, Any], sizes: dict[str, Any]
 ) -> None:
-    position = "rope" if name == "linear" else "xl"
+    position = _position(name)
     attention = functools.partial(build_attention, name, **options)
     block = MHABlock(d_model=16, attention=attention, heads=4, position=position, **sizes)
     x = torch.randn(BATCH, T, 16, requires_grad=True)
@@ -143,14 +149,9 @@ def tiny_preset(name: str) -> Decoder:
     bias window 8 long (so a 20-token sequence ends in a partial one)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={name}", "model.d_model=32", "model.n_layers=2"])
-    shrink = {
-        "dense": {"window_len": 8},
-        "vq": {"codebook_size": 16, "block_len": 8},
-        "linear": {"chunk_size": 8},
-        "flash_chunk": {"group_size": 8},
-        "ovq": {"num_centroids": 16, "block_len": 8},
-    }
-    cfg.model.attention.update(shrink[cfg.model.attention.name])
+    cfg.model.attention.update(
+        small_options(cfg.model.attention.name, length=8, codes=16, position_bias=False)
+    )
     if "d_k" in cfg.model.block:
         cfg.model.block.d_k = 16
     return instantiate(cfg.model).train()
@@ -260,7 +261,7 @@ def test_throughput_logs_no_flops_without_a_formula(tmp_path: Path, monkeypatch:
 def test_chunked_dense_flops_match_counted_matmuls(monkeypatch, options: dict[str, Any]) -> None:
     """Dense attention with explicit logits beyond the budget: chunked rows over their visible keys,
     recomputed in the backward, counted exactly (fewer FLOPs than the full square when causal)."""
-    from tvq_exp.attention import dense
+    from tvq_exp.attention.dense import layer as dense
 
     monkeypatch.setattr(dense, "LOGITS_BUDGET", BATCH * options.get("heads", 1) * T * 7)  # rows of 7
     test_attention_flops_match_counted_matmuls("dense", options)

@@ -180,4 +180,4 @@ def test_dense_carried_memory_is_one_segment() -> None:
     state = None
     for _ in range(3):
         state = model(torch.randint(0, 256, (2, 16)), state).state
-    assert state[0]["attn"]["k"].shape[2] == 16 and state[0]["attn"]["t"] == 48
+    assert state[0].attn.k.shape[2] == 16 and state[0].attn.position == 48

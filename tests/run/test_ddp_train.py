@@ -70,6 +70,13 @@ def test_ddp_cpu_one_run_dir_synced_codebooks_reduced_validation(tmp_path: Path,
     logged = accumulator.Scalars("val/bpb")[-1]
     single = _single_process_val_bpb(run / "checkpoints" / "last.ckpt", tmp_path / "eval.json")
     assert math.isclose(logged.value, single, rel_tol=1e-4), (logged.value, single)
+    # codebook health: code counts summed over the ranks equal one process's over the whole split
+    health = json.loads((tmp_path / "eval.json").read_text())["codebook"]
+    assert list(health) == ["layer0", "layer1"]
+    for layer, result in health.items():
+        for metric in ("perplexity", "dead_fraction"):
+            value = accumulator.Scalars(f"codebook/{layer}/val_{metric}")[-1].value
+            assert math.isclose(value, result[metric], rel_tol=1e-5), (layer, metric, value, result[metric])
 
 
 def test_fsdp_cpu_shards_weights_syncs_codebooks_and_converts_for_eval(

@@ -1,8 +1,9 @@
 """Attention backends behind one contract (:mod:`tvq_exp.attention.base`).
 
-``build_attention(name, **options)`` builds any backend by name (:mod:`.registry`): ``dense``, ``vq``
-(:mod:`.vq`), ``linear``, ``flash_chunk``, ``ovq`` (:mod:`.ovq`). Each efficient algorithm has a plain
-reference in a ``naive`` module beside it (:mod:`.naive`, :mod:`.vq.naive`, :mod:`.ovq.naive`).
+``build_attention(name, **options)`` builds any backend by name (:mod:`.registry`). One folder per mixer,
+each with its backend (``layer.py``), its plain reference (``naive.py``) and, where it has one, its
+flex-attention kernel (``flex.py``): :mod:`.dense`, :mod:`.linear`, :mod:`.flash_chunk`, :mod:`.vq`,
+:mod:`.ovq`. Backend-free pieces: :mod:`.base` (the contract), :mod:`.flex_runtime`, :mod:`.registry`.
 """
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State

@@ -6,31 +6,96 @@ grouped attention) where the backend supports it. The backend applies **no** sca
 blocks scale ``q`` and ``k`` themselves.
 
 ``forward(q, k, v, state=None) -> (out, state, aux)``:
-- ``state`` is ``None`` (a fresh sequence) or what the previous call returned; continuing with it
-  equals running the concatenated sequence in one call (values; the carried state is detached).
+- ``state`` is ``None`` (a fresh sequence) or what the previous call returned (a :class:`State`: the position and
+  the backend's own tensors, typed by its subclass); continuing with it equals running the concatenated sequence
+  in one call (values; the carried state is detached).
 - ``aux`` is a dict of tensors: losses under keys ending in ``_loss`` (added to the objective by
   the model) and detached metrics under other keys (logged).
+
+What a backend can do is declared on its class (:class:`AttentionBackend`'s capabilities): the registry, config
+validation, the benchmarks and the tests ask the class, never a backend's name.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Annotated, Any
+import dataclasses
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Self
 
 import torch
 from torch import Tensor, nn
 
 from tvq_exp.options import AtLeast, OptionError, checked
 
-State = dict[str, Any]
 Aux = dict[str, Tensor]
+# what a block passes to a backend that takes the relative position bias (``supports_position_bias``)
+POSITION_BIAS_ARGUMENTS = frozenset({"window_bias", "sinusoid_dim", "sinusoid_dropout"})
+TALKING_HEADS_ARGUMENTS = ("talking_heads", "talking_heads_post")
+
+
+@dataclasses.dataclass(eq=False)
+class State:
+    """A recurrent state: ``position``, the positions seen so far; each backend's subclass adds its tensors (the
+    encoder forms, which carry nothing, return this base). Equal states hold equal values (tensors compared
+    exactly); :meth:`map` rebuilds one with every tensor transformed (detach, move)."""
+
+    position: int
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> Self:
+        """A copy with ``fn`` applied to every tensor (nested states included)."""
+        changes = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, Tensor):
+                changes[field.name] = fn(value)
+            elif isinstance(value, State):
+                changes[field.name] = value.map(fn)
+        return dataclasses.replace(self, **changes)
+
+    def tensors(self) -> list[Tensor]:
+        """Every tensor the state holds (nested states included)."""
+        found: list[Tensor] = []
+        self.map(lambda t: found.append(t) or t)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, compared by value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and torch.equal(a, b)
+    return a == b
 
 
 class AttentionBackend(nn.Module, abc.ABC):
-    """Base class: shape checks and the shared fields ``d_k, d_v, heads, causal``."""
+    """Base class: shape checks, the shared fields ``d_k, d_v, heads, causal`` and the capabilities a backend
+    declares (class attributes, read by the registry, config validation, the benchmarks and the tests)."""
 
-    supports_kv_groups: bool = True
-    supports_window_bias: bool = True
+    supports_kv_groups: ClassVar[bool] = True  # keys/values may have fewer heads (``kv_heads``) than queries
+    supports_position_bias: ClassVar[bool] = (
+        False  # takes the XL relative bias (:data:`POSITION_BIAS_ARGUMENTS`)
+    )
+    supports_talking_heads: ClassVar[bool] = (
+        False  # mixes logits across heads (:data:`TALKING_HEADS_ARGUMENTS`)
+    )
+    supports_encoder: ClassVar[bool] = True  # ``causal=False`` is allowed
+    has_codebook: ClassVar[bool] = False  # a learned codebook: options under ``codebook``, statistics to sync
+    kernels: ClassVar[tuple[str, ...]] = (
+        "plain",
+    )  # the values of its ``kernel`` option (flex where it has one)
+
+    @classmethod
+    def injected_arguments(cls) -> frozenset[str]:
+        """The constructor arguments a block passes (the shapes and, where the backend takes it, the position
+        bias): never config keys of the attention."""
+        bias = POSITION_BIAS_ARGUMENTS if cls.supports_position_bias else frozenset()
+        return frozenset({"d_k", "d_v", "heads", "kv_heads"}) | bias
 
     @checked
     def __init__(

@@ -2,5 +2,6 @@
 preemption (:mod:`.preemption`), the numerics guard (:mod:`.numerics_guard`), throughput
 (:mod:`.throughput`), the per-validation summary line (:mod:`.validation_summary`), the progress bar
 (:mod:`.progress_bar`), TensorBoard's HParams tab (:mod:`.final_hparams`), text and image samples
-(:mod:`.text_samples`, :mod:`.image_samples`), the global batch (:mod:`.global_batch`) and the DDP codebook
-check (:mod:`.codebook_sync`). Hydra's ``conf/callbacks/*.yaml`` lists them by ``_target_``."""
+(:mod:`.text_samples`, :mod:`.image_samples`), the global batch (:mod:`.global_batch`), codebook
+health (:mod:`.codebook_health`) and the DDP codebook check (:mod:`.codebook_sync`). Hydra's
+``conf/callbacks/*.yaml`` lists them by ``_target_``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import torch
 from torch import Tensor, nn
@@ -13,12 +13,13 @@ from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.measure.flops import mm, with_backward
+from tvq_exp.models.blocks.common import BlockState
 from tvq_exp.models.init import official_init
 from tvq_exp.nn.norms import RMSNorm
 from tvq_exp.options import Above, AtLeast, Between, OneOf, checked
 from tvq_exp.quantize.codebook import VectorQuantizer, statistics_frozen
 
-ModelState = list[dict[str, Any]]
+ModelState = list[BlockState]  # one per block
 BlockFactory = Callable[..., nn.Module]
 
 
@@ -95,7 +96,7 @@ class Decoder(nn.Module):
         self.activation_checkpointing = False  # set by tvq_exp.models.sharding.shard_decoder
 
     def forward(self, tokens: Tensor, state: ModelState | None = None) -> DecoderOutput:
-        t0 = 0 if state is None else int(state[0]["t"])
+        t0 = 0 if state is None else state[0].position
         x = self.embed(tokens) * self.embed_scale
         if self.pos_embedding is not None:
             x = x + self.pos_embedding(t0 + torch.arange(tokens.shape[1], device=tokens.device)).to(x.dtype)
@@ -113,7 +114,9 @@ class Decoder(nn.Module):
         logits = self.head(self.norm(x)) * self.logit_scale
         return DecoderOutput(logits, new_state, {"loss": aux_loss, **metrics})
 
-    def _block(self, blk: nn.Module, x: Tensor, state: dict[str, Any] | None) -> Any:
+    def _block(
+        self, blk: nn.Module, x: Tensor, state: BlockState | None
+    ) -> tuple[Tensor, BlockState, dict[str, Tensor]]:
         """One block; with activation checkpointing (training) its activations are recomputed in the
         backward pass, with the codebook statistics frozen so the recomputation does not count them twice."""
         if not (self.activation_checkpointing and self.training and torch.is_grad_enabled()):
@@ -170,12 +173,4 @@ def detach_state(state: ModelState | None) -> ModelState | None:
     """Detach every tensor of a carried state (gradients never cross segments)."""
     if state is None:
         return None
-    return [_detach(s) for s in state]
-
-
-def _detach(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return x.detach()
-    if isinstance(x, dict):
-        return {k: _detach(v) for k, v in x.items()}
-    return x
+    return [s.map(Tensor.detach) for s in state]

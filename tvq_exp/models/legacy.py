@@ -10,6 +10,9 @@ reparametrisation that :func:`upgrade_checkpoint` undoes exactly:
 
 Optimiser moments follow their parameters (re-indexed for the added biases, rescaled with them), so a
 resumed run continues. The norms' epsilon moved from 1.2e-7 to 1e-6: outputs change in the seventh digit.
+
+The carried training state of a checkpoint (``train_state``, a TBPTT sequence cut mid-way) was a list of dicts
+before the states were typed; :func:`upgrade_train_state` rebuilds the typed states from them, value for value.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from tvq_exp.attention.base import State
+from tvq_exp.attention.dense import DenseState
+from tvq_exp.attention.flash_chunk import FlashChunkState
+from tvq_exp.attention.linear import LinearState
+from tvq_exp.attention.ovq import OVQState
+from tvq_exp.attention.vq import VQState
+from tvq_exp.models.blocks.common import BlockState
 from tvq_exp.nn.position import XLRelativeBias
 
 FORMAT = 2
@@ -76,7 +86,34 @@ def _upgrade_optimizer(
         group["params"] = [new[name] for name in group_names]
 
 
-__all__ = ["FORMAT", "upgrade_checkpoint"]
+def upgrade_train_state(saved: Any) -> list[BlockState] | None:
+    """A checkpoint's carried training state, typed: the per-block dicts ``{"attn", "keep", "t"}`` of earlier
+    checkpoints become :class:`BlockState` s, their attention dicts the backend's state (told apart by their
+    keys); a typed state (or None) is returned as it is."""
+    if not saved or not isinstance(saved[0], Mapping):
+        return saved
+    return [
+        BlockState(int(block["t"]), _attention_state(block["attn"]), block.get("keep")) for block in saved
+    ]
+
+
+def _attention_state(old: Mapping[str, Any]) -> State:
+    """The typed state of a backend's state dict (its position under ``"t"``)."""
+    fields, position = {key: value for key, value in old.items() if key != "t"}, int(old["t"])
+    if "codes" in fields:
+        return VQState(position, **fields)
+    if "counts" in fields:
+        return OVQState(position, **fields)
+    if "kv" in fields:
+        return FlashChunkState(position, fields["k"], fields["v"], fields["kv"], int(fields["n"]))
+    if "S" in fields:
+        return LinearState(position, fields["S"], fields["z"])
+    if "k" in fields:
+        return DenseState(position, fields["k"], fields["v"])
+    return State(position)
+
+
+__all__ = ["FORMAT", "upgrade_checkpoint", "upgrade_train_state"]
 
 
 def legacy_guard_counts(checkpoint: Mapping[str, Any]) -> dict[str, int]:

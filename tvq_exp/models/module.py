@@ -25,7 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
-from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint
+from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint, upgrade_train_state
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
 from tvq_exp.models.optim import all_finite, full_tensor, parameter_groups, warmup_cosine
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
@@ -343,7 +343,10 @@ class AutoregressiveLitModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         upgrade_checkpoint(checkpoint, self)  # weights written before the official parametrisation
-        self.train_state = checkpoint.get("train_state") if checkpoint.get("tvq_format") == FORMAT else None
+        saved = checkpoint.get("train_state") if checkpoint.get("tvq_format") == FORMAT else None
+        self.train_state = upgrade_train_state(
+            saved
+        )  # typed, also when written as dicts before the states were
         self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
         bad = checkpoint.get("bad_steps") or legacy_guard_counts(checkpoint)
         self.skipped_steps, self.consecutive_bad_steps = int(bad["skipped"]), int(bad["consecutive"])

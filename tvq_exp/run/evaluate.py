@@ -11,6 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.codebook_health import CodebookHealth
 from tvq_exp.callbacks.final_hparams import state_size
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
@@ -52,7 +53,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate ``cfg.ckpt_path`` over the whole ``cfg.split`` (``val`` | ``test``); print and write JSON.
 
     Returns ``{"bpb", "loss", "tokens", ["bpd"], "position_buckets", ["accuracy"], "split", "protocol",
-    "checkpoint", "global_step", "state_floats_per_layer", "state_context"}``; the figure of bits against position is written beside the JSON.
+    "checkpoint", "global_step", "state_floats_per_layer", "state_context", ["codebook"]}``; the figure of bits
+    against position is written beside the JSON. VQ models add ``"codebook": {"layerN": {"perplexity",
+    "dead_fraction", "quant_error", "kmeans_error", "regret", "codebook_size"}}`` over the split's keys (see
+    :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`, with its default settings).
     """
     quiet()
     validate(cfg)
@@ -66,8 +70,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     precision = cfg.precision or (
         "bf16-mixed" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "32-true"
     )
+    health = CodebookHealth()
     trainer = L.Trainer(
         accelerator=cfg.accelerator,
+        callbacks=[health],
         devices=1,
         precision=precision,
         logger=False,
@@ -86,6 +92,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
         "global_step": int(checkpoint.get("global_step", 0)),
         **state_size(trainer, module),
+        **({"codebook": health.results} if health.results else {}),
     }
     output = (
         Path(cfg.output) if cfg.get("output") else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
@@ -100,6 +107,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         f"{cfg.split}: {result['bpb']:.4f} bits/{'dim' if module.kind == 'image' else 'byte'}, "
         f"loss {result['loss']:.4f} nats{accuracy}, {result['tokens']} tokens -> {output}"
     )
+    if health.results:
+        layers = (
+            f"{name} {r['perplexity']:.1f}/{r['codebook_size']} (regret {r['regret']:.2f})"
+            for name, r in health.results.items()
+        )
+        say(f"codebook usage: {', '.join(layers)}")
     return result
 
 

@@ -37,6 +37,7 @@ from hydra.utils import get_method, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.options import OptionError, check_values, constraints
 from tvq_exp.quantize.codebook import VectorQuantizer
@@ -49,7 +50,7 @@ SIMPLE_TYPES = (int, float, bool, str)
 INJECTED = {
     "model": {"block", "attention", "pos_embedding"},
     "model.block": {"d_model", "attention"},
-    "model.attention": {"d_k", "d_v", "heads", "kv_heads", "window_bias", "codebook"},
+    "model.attention": {"codebook"},  # and what the backend's class says a block passes (injected_arguments)
     "model.attention.codebook": {"heads", "codebook_size", "dim"},
     "module": {"model", "run_config"},
 }
@@ -194,11 +195,12 @@ def model_nodes(model: DictConfig) -> list[Node]:
         )
     nodes.insert(0, Node("model.attention", attention, BACKENDS.get(name, build_attention)))
     if isinstance(attention.get("codebook"), DictConfig):
-        if name != "vq":
+        if not getattr(BACKENDS.get(name), "has_codebook", False):
             raise ConfigError(
                 "model.attention.codebook",
                 "...",
-                f"codebook options only apply to the vq backend, not {name}",
+                f"the {name} backend has no codebook; codebook options apply to "
+                f"{', '.join(n for n, b in BACKENDS.items() if b.has_codebook)}",
             )
         nodes.insert(0, Node("model.attention.codebook", attention.codebook, VectorQuantizer))
     return nodes
@@ -221,7 +223,15 @@ def check_nodes(nodes: list[Node]) -> None:
     }
     for n in nodes:
         nested = children[n.key] | ({"name"} if n.key == "model.attention" else set())
-        check_node(n.node, n.key, n.target, skip=INJECTED.get(n.key, set()), nested=nested)
+        check_node(
+            n.node, n.key, n.target, skip=INJECTED.get(n.key, set()) | _injected(n.target), nested=nested
+        )
+
+
+def _injected(target: Any) -> set[str]:
+    """The arguments a block passes to an attention backend, as its class declares them (none for others)."""
+    is_backend = isinstance(target, type) and issubclass(target, AttentionBackend)
+    return set(target.injected_arguments()) if is_backend else set()
 
 
 def locate(error: OptionError, nodes: list[Node]) -> str:

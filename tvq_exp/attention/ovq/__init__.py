@@ -5,6 +5,6 @@ two-block window plus key and value dictionaries learned inside each sequence by
 - :mod:`.naive`: the plain token-loop reference it is tested against.
 """
 
-from tvq_exp.attention.ovq.layer import OVQAttention
+from tvq_exp.attention.ovq.layer import OVQAttention, OVQState
 
-__all__ = ["OVQAttention"]
+__all__ = ["OVQAttention", "OVQState"]

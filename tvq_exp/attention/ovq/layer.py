@@ -48,16 +48,36 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.blocked import (
+    BlockedAttention,
+    BlockLayout,
+    resolve_window,
+    window_floats,
+    window_start,
+)
 from tvq_exp.attention.vq.cache import block_stats, running_code_means
-from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
+from tvq_exp.measure.flops import mm, with_backward
 from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import Above, AtLeast, OneOf, OptionError, checked
 
 SEEDINGS = ("farthest", "first")
 
 
-class OVQAttention(AttentionBackend):
+@dataclass(eq=False)
+class OVQState(State):
+    """OVQ's state (accumulation dtype): the keys ``k (B, H_kv, W, d_k)`` and values ``v (B, H_kv, W, d_v)`` since the
+    start of the previous block; the dictionary: ``keys (B, H_kv, S, d_k)``, ``values (B, H_kv, S, d_v)`` centroids
+    and their ``counts (B, H_kv, S)``."""
+
+    k: Tensor
+    v: Tensor
+    keys: Tensor
+    values: Tensor
+    counts: Tensor
+
+
+class OVQAttention(BlockedAttention):
     """OVQ-attention backend (decoder only).
 
     Args:
@@ -77,10 +97,10 @@ class OVQAttention(AttentionBackend):
         kv_heads: key/value heads (divides ``heads``; 1 = multi-query); one dictionary per kv head.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
-    State: ``k (B, H_kv, W, d_k)``, ``v (B, H_kv, W, d_v)``: positions ``max(0, (t//L − 1)·L) .. t−1``;
-    ``keys (B, H_kv, S, d_k)``, ``values (B, H_kv, S, d_v)``, ``counts (B, H_kv, S)``: the dictionary
-    (accumulation dtype); the position ``t``.
+    State: :class:`OVQState`: the positions ``max(0, (t//L − 1)·L) .. t−1`` and the dictionary.
     """
+
+    supports_encoder = False
 
     @checked
     def __init__(
@@ -104,9 +124,7 @@ class OVQAttention(AttentionBackend):
         if not causal:
             allowed = "must be True: the dictionary is learned online, left to right (decoder only)"
             raise OptionError("causal", causal, allowed, type(self))
-        window_len = block_len if window_len is None else window_len
-        if window_len > block_len:
-            raise OptionError("window_len", window_len, f"must be <= block_len={block_len}", type(self))
+        window_len = resolve_window(window_len, block_len, type(self))
         if growth_scale is not None and not math.isfinite(growth_scale):
             raise OptionError("growth_scale", growth_scale, "must be finite (a number > 0)", type(self))
         self.num_centroids, self.block_len, self.window_len = num_centroids, block_len, window_len
@@ -135,62 +153,52 @@ class OVQAttention(AttentionBackend):
         attend = heads * (mm(rows, keys, d_k) + mm(rows, d_v, keys))
         absorbed = max(0, seq_len // L - 1)
         total = batch * (with_backward(attend, backward) + self.kv_heads * absorbed * mm(L, S, d_k))
-        if self.bias is not None:
-            total += xl_bias_flops(
-                batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features
-            )
-        return total
-
-    def check_context(self, length: int) -> None:
-        """A block longer than the context never absorbs into the dictionary: ``block_len <= length``."""
-        if self.block_len > length:
-            raise OptionError(
-                "block_len", self.block_len, f"must be <= the context length {length}", type(self)
-            )
+        return total + self.bias_flops(batch * rows, backward)
 
     def state_floats(self, seq_len: int) -> int:
         """Keys and values since the start of the previous block, and the dictionary (``S`` key and
         value centroids and counts), per key/value head."""
-        window = seq_len - max(0, (seq_len // self.block_len - 1) * self.block_len)
-        per_position, per_centroid = self.d_k + self.d_v, self.d_k + self.d_v + 1
-        return self.kv_heads * (window * per_position + self.num_centroids * per_centroid)
+        window = window_floats(seq_len, self.block_len, self.d_k + self.d_v)
+        return self.kv_heads * (window + self.num_centroids * (self.d_k + self.d_v + 1))
 
-    def empty_state(self, k: Tensor) -> State:
+    def empty_state(self, k: Tensor) -> OVQState:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)`` (accumulation dtype)."""
         b, h, _, d_k = k.shape
         s, acc = self.num_centroids, accumulation_dtype(k.dtype)
         new = {"dtype": acc, "device": k.device}
-        return {
-            "k": torch.zeros(b, h, 0, d_k, **new),
-            "v": torch.zeros(b, h, 0, self.d_v, **new),
-            "keys": torch.zeros(b, h, s, d_k, **new),
-            "values": torch.zeros(b, h, s, self.d_v, **new),
-            "counts": torch.zeros(b, h, s, **new),
-            "t": 0,
-        }
+        return OVQState(
+            position=0,
+            k=torch.zeros(b, h, 0, d_k, **new),
+            v=torch.zeros(b, h, 0, self.d_v, **new),
+            keys=torch.zeros(b, h, s, d_k, **new),
+            values=torch.zeros(b, h, s, self.d_v, **new),
+            counts=torch.zeros(b, h, s, **new),
+        )
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
-    ) -> tuple[Tensor, State, Aux]:
+        self, q: Tensor, k: Tensor, v: Tensor, state: OVQState | None = None
+    ) -> tuple[Tensor, OVQState, Aux]:
         self.check_inputs(q, k, v)
         state = self.empty_state(k) if state is None else state
         acc = accumulation_dtype(q.dtype)
-        t0, t = int(state["t"]), q.shape[2]
-        p0 = t0 - state["k"].shape[2]  # block-aligned position of the buffer's first key
-        keys = torch.cat([state["k"].to(acc), k.to(acc)], dim=2)
-        values = torch.cat([state["v"].to(acc), v.to(acc)], dim=2)
+        t0, t = state.position, q.shape[2]
+        p0 = t0 - state.k.shape[2]  # block-aligned position of the buffer's first key
+        keys = torch.cat([state.k.to(acc), k.to(acc)], dim=2)
+        values = torch.cat([state.v.to(acc), v.to(acc)], dim=2)
         first_block = p0 // self.block_len
         absorbed = max(0, (t0 + t) // self.block_len - 1 - first_block)  # blocks leaving the window
         codes, centroids = self._decide(keys, state, first_block, absorbed)
         counts, means = self._dictionary(keys, values, codes, state)
-        layout = _Layout.of(t0 - p0, t, self.block_len)
+        layout = BlockLayout.of(t0 - p0, t, self.block_len)
         sees_dictionary = t0 + t > 2 * self.block_len  # the last query block is past block 1
         out = self._attend(q.to(acc), keys, values, counts, means, layout, sees_dictionary)
         new_state = self._next_state(keys, values, counts, means, centroids, t0 + t, p0)
-        return out.to(v.dtype), new_state, {"ovq_used": (new_state["counts"] > 0).float().mean()}
+        return out.to(v.dtype), new_state, {"ovq_used": (new_state.counts > 0).float().mean()}
 
     @torch.no_grad()
-    def _decide(self, keys: Tensor, state: State, first_block: int, absorbed: int) -> tuple[Tensor, Tensor]:
+    def _decide(
+        self, keys: Tensor, state: OVQState, first_block: int, absorbed: int
+    ) -> tuple[Tensor, Tensor]:
         """The discrete part of absorbing blocks ``first_block .. first_block + absorbed − 1`` (the first
         ``absorbed`` blocks of ``keys (B, H_kv, n, d_k)``), block by block: seeds, then assignments.
 
@@ -199,8 +207,8 @@ class OVQAttention(AttentionBackend):
         b, hk, _, d_k = keys.shape
         L, S = self.block_len, self.num_centroids
         blocks = keys[:, :, : absorbed * L].detach().reshape(b * hk, absorbed, L, d_k)
-        centroids = state["keys"].to(keys.dtype).flatten(0, 1).clone()
-        counts = state["counts"].to(keys.dtype).flatten(0, 1)
+        centroids = state.keys.to(keys.dtype).flatten(0, 1).clone()
+        counts = state.counts.to(keys.dtype).flatten(0, 1)
         seed = _seed_farthest if self.seeding == "farthest" else _seed_first
         codes = []
         for j in range(absorbed):
@@ -213,12 +221,14 @@ class OVQAttention(AttentionBackend):
             codes.append(code)
         return torch.stack(codes, 1) if codes else blocks.new_zeros(b * hk, 0, L, dtype=torch.long), centroids
 
-    def _dictionary(self, keys: Tensor, values: Tensor, codes: Tensor, state: State) -> tuple[Tensor, Tensor]:
+    def _dictionary(
+        self, keys: Tensor, values: Tensor, codes: Tensor, state: OVQState
+    ) -> tuple[Tensor, Tensor]:
         """Differentiable dictionary before each absorbed block and after the last: counts
         ``(B·H_kv, A + 1, S)`` and means of ``[key, value]`` ``(B·H_kv, A + 1, S, d_k + d_v)``."""
         n, absorbed, L = codes.shape
-        n0 = state["counts"].to(keys.dtype).flatten(0, 1)
-        mu0 = torch.cat([state["keys"], state["values"]], dim=-1).to(keys.dtype).flatten(0, 1)
+        n0 = state.counts.to(keys.dtype).flatten(0, 1)
+        mu0 = torch.cat([state.keys, state.values], dim=-1).to(keys.dtype).flatten(0, 1)
         if absorbed == 0:
             return n0[:, None], mu0[:, None]
         kv = torch.cat([keys, values], dim=-1)[:, :, : absorbed * L].reshape(n, absorbed, L, -1)
@@ -227,7 +237,7 @@ class OVQAttention(AttentionBackend):
         return running_code_means(codes, kv, valid, n0, mu0)
 
     def _attend(
-        self, q: Tensor, keys: Tensor, values: Tensor, counts: Tensor, means: Tensor, layout: _Layout,
+        self, q: Tensor, keys: Tensor, values: Tensor, counts: Tensor, means: Tensor, layout: BlockLayout,
         sees_dictionary: bool,
     ) -> Tensor:  # fmt: skip
         """Outputs ``(B, H, T, d_v)`` of the queries ``q (B, H, T, d_k)``, placed by ``layout`` among
@@ -274,55 +284,19 @@ class OVQAttention(AttentionBackend):
         centroids: Tensor,
         t_end: int,
         p0: int,
-    ) -> State:
+    ) -> OVQState:
         """State after position ``t_end``: the buffer from the start of the previous block, the
         dictionary after the last absorbed block (key centroids from :meth:`_decide`, seeds kept)."""
         b, hk = keys.shape[:2]
-        start = max(0, (t_end // self.block_len - 1) * self.block_len) - p0
-        return {
-            "k": keys[:, :, start:].detach(),
-            "v": values[:, :, start:].detach(),
-            "keys": centroids.view(b, hk, self.num_centroids, -1),
-            "values": means[:, -1, :, self.d_k :].detach().reshape(b, hk, self.num_centroids, -1),
-            "counts": counts[:, -1].detach().reshape(b, hk, self.num_centroids),
-            "t": t_end,
-        }
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where ``t`` queries starting at buffer position ``start`` sit in blocks of ``L``: blocks
-    ``first .. first + items − 1`` (relative to the buffer). One block (decoding, short continuations)
-    is taken row by row (``rows = t``, the first at ``offset`` in its block); several are padded to
-    whole blocks (``front`` rows before, ``back`` after)."""
-
-    first: int
-    items: int
-    rows: int
-    offset: int
-    front: int
-    back: int
-
-    @classmethod
-    def of(cls, start: int, t: int, block_len: int) -> _Layout:
-        first, last = start // block_len, (start + t - 1) // block_len
-        items = last - first + 1
-        if items == 1:
-            return cls(first, 1, t, start - first * block_len, 0, 0)
-        front = start - first * block_len
-        return cls(first, items, block_len, 0, front, items * block_len - front - t)
-
-    def positions(self, device: torch.device) -> Tensor:
-        """``(rows,)`` positions of the rows inside their block."""
-        return torch.arange(self.rows, device=device) + self.offset
-
-    def to_items(self, x: Tensor) -> Tensor:
-        """``(B, H, T, d)`` -> ``(B, H, I, rows, d)``, padded to whole items."""
-        return F.pad(x, (0, 0, self.front, self.back)).unflatten(2, (self.items, self.rows))
-
-    def from_items(self, x: Tensor) -> Tensor:
-        """Inverse of :meth:`to_items`, padding dropped: ``(B, H, I, rows, d)`` -> ``(B, H, T, d)``."""
-        return x.flatten(2, 3)[:, :, self.front : self.items * self.rows - self.back]
+        start = window_start(t_end, self.block_len) - p0
+        return OVQState(
+            position=t_end,
+            k=keys[:, :, start:].detach(),
+            v=values[:, :, start:].detach(),
+            keys=centroids.view(b, hk, self.num_centroids, -1),
+            values=means[:, -1, :, self.d_k :].detach().reshape(b, hk, self.num_centroids, -1),
+            counts=counts[:, -1].detach().reshape(b, hk, self.num_centroids),
+        )
 
 
 def _windows(x: Tensor, first: int, items: int, block_len: int) -> Tensor:

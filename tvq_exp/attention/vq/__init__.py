@@ -8,6 +8,6 @@ cache of per-code counts and mean values.
 - :mod:`.naive`: plain references the above are tested against.
 """
 
-from tvq_exp.attention.vq.layer import VQAttention
+from tvq_exp.attention.vq.layer import VQAttention, VQState
 
-__all__ = ["VQAttention"]
+__all__ = ["VQAttention", "VQState"]

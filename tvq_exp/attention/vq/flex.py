@@ -8,15 +8,15 @@ item's cache means. One ``score_mod`` adds the window term (the XL bias looked u
 of the window is a block mask shared by all items, so flex skips the key blocks no query of a query block
 can see. Flex's fused kernel keeps the ``R × (W + S)`` scores out of memory, as the plain kernel's chunks do.
 
-Where it runs (:func:`tvq_exp.attention.flex.flex_support`): compiled on CUDA, compiled and forward-only on
+Where it runs (:func:`tvq_exp.attention.flex_runtime.flex_support`): compiled on CUDA, compiled and forward-only on
 CPU (torch 2.14 has no compiled CPU backward); with gradients on CPU it runs flex's eager form, which
 materialises each item's scores (exact; a reference, slower than the plain kernel). ``kernel=auto`` in
 :class:`~tvq_exp.attention.vq.layer.VQAttention` therefore takes it only where the compiled kernel runs.
 
 Shapes: ``q (N, I, R, d_k)`` (``R = G·Lq`` rows: ``G`` grouped heads of ``Lq`` positions), ``kb, vb
-(N, I + 1, L, d)`` (two-block windows) or ``(N, I, L, d)`` (one-block), ``index (Lq, W)``, ``bias_q
-(N, I, R, d_k)``, ``rel (N, G, M + 1, d_k)``, ``codebook (N, S, d_k)``, ``log_n (N, I, S)``, ``mu
-(N, I, S, d_v)`` -> ``(N, I, R, d_v)``.
+(N, I + 1, L, d)`` (two-block windows) or ``(N, I, L, d)`` (one-block), ``index (Lq, W)``, the optional
+:class:`~tvq_exp.attention.vq.kernel.WindowBias` and :class:`~tvq_exp.attention.vq.kernel.CodeCache` groups (their
+shapes there) -> ``(N, I, R, d_v)``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
-from tvq_exp.attention.flex import create_block_mask, flex_attention, run_flex
+from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, run_flex
+from tvq_exp.attention.vq.kernel import CodeCache, WindowBias
 
 
 def flex_window_cache_attention(
@@ -35,11 +36,8 @@ def flex_window_cache_attention(
     kb: Tensor,
     vb: Tensor,
     index: Tensor,
-    bias_q: Tensor | None = None,
-    rel: Tensor | None = None,
-    codebook: Tensor | None = None,
-    log_n: Tensor | None = None,
-    mu: Tensor | None = None,
+    bias: WindowBias | None = None,
+    cache: CodeCache | None = None,
     prev_masked: bool = False,
     prev_grad: bool = True,
     compiled: bool | None = None,
@@ -51,8 +49,10 @@ def flex_window_cache_attention(
         compiled: the fused kernel (True), the eager implementation (False), or None: fused unless it cannot
             run here (CPU with gradients), then eager.
 
-    Raises :class:`~tvq_exp.attention.flex.FlexUnsupported` with the reason when flex cannot run.
+    Raises :class:`~tvq_exp.attention.flex_runtime.FlexUnsupported` with the reason when flex cannot run.
     """
+    bias_q, rel = (None, None) if bias is None else bias
+    codebook, log_n, mu = (None, None, None) if cache is None else cache
     n, items, rows, _ = q.shape
     blocks, block = kb.shape[1] - items + 1, kb.shape[2]
 

@@ -24,6 +24,7 @@ tests hold the two equal, forward and every gradient.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -35,16 +36,31 @@ from tvq_exp.attention.base import accumulation_dtype
 CHUNK_BYTES = {"cpu": 4 << 20, "cuda": 1 << 30}
 
 
+class WindowBias(NamedTuple):
+    """The XL bias inside the window: the bias ``queries`` ``q + v`` ``(N, I, R, d_k)`` and the projected relative
+    embeddings ``rel (N, G, M + 1, d_k)`` (``G`` heads per item row group). Both take gradients."""
+
+    queries: Tensor
+    rel: Tensor
+
+
+class CodeCache(NamedTuple):
+    """The compressive cache every item's queries see: the ``codebook (N, S, d_k)`` and the items' log code counts
+    ``log_n (N, I, S)`` (``-inf`` for empty codes), neither with a gradient, and their means ``mu (N, I, S, d_v)``
+    (the values of the codes)."""
+
+    codebook: Tensor
+    log_n: Tensor
+    mu: Tensor
+
+
 def window_cache_attention(
     q: Tensor,
     kb: Tensor,
     vb: Tensor,
     index: Tensor,
-    bias_q: Tensor | None = None,
-    rel: Tensor | None = None,
-    codebook: Tensor | None = None,
-    log_n: Tensor | None = None,
-    mu: Tensor | None = None,
+    bias: WindowBias | None = None,
+    cache: CodeCache | None = None,
     prev_masked: bool = False,
     chunk: int | None = None,
     prev_grad: bool = True,
@@ -57,19 +73,19 @@ def window_cache_attention(
             or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``.
         index: ``(Lq, W)`` table column of each of the ``W = 2L`` (or ``L``) window keys (the same for
             every head and item).
-        bias_q: bias queries ``q + v`` ``(N, I, R, d_k)`` (None: no XL bias).
-        rel: projected relative embeddings ``(N, G, M + 1, d_k)``, with ``bias_q``.
-        codebook: codes ``(N, S, d_k)`` or None (no cache); never receives a gradient.
-        log_n: ``(N, I, S)`` log code counts (``-inf`` for empty codes); no gradient.
-        mu: cache means ``(N, I, S, d_v)``.
+        bias: the XL bias (:class:`WindowBias`), or None.
+        cache: the compressive cache (:class:`CodeCache`), or None.
         prev_masked: item 0 has no previous block (its first ``L`` window keys are masked).
         chunk: items per chunk (default: :data:`CHUNK_BYTES` of fp32 scores).
         prev_grad: False: the previous block's keys and values (in a two-block window) take no gradient
             from these queries, as the official code's stop-gradient on the carried state (no gradient
             through the cache).
 
-    Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb, bias_q, rel`` and ``mu``.
+    Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb``, the bias's queries and embeddings and the
+    cache's means.
     """
+    bias_q, rel = (None, None) if bias is None else bias
+    codebook, log_n, mu = (None, None, None) if cache is None else cache
     if chunk is None:
         window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
         chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[1]))
@@ -233,4 +249,11 @@ def _chunks(items: int, chunk: int) -> Iterator[tuple[int, int]]:
         yield i0, min(items, i0 + chunk)
 
 
-__all__ = ["CHUNK_BYTES", "default_chunk", "window_cache_attention", "window_index"]
+__all__ = [
+    "CHUNK_BYTES",
+    "CodeCache",
+    "WindowBias",
+    "default_chunk",
+    "window_cache_attention",
+    "window_index",
+]

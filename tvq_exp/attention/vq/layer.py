@@ -21,24 +21,45 @@ continuation, partial blocks and token-by-token decoding share one code path.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
-from tvq_exp.attention.flex import FLEX_MIN_QUERIES, flex_support
+from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.blocked import (
+    BlockedAttention,
+    BlockLayout,
+    resolve_window,
+    window_floats,
+    window_start,
+)
+from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.flex import flex_window_cache_attention
-from tvq_exp.attention.vq.kernel import window_cache_attention, window_index
-from tvq_exp.measure.flops import mm, padded, with_backward, xl_bias_flops
+from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
+from tvq_exp.measure.flops import mm, padded, with_backward
 from tvq_exp.nn.position import XLRelativeBias, window_distances
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, OneOf, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
-class VQAttention(AttentionBackend):
+@dataclass(eq=False)
+class VQState(State):
+    """Transformer-VQ's state: the quantised keys ``k``, values ``v`` and ``codes`` of the positions since the start
+    of the previous block ``(B, H_kv, W, ·)``; the cache summarising all earlier blocks, ``cache_n (B, H_kv, S)``
+    counts (fp64) and ``cache_mu (B, H_kv, S, d_v)`` means (None with ``use_cache=False``)."""
+
+    k: Tensor
+    v: Tensor
+    codes: Tensor
+    cache_n: Tensor | None = None
+    cache_mu: Tensor | None = None
+
+
+class VQAttention(BlockedAttention):
     """Transformer-VQ attention backend (``causal=False``: the encoder form of :mod:`.bidirectional`).
 
     Args:
@@ -62,9 +83,12 @@ class VQAttention(AttentionBackend):
             decoding steps stay plain). The encoder form is always plain.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
-    State: ``k, v, codes`` of positions ``max(0, (t//L - 1)·L) .. t-1``; ``cache_n (B, H_kv, S)``,
-    ``cache_mu (B, H_kv, S, d_v)`` summarising all earlier blocks; the position ``t``.
+    State: :class:`VQState`: the positions ``max(0, (t//L - 1)·L) .. t-1`` and the cache of all earlier blocks
+    (the encoder form carries none: a plain :class:`State`).
     """
+
+    has_codebook = True
+    kernels = KERNELS
 
     @checked
     def __init__(
@@ -83,12 +107,10 @@ class VQAttention(AttentionBackend):
         causal: bool = True,
         kv_heads: int | None = None,
         codebook: Mapping[str, Any] | None = None,
-        kernel: Annotated[str, OneOf("plain", "flex", "auto")] = "plain",
+        kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        window_len = block_len if window_len is None else window_len
-        if window_len > block_len:
-            raise OptionError("window_len", window_len, f"must be <= block_len={block_len}", type(self))
+        window_len = resolve_window(window_len, block_len, type(self))
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
         self.kernel = kernel
@@ -136,29 +158,16 @@ class VQAttention(AttentionBackend):
         total = batch * (
             self.kv_heads * mm(seq_len, S, d_k) + with_backward(attend, backward) + (extra if backward else 0)
         )
-        if self.bias is not None:
-            total += xl_bias_flops(
-                batch * rows, heads, d_k, self.window_len, backward, d_sin=self.bias.proj.in_features
-            )
-        return total
-
-    def check_context(self, length: int) -> None:
-        """A block longer than the context never uses the cache: ``block_len <= length``."""
-        if self.block_len > length:
-            raise OptionError(
-                "block_len", self.block_len, f"must be <= the context length {length} (data.seq_len; with TBPTT "
-                "data.sequence_len): a longer block never uses the cache", type(self),
-            )  # fmt: skip
+        return total + self.bias_flops(batch * rows, backward)
 
     def state_floats(self, seq_len: int) -> int:
         """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and
         ``S`` means of ``d_v``; none with ``use_cache=False``), per key/value head."""
-        window = seq_len - max(0, (seq_len // self.block_len - 1) * self.block_len)
         cache = self.codebook_size * (1 + self.d_v) if self.use_cache else 0
-        return self.kv_heads * (window * (self.d_k + self.d_v + 1) + cache)
+        return self.kv_heads * (window_floats(seq_len, self.block_len, self.d_k + self.d_v + 1) + cache)
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+        self, q: Tensor, k: Tensor, v: Tensor, state: VQState | None = None
     ) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
         if not self.causal and state is not None:
@@ -169,38 +178,44 @@ class VQAttention(AttentionBackend):
                 q, k_hat, codes, v, self.quantizer.codebook, self.bias, self.block_len,
                 self.use_cache, self.grad_through_cache,
             )  # fmt: skip
-            return out, {"t": q.shape[2]}, aux
+            return out, State(q.shape[2]), aux
         state = state if state is not None else self.empty_state(k)
-        t0, t_new = int(state["t"]), q.shape[2]
-        n_buf = state["k"].shape[2]
-        keys = torch.cat([state["k"].to(k_hat.dtype), k_hat], dim=2)
-        values = torch.cat([state["v"].to(v.dtype), v], dim=2)
-        all_codes = torch.cat([state["codes"], codes], dim=2)
+        t0, t_new = state.position, q.shape[2]
+        n_buf = state.k.shape[2]
+        keys = torch.cat([state.k.to(k_hat.dtype), k_hat], dim=2)
+        values = torch.cat([state.v.to(v.dtype), v], dim=2)
+        all_codes = torch.cat([state.codes, codes], dim=2)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
         vals = vb if self.grad_through_cache else vb.detach()
         prefix = None  # without the cache there are no running code means to keep (nor a cache in the state)
         if self.use_cache:
             prefix = tuple(
                 x.unflatten(0, cb.shape[:2])
-                for x in running_code_means(cb.flatten(0, 1), vals.flatten(0, 1), valid, *_flat_cache(state))
+                for x in running_code_means(
+                    cb.flatten(0, 1),
+                    vals.flatten(0, 1),
+                    valid,
+                    state.cache_n.flatten(0, 1),
+                    state.cache_mu.flatten(0, 1),
+                )
             )
         out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         return out, new_state, aux
 
-    def empty_state(self, k: Tensor) -> State:
+    def empty_state(self, k: Tensor) -> VQState:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
         b, h, _, dk = k.shape
         s = self.quantizer.codebook_size
-        state: State = {
-            "k": k.new_zeros(b, h, 0, dk),
-            "v": k.new_zeros(b, h, 0, self.d_v),
-            "codes": torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
-            "t": 0,
-        }
+        state = VQState(
+            position=0,
+            k=k.new_zeros(b, h, 0, dk),
+            v=k.new_zeros(b, h, 0, self.d_v),
+            codes=torch.zeros(b, h, 0, dtype=torch.long, device=k.device),
+        )
         if self.use_cache:
-            state["cache_n"] = torch.zeros(b, h, s, device=k.device, dtype=torch.float64)  # exact counts
-            state["cache_mu"] = torch.zeros(b, h, s, self.d_v, device=k.device)
+            state.cache_n = torch.zeros(b, h, s, device=k.device, dtype=torch.float64)  # exact counts
+            state.cache_mu = torch.zeros(b, h, s, self.d_v, device=k.device)
         return state
 
     def _attend(
@@ -223,60 +238,39 @@ class VQAttention(AttentionBackend):
         """
         b, h, t, _ = q.shape
         hk, L = kb.shape[1], self.block_len
-        first, last = n_buf // L, (n_buf + t - 1) // L
-        items = last - first + 1
-        rows, offset = (t, n_buf - first * L) if items == 1 else (L, 0)
-        front = 0 if items == 1 else n_buf - first * L
-        shape = (b, hk, h // hk, items, rows, front, items * rows - front - t)
+        layout = BlockLayout.of(n_buf, t, L)
+        first, last = layout.first, layout.last
         acc = accumulation_dtype(q.dtype)
 
         qc = q if self.bias is None else self.bias.content_query(q)
         blocks = slice(max(first - 1, 0), last + 1)
         kw, vw = kb[:, :, blocks].flatten(0, 1), vb[:, :, blocks].flatten(0, 1)
-        lone = first == 0 and items == 1  # a sequence's first block: a one-block window
+        lone = first == 0 and layout.items == 1  # a sequence's first block: a one-block window
         if first == 0 and not lone:  # no block before the first: a masked zero block
             kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
-        dist = self.dist[offset : offset + rows, L if lone else 0 :]
+        dist = self.dist[layout.offset : layout.offset + layout.rows, L if lone else 0 :]
         span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
         index = window_index(dist, None if self.bias is None else self.bias.max_distance, span)
-        bias_q = rel = codebook = log_n = mu = None
+        bias = cache = None
         if self.bias is not None:
-            bias_q = _to_items(self.bias.position_query(q), shape)
             rel = self.bias.rel().to(q.dtype)
             rel = (
                 rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)
             )  # (B·Hk, G, M+1, d_k)
+            bias = WindowBias(layout.to_grouped_items(self.bias.position_query(q), hk), rel)
         if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
             cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            mu = cache_mu  # detached above unless grad_through_cache
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
-        attend = flex_window_cache_attention if self._use_flex(q, kw, vw) else window_cache_attention
-        self.last_kernel = "flex" if attend is flex_window_cache_attention else "plain"
+            cache = CodeCache(codebook, log_n, cache_mu)  # the means detached above unless grad_through_cache
+        flex = wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
+        attend = flex_window_cache_attention if flex else window_cache_attention
+        self.last_kernel = "flex" if flex else "plain"
         out = attend(
-            _to_items(qc, shape),
-            kw,
-            vw,
-            index,
-            bias_q,
-            rel,
-            codebook,
-            log_n,
-            mu,
-            prev_masked=first == 0 and not lone,
-            prev_grad=self.grad_through_cache,
-        )
-        return _from_items(out, shape)
-
-    def _use_flex(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """``kernel=flex``: always; ``auto``: where the compiled flex kernel runs, for calls of at least
-        :data:`~tvq_exp.attention.flex.FLEX_MIN_QUERIES` queries (see ``kernel``)."""
-        if self.kernel != "auto" or q.shape[2] < FLEX_MIN_QUERIES:
-            return self.kernel == "flex"
-        grad = torch.is_grad_enabled() and (
-            any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
-        )
-        return bool(flex_support(q.device, requires_grad=grad, compiled=True))
+            layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache,
+            prev_masked=first == 0 and not lone, prev_grad=self.grad_through_cache,
+        )  # fmt: skip
+        return layout.from_grouped_items(out, b, h)
 
     def _next_state(
         self,
@@ -287,23 +281,21 @@ class VQAttention(AttentionBackend):
         t0: int,
         t_new: int,
         p0: int,
-    ) -> State:
+    ) -> VQState:
         """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
         L = self.block_len
         t_end = t0 + t_new
-        c_end = t_end // L
-        start = max(0, (c_end - 1) * L)
-        last_cached = c_end - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
+        start = window_start(t_end, L)
+        last_cached = t_end // L - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
         j = max(last_cached + 1, 0)
-        state: State = {
-            "k": keys[:, :, start - p0 :].detach(),
-            "v": values[:, :, start - p0 :].detach(),
-            "codes": codes[:, :, start - p0 :],
-            "t": t_end,
-        }
+        state = VQState(
+            position=t_end,
+            k=keys[:, :, start - p0 :].detach(),
+            v=values[:, :, start - p0 :].detach(),
+            codes=codes[:, :, start - p0 :],
+        )
         if prefix is not None:
-            state["cache_n"] = prefix[0][:, :, j].detach()
-            state["cache_mu"] = prefix[1][:, :, j].detach()
+            state.cache_n, state.cache_mu = prefix[0][:, :, j].detach(), prefix[1][:, :, j].detach()
         return state
 
 
@@ -327,27 +319,8 @@ def _to_blocks(
     )
 
 
-def _flat_cache(state: State) -> tuple[Tensor, Tensor]:
-    """The state's cache counts ``(B·Hk, S)`` and means ``(B·Hk, S, d_v)``."""
-    return state["cache_n"].flatten(0, 1), state["cache_mu"].flatten(0, 1)
-
-
 def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
     """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2."""
     if first > 0:
         return prefix[:, :, first - 1 : last]
     return torch.cat([prefix[:, :, :1], prefix[:, :, :last]], dim=2)
-
-
-def _to_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """``(B, H, T, d)`` -> ``(B·Hk, I, G·rows, d)``: padded to whole items, grouped heads stacked."""
-    b, hk, g, items, rows, front, back = shape
-    x = torch.nn.functional.pad(x, (0, 0, front, back))
-    return x.view(b, hk, g, items, rows, -1).transpose(2, 3).reshape(b * hk, items, g * rows, -1)
-
-
-def _from_items(x: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Inverse of :func:`_to_items`, padding dropped: ``(B·Hk, I, G·rows, d)`` -> ``(B, H, T, d)``."""
-    b, hk, g, items, rows, front, back = shape
-    x = x.view(b, hk, items, g, rows, -1).transpose(2, 3).reshape(b, hk * g, items * rows, -1)
-    return x[:, :, front : items * rows - back]

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import repeat_kv
-from tvq_exp.attention.naive import window_bias_matrix
+from tvq_exp.attention.dense.naive import window_bias_matrix
 from tvq_exp.attention.vq.cache import block_stats
+from tvq_exp.attention.vq.kernel import CodeCache, WindowBias
 
 
 def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -47,11 +48,8 @@ def window_cache_attention(
     kb: Tensor,
     vb: Tensor,
     index: Tensor,
-    bias_q: Tensor | None = None,
-    rel: Tensor | None = None,
-    codebook: Tensor | None = None,
-    log_n: Tensor | None = None,
-    mu: Tensor | None = None,
+    bias: WindowBias | None = None,
+    cache: CodeCache | None = None,
     prev_masked: bool = False,
 ) -> Tensor:
     """:func:`window_cache_attention` written plainly: full tensors, one softmax, autograd."""
@@ -60,9 +58,10 @@ def window_cache_attention(
     keys = torch.cat([kb[:, j : j + items] for j in range(blocks)], dim=2)
     vals = torch.cat([vb[:, j : j + items] for j in range(blocks)], dim=2)
     edge = q.new_tensor([0.0, float("-inf")]).expand(n, items, rows, 2)
-    if rel is None:
+    if bias is None:
         table = edge
     else:
+        bias_q, rel = bias
         g = rel.shape[1]
         bq = bias_q.reshape(n, items, g, -1, bias_q.shape[-1])
         table = torch.cat([(bq @ rel[:, None].transpose(-1, -2)).reshape(n, items, rows, -1), edge], dim=-1)
@@ -71,7 +70,8 @@ def window_cache_attention(
         first = torch.zeros(items, 1, blocks * L, dtype=torch.bool, device=q.device)
         first[0, :, :L] = True
         logits = logits.masked_fill(first, float("-inf"))
-    if codebook is not None:
+    if cache is not None:
+        codebook, log_n, mu = cache
         keys = torch.cat([keys, codebook[:, None].expand(n, items, -1, -1)], dim=2)
         vals = torch.cat([vals, mu], dim=2)
         logits = torch.cat([logits, log_n[:, :, None, :].expand(n, items, rows, -1)], dim=-1)

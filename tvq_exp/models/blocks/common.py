@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.attention.base import AttentionBackend, State
 from tvq_exp.nn.position import apply_rope
 
 AttentionFactory = Callable[..., AttentionBackend]
 POSITIONS = ("xl", "rope", "none")
+
+
+@dataclass(eq=False)
+class BlockState(State):
+    """A block's carried state: its ``position``, its attention's state ``attn`` and the LayerDrop mask ``keep``
+    (``(B,)`` or None), which holds for the whole sequence."""
+
+    attn: State
+    keep: Tensor | None = None
 
 
 def build_block_attention(

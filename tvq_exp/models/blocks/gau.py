@@ -7,9 +7,15 @@ from typing import Annotated
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tvq_exp.attention.base import Aux, State
+from tvq_exp.attention.base import Aux
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.models.blocks.common import POSITIONS, AttentionFactory, build_block_attention, rotate
+from tvq_exp.models.blocks.common import (
+    POSITIONS,
+    AttentionFactory,
+    BlockState,
+    build_block_attention,
+    rotate,
+)
 from tvq_exp.nn.dropout import StochasticDepth
 from tvq_exp.nn.norms import RMSNorm, rms_normalize
 from tvq_exp.options import AtLeast, Between, OneOf, OptionError, checked
@@ -24,8 +30,7 @@ class GAUBlock(nn.Module):
     sequence (its mask is carried in the state). The XL bias's sinusoids are ``sinusoid_dim`` wide (default
     ``d_model``) and ``sinusoid_dropout`` drops their entries.
 
-    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: the attention's state, the LayerDrop mask
-    and ``t``.
+    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: a :class:`BlockState`.
     """
 
     @checked
@@ -72,7 +77,7 @@ class GAUBlock(nn.Module):
         )
         return attn + with_backward(batch * proj, backward)
 
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+    def forward(self, x: Tensor, state: BlockState | None = None) -> tuple[Tensor, BlockState, Aux]:
         b, t, _ = x.shape
         h = self.norm(x)
         scale = self.d_k**-0.25
@@ -80,11 +85,9 @@ class GAUBlock(nn.Module):
         q, k = rms_normalize(q) * scale, rms_normalize(k) * scale
         v, g = F.silu(self.w_vg(h)).chunk(2, dim=-1)
         v = v.view(b, t, self.heads, -1).transpose(1, 2)
-        t0 = 0 if state is None else int(state["t"])
+        t0 = 0 if state is None else state.position
         q, k = rotate(q, k, t0, self.position)
-        o, attn_state, aux = self.attn(q, k, v, None if state is None else state["attn"])
+        o, attn_state, aux = self.attn(q, k, v, None if state is None else state.attn)
         o = o.transpose(1, 2).reshape(b, t, self.d_v)
-        out, keep = self.layerdrop(
-            self.dropout(self.w_o(o * g)), None if state is None else state.get("keep")
-        )
-        return x + out, {"attn": attn_state, "keep": keep, "t": t0 + t}, aux
+        out, keep = self.layerdrop(self.dropout(self.w_o(o * g)), None if state is None else state.keep)
+        return x + out, BlockState(t0 + t, attn_state, keep), aux

@@ -7,9 +7,15 @@ from typing import Annotated
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tvq_exp.attention.base import Aux, State
+from tvq_exp.attention.base import Aux
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.models.blocks.common import POSITIONS, AttentionFactory, build_block_attention, rotate
+from tvq_exp.models.blocks.common import (
+    POSITIONS,
+    AttentionFactory,
+    BlockState,
+    build_block_attention,
+    rotate,
+)
 from tvq_exp.nn.dropout import StochasticDepth
 from tvq_exp.nn.norms import RMSNorm, rms_normalize
 from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
@@ -42,7 +48,7 @@ class MHABlock(nn.Module):
     groups keys/values (multi-query when 1). ``q·kᵀ`` is scaled by ``key_size^-1/2``, split evenly
     between ``q`` and ``k``; with ``qk_norm`` both are RMS-normalised first (keeps VQ codebooks stable).
 
-    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``.
+    Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: a :class:`BlockState`.
     """
 
     @checked
@@ -104,7 +110,7 @@ class MHABlock(nn.Module):
         widths = heads * d_k + kv * (d_k + d_v) + heads * d_v + 3 * hidden
         return attn + with_backward(batch * mm(seq_len, widths, self.d_model), backward)
 
-    def forward(self, x: Tensor, state: State | None = None) -> tuple[Tensor, State, Aux]:
+    def forward(self, x: Tensor, state: BlockState | None = None) -> tuple[Tensor, BlockState, Aux]:
         b, t, _ = x.shape
         h = self.norm1(x)
         q = self.w_q(h).view(b, t, self.heads, self.key_size).transpose(1, 2)
@@ -117,11 +123,11 @@ class MHABlock(nn.Module):
         if self.qk_norm:
             q, k = rms_normalize(q), rms_normalize(k)
         scale = self.key_size**-0.25
-        t0 = 0 if state is None else int(state["t"])
+        t0 = 0 if state is None else state.position
         q, k = rotate(q * scale, k * scale, t0, self.position)
-        o, attn_state, aux = self.attn(q, k, v.contiguous(), None if state is None else state["attn"])
+        o, attn_state, aux = self.attn(q, k, v.contiguous(), None if state is None else state.attn)
         o = self.w_o(o.transpose(1, 2).reshape(b, t, -1))
-        attended, keep = self.layerdrop(self.dropout(o), None if state is None else state.get("keep"))
+        attended, keep = self.layerdrop(self.dropout(o), None if state is None else state.keep)
         x = x + attended
         x = x + self.layerdrop(self.dropout(self.ff(self.norm2(x))), keep)[0]
-        return x, {"attn": attn_state, "keep": keep, "t": t0 + t}, aux
+        return x, BlockState(t0 + t, attn_state, keep), aux

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.measure.memory import PeakMemory, limit_address_space
 from tvq_exp.measure.timing import time_calls
 
@@ -21,10 +22,13 @@ def _autocast(device: torch.device, dtype: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16")
 
 
-# benchmark names of a backend with a given kernel: ``dense_flex`` is dense attention through flex attention,
-# ``vq_flex`` Transformer-VQ's window + cache step through it
+# benchmark names of a backend with a given kernel (every kernel but ``plain`` its class declares): ``dense_flex``
+# is dense attention through flex attention, ``vq_flex`` Transformer-VQ's window + cache step through it
 KERNEL_VARIANTS = {
-    f"{backend}_{kernel}": (backend, kernel) for backend in ("dense", "vq") for kernel in ("flex", "auto")
+    f"{name}_{kernel}": (name, kernel)
+    for name, backend in BACKENDS.items()
+    for kernel in backend.kernels
+    if kernel != "plain"
 }
 # the same for model presets: ``gau_dense_flex`` is ``conf/model/gau_dense.yaml`` with ``attention.kernel=flex``
 MODEL_VARIANTS = {
@@ -36,24 +40,22 @@ MODEL_VARIANTS = {
 
 def attention_options(backend: str, settings: dict[str, Any], window_bias: bool) -> dict[str, Any]:
     """``build_attention`` options of ``backend`` (a :data:`KERNEL_VARIANTS` name included) for the benchmark
-    settings."""
-    backend, kernel = KERNEL_VARIANTS.get(backend, (backend, None))
+    settings, as its class's capabilities say: a codebook of ``codebook_size`` over blocks of ``block_len``, the
+    XL bias (``window_bias``) over a window of ``block_len``."""
+    name, kernel = KERNEL_VARIANTS.get(backend, (backend, None))
+    cls = BACKENDS[name]
     opts: dict[str, Any] = {"d_k": settings["d_k"], "d_v": settings["d_v"], "heads": settings["heads"]}
     if kernel is not None:
         opts["kernel"] = kernel
-    if backend == "vq":
-        opts.update(
-            codebook_size=settings["codebook_size"], block_len=settings["block_len"], window_bias=window_bias
-        )
-    elif backend == "dense":
+    if cls.has_codebook:
+        opts.update(codebook_size=settings["codebook_size"], block_len=settings["block_len"])
+    if cls.supports_position_bias:
         opts.update(window_bias=window_bias, window_len=settings["block_len"] if window_bias else None)
     return opts
 
 
 def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable[[], None], int | None]:
     """The timed call of one attention configuration and its FLOPs (the backend's ``flops()``)."""
-    from tvq_exp.attention import build_attention
-
     s, t = spec["settings"], spec["seq_len"]
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
     opts = attention_options(spec["backend"], s, spec["window_bias"])
@@ -93,7 +95,8 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
         cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]
-        if cfg.model.attention.get("name") == "vq":
+        backend = BACKENDS.get(cfg.model.attention.get("name"))
+        if backend is not None and backend.has_codebook:
             cfg.model.attention.codebook_size = settings["codebook_size"]
             cfg.model.attention.block_len = settings["block_len"]
     return cfg

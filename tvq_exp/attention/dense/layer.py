@@ -3,6 +3,7 @@ ReLU² scoring (FLASH-Quad) and talking-heads mixing of the logits."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import torch
@@ -11,14 +12,22 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
-from tvq_exp.attention.flex import FLEX_MIN_QUERIES, dense_attention_flex, dense_support
+from tvq_exp.attention.dense.flex import dense_flex_support, flex_dense_attention
+from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, FlexUnsupported, wants_flex
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 SCORES = ("softmax", "relu2")
-KERNELS = ("plain", "flex", "auto")
 LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
+
+
+@dataclass(eq=False)
+class DenseState(State):
+    """Dense attention's state: the kept past keys ``k (B, H_kv, t, d_k)`` and values ``v (B, H_kv, t, d_v)``."""
+
+    k: Tensor
+    v: Tensor
 
 
 class DenseAttention(AttentionBackend):
@@ -41,7 +50,7 @@ class DenseAttention(AttentionBackend):
         talking_heads: mix the logits across heads with a learned ``(H, H)`` matrix before the
             softmax (Shazeer et al. 2020); initialised to the identity.
         talking_heads_post: also mix the attention weights across heads after the softmax.
-        kernel: ``plain`` (below), ``flex`` (:mod:`tvq_exp.attention.flex`: the XL bias as a ``score_mod``, the
+        kernel: ``plain`` (below), ``flex`` (:mod:`tvq_exp.attention.dense.flex`: the XL bias as a ``score_mod``, the
             causal/window mask as a block mask; compiled where it can run, eager otherwise; ReLU² and talking
             heads refuse it with the reason), ``auto`` (compiled flex where it runs, for calls of at least
             128 queries; else plain: decoding steps stay plain).
@@ -52,8 +61,12 @@ class DenseAttention(AttentionBackend):
     so memory stays ``O(rows·T)`` instead of ``O(T²)`` and causal chunks skip the masked keys.
 
     Shapes: ``q, k (B, H, T, d_k)``, ``v (B, H, T, d_v)`` -> ``out (B, H, T, d_v)``.
-    State: ``{"k", "v"}`` past keys and values ``(B, H_kv, t, d)`` and the position ``"t"``.
+    State: :class:`DenseState`, the past keys and values ``(B, H_kv, t, d)`` (at most ``memory_len``).
     """
+
+    supports_position_bias = True
+    supports_talking_heads = True
+    kernels = KERNELS
 
     @checked
     def __init__(
@@ -89,24 +102,19 @@ class DenseAttention(AttentionBackend):
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
-    ) -> tuple[Tensor, State, Aux]:
+        self, q: Tensor, k: Tensor, v: Tensor, state: DenseState | None = None
+    ) -> tuple[Tensor, DenseState, Aux]:
         self.check_inputs(q, k, v)
         t_new = q.shape[2]
-        t0 = 0 if state is None else int(state["t"])
+        t0 = 0 if state is None else state.position
         if state is not None and not self.causal:
             raise ValueError("a carried state only makes sense for causal attention")
-        k_all = k if state is None else torch.cat([state["k"].to(k.dtype), k], dim=2)
-        v_all = v if state is None else torch.cat([state["v"].to(v.dtype), v], dim=2)
+        k_all = k if state is None else torch.cat([state.k.to(k.dtype), k], dim=2)
+        v_all = v if state is None else torch.cat([state.v.to(v.dtype), v], dim=2)
         past = k_all.shape[2] - t_new
         out = self._dispatch(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
         keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
-        new_state: State = {
-            "k": k_all[:, :, -keep:].detach(),
-            "v": v_all[:, :, -keep:].detach(),
-            "t": t0 + t_new,
-        }
-        return out, new_state, {}
+        return out, DenseState(t0 + t_new, k_all[:, :, -keep:].detach(), v_all[:, :, -keep:].detach()), {}
 
     @property
     def needs_logits(self) -> bool:
@@ -154,22 +162,48 @@ class DenseAttention(AttentionBackend):
         kept = min([seq_len, *(n for n in (self.memory_len, self.attention_window) if n is not None)])
         return kept * self.kv_heads * (self.d_k + self.d_v)
 
-    def _dispatch(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
-        """``kernel``: ``plain`` (:meth:`_attend`), ``flex`` (flex attention: the compiled kernel where it runs,
-        else its eager form; :class:`FlexUnsupported` with the reason where flex cannot express the options),
-        ``auto`` (the compiled flex kernel where it runs and the call has at least :data:`FLEX_MIN_QUERIES`
-        queries, else plain)."""
-        if self.kernel == "flex" or (self.kernel == "auto" and q.shape[2] >= FLEX_MIN_QUERIES):
-            grad = torch.is_grad_enabled() and (
-                any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in self.parameters())
-            )
-            if self.kernel == "flex" or dense_support(self, q.device, requires_grad=grad, compiled=True):
-                self.last_kernel = "flex"
-                return dense_attention_flex(self, q, k, v, past)
-        self.last_kernel = "plain"
-        return self._attend(q, k, v, past)
+    def flex_support(
+        self, device: torch.device | str, requires_grad: bool = False, compiled: bool = True
+    ) -> FlexSupport:
+        """Whether this module's options run through flex attention on ``device`` (and why not)."""
+        talking = self.mix_pre is not None or self.mix_post is not None
+        return dense_flex_support(
+            device, score=self.score, talking_heads=talking, requires_grad=requires_grad, compiled=compiled
+        )
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
+    def attend_flex(
+        self, q: Tensor, k: Tensor, v: Tensor, past: int = 0, compiled: bool | None = None
+    ) -> Tensor:
+        """What the plain path computes (XL bias included), through flex attention: ``q (B, H, Tq, d_k)``,
+        ``k (B, H, Tk, d_k)``, ``v (B, H, Tk, d_v)`` with ``Tk = past + Tq`` (keys and values already repeated to
+        every query head) -> ``(B, H, Tq, d_v)``. The content query is ``q + u``; the distance logits
+        ``(q + v)·r_d`` are made here, once per call, and gathered by the ``score_mod``; ``attention_window``
+        becomes the mask's window. Raises :class:`~tvq_exp.attention.flex_runtime.FlexUnsupported` for ReLU²
+        scores and talking heads."""
+        support = self.flex_support(q.device, compiled=False)
+        if not support:
+            raise FlexUnsupported(support.reason)
+        window, table = self.attention_window, None
+        if self.bias is not None:
+            rel = self.relative_embeddings().to(
+                q.dtype
+            )  # (H, M+1 | 2M+1, d_k), once per call (as the plain path)
+            table = torch.matmul(self.bias.position_query(q), rel.transpose(-1, -2).unsqueeze(0))
+            q = self.bias.content_query(q)
+        return flex_dense_attention(
+            q, k, v, causal=self.causal, past=past, window=window, distance_logits=table, compiled=compiled
+        )
+
+    def _dispatch(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
+        """``kernel``: ``plain`` (:meth:`attend_plain`), ``flex`` (:meth:`attend_flex`: the compiled kernel where it
+        runs, else its eager form), ``auto`` (see :func:`~tvq_exp.attention.flex_runtime.wants_flex`)."""
+        flex = wants_flex(self.kernel, self, q, k, v, self.flex_support(q.device, compiled=False))
+        self.last_kernel = "flex" if flex else "plain"
+        return self.attend_flex(q, k, v, past) if flex else self.attend_plain(q, k, v, past)
+
+    def attend_plain(self, q: Tensor, k: Tensor, v: Tensor, past: int) -> Tensor:
+        """The plain path (``kernel=plain``): ``q (B, H, Tq, d_k)`` at positions ``past..`` against ``k, v`` (already
+        repeated to every query head) -> ``(B, H, Tq, d_v)``; SDPA where no explicit logits are needed."""
         t_q, t_k = q.shape[2], k.shape[2]
         if not self.needs_logits:
             if self.attention_window is not None:
@@ -181,7 +215,7 @@ class DenseAttention(AttentionBackend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
             mask = causal_mask(t_q, t_k, past, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        rel = None if self.bias is None else self._relative_embeddings()
+        rel = None if self.bias is None else self.relative_embeddings()
         chunks = query_chunks(q.shape[0] * q.shape[1], t_q, t_k, past, self.causal)
         if len(chunks) == 1:
             return self._explicit(q, k, v, rel, past)
@@ -202,7 +236,7 @@ class DenseAttention(AttentionBackend):
             visible = visible & (dist.abs() <= self.attention_window)
         return visible
 
-    def _relative_embeddings(self) -> Tensor:
+    def relative_embeddings(self) -> Tensor:
         """The bias's projected relative embeddings (one- or two-sided), computed once per call."""
         return self.bias.rel() if self.causal else self.bias.signed_rel()
 

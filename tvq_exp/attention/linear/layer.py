@@ -10,6 +10,7 @@ normaliser are kept in the accumulation dtype (fp32 under autocast).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated
 
 import torch
@@ -18,9 +19,18 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, mm, padded, with_backward
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, OneOf, checked
 
 FEATURE_MAPS = ("elu1", "relu", "favor")
+
+
+@dataclass(eq=False)
+class LinearState(State):
+    """Linear attention's state: ``s = Σ φ(k) vᵀ (B, H_kv, d_f, d_v)`` and ``z = Σ φ(k) (B, H_kv, d_f)`` (accumulation
+    dtype)."""
+
+    s: Tensor
+    z: Tensor
 
 
 class LinearAttention(AttentionBackend):
@@ -36,14 +46,12 @@ class LinearAttention(AttentionBackend):
         eps: added to the normaliser ``φ(q)ᵀz``.
         num_features: ``m`` random features for ``favor`` (default ``d_k``).
         seed: seed of the ``favor`` projection; :meth:`redraw` draws the next one.
-        window_bias: must be False: linear attention has no relative bias (use RoPE or no positions);
-            ``sinusoid_dim`` and ``sinusoid_dropout`` (the bias's options, passed by every block) are unused.
+
+    No relative position bias (``supports_position_bias`` is False): blocks use RoPE or no positions with it.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
-    State: ``S (B, H_kv, d_f, d_v)``, ``z (B, H_kv, d_f)`` (accumulation dtype) and the position ``t``.
+    State: :class:`LinearState` (the encoder form carries none: a plain :class:`State`).
     """
-
-    supports_window_bias = False
 
     @checked
     def __init__(
@@ -58,18 +66,8 @@ class LinearAttention(AttentionBackend):
         eps: Annotated[float, AtLeast(0)] = 1e-6,
         num_features: Annotated[int, AtLeast(1)] | None = None,
         seed: int = 0,
-        window_bias: bool = False,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if window_bias:
-            raise OptionError(
-                "position",
-                "xl",
-                "linear attention has no relative position bias; use position=rope or position=none",
-                type(self),
-            )
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
         self.num_features = num_features or d_k
         self.seed, self.draws = seed, 0
@@ -136,7 +134,7 @@ class LinearAttention(AttentionBackend):
         return logits.exp() / math.sqrt(self.num_features)
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+        self, q: Tensor, k: Tensor, v: Tensor, state: LinearState | None = None
     ) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
         b, h, t, _ = q.shape
@@ -149,12 +147,12 @@ class LinearAttention(AttentionBackend):
                 raise ValueError("linear attention: a carried state only makes sense for causal attention")
             s, z = fk.transpose(-1, -2) @ vv, fk.sum(-2)
             out = self._normalise(fq @ s, (fq * z.unsqueeze(-2)).sum(-1))
-            return out.reshape(b, h, t, self.d_v).to(v.dtype), {"t": t}, {}
-        s0 = fk.new_zeros(b, hk, 1, self.d_f, self.d_v) if state is None else state["S"].unsqueeze(2)
-        z0 = fk.new_zeros(b, hk, 1, self.d_f) if state is None else state["z"].unsqueeze(2)
+            return out.reshape(b, h, t, self.d_v).to(v.dtype), State(t), {}
+        s0 = fk.new_zeros(b, hk, 1, self.d_f, self.d_v) if state is None else state.s.unsqueeze(2)
+        z0 = fk.new_zeros(b, hk, 1, self.d_f) if state is None else state.z.unsqueeze(2)
         out, s, z = self._chunks(fq, fk, vv, s0.to(fk.dtype), z0.to(fk.dtype))
-        t0 = 0 if state is None else int(state["t"])
-        new_state: State = {"S": s.squeeze(2).detach(), "z": z.squeeze(2).detach(), "t": t0 + t}
+        t0 = 0 if state is None else state.position
+        new_state = LinearState(t0 + t, s.squeeze(2).detach(), z.squeeze(2).detach())
         return out.reshape(b, h, t, self.d_v).to(v.dtype), new_state, {}
 
     def _chunks(

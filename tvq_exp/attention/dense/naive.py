@@ -1,8 +1,7 @@
-"""Plain reference implementations of the dense, linear and FLASH backends (Transformer-VQ's are in
-:mod:`tvq_exp.attention.vq.naive`): the efficient backends are tested against them.
-
-Written for clarity, not speed: explicit token loops or full ``T×T`` matrices, entry by entry where
-a position rule is involved. Each takes the backend module only for its parameters.
+"""Plain references of dense attention (and the XL bias every windowed backend shares): full ``T×T``
+matrices, entry by entry where a position rule is involved. Written for clarity, not speed; each takes the
+backend module only for its parameters. :class:`~tvq_exp.attention.dense.DenseAttention` is tested against
+them.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def window_bias_matrix(rel_bias: XLRelativeBias, q: Tensor, causal: bool) -> Ten
     return out
 
 
-def _logits(attn, q: Tensor, k: Tensor) -> Tensor:
+def explicit_logits(attn, q: Tensor, k: Tensor) -> Tensor:
     """``(q [+ u])·kᵀ [+ bias]`` with full matrices, ``k`` already expanded to all heads."""
     if attn.bias is None:
         return q @ k.transpose(-1, -2)
@@ -59,7 +58,7 @@ def dense_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     full matrices: mix logits, mask, softmax or ``relu²/(keys visible)``, mix weights, times ``v``."""
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     t = q.shape[2]
-    logits = _logits(attn, q, k)
+    logits = explicit_logits(attn, q, k)
     if attn.mix_pre is not None:
         logits = torch.einsum("hg,bgij->bhij", attn.mix_pre.to(q.dtype), logits)
     visible = torch.ones(t, t, dtype=torch.bool, device=q.device)
@@ -72,45 +71,3 @@ def dense_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     if attn.mix_post is not None:
         weights = torch.einsum("hg,bgij->bhij", attn.mix_post.to(q.dtype), weights)
     return weights @ v
-
-
-def linear_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Linear attention by a token loop (causal) or one full matrix (encoder): ``(B, H, T, d_v)``."""
-    fq = attn.features(q, query=True)
-    fk = repeat_kv(attn.features(k, query=False), q.shape[1])
-    vv = repeat_kv(v, q.shape[1]).to(fk.dtype)
-    if not attn.causal:
-        a = fq @ fk.transpose(-1, -2)
-        return ((a @ vv) / (a.sum(-1, keepdim=True) + attn.eps)).to(v.dtype)
-    s = fk.new_zeros(*fk.shape[:2], fk.shape[-1], vv.shape[-1])
-    z = fk.new_zeros(*fk.shape[:2], fk.shape[-1])
-    outs = []
-    for t in range(q.shape[2]):
-        s = s + fk[:, :, t, :, None] * vv[:, :, t, None, :]
-        z = z + fk[:, :, t]
-        num = (fq[:, :, t, :, None] * s).sum(-2)
-        den = (fq[:, :, t] * z).sum(-1, keepdim=True)
-        outs.append(num / (den + attn.eps))
-    return torch.stack(outs, dim=2).to(v.dtype)
-
-
-def flash_chunk_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """FLASH mixed chunk attention from full ``T×T`` matrices: group masks by position, quadratic
-    scores inside the group, ``q·k`` over earlier (encoder: other) groups, per-position normaliser."""
-    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
-    t = q.shape[2]
-    group = torch.arange(t, device=q.device) // attn.group_size
-    same = group[:, None] == group[None, :]
-    quad = same & torch.ones_like(same).tril() if attn.causal else same
-    lin = group[None, :] < group[:, None] if attn.causal else ~same
-    lin_term = (q @ k.transpose(-1, -2)) * lin
-    logits = _logits(attn, q, k)
-
-    def divisor(n: Tensor) -> Tensor | float:
-        return n.clamp_min(1) if attn.norm == "count" else attn.norm_scale
-
-    if attn.score == "relu2":
-        n = quad.sum(-1, keepdim=True) + lin.sum(-1, keepdim=True)
-        return (F.relu(logits).square() * quad + lin_term) @ v / divisor(n)
-    a = torch.softmax(logits.masked_fill(~quad, float("-inf")), dim=-1)
-    return a @ v + lin_term @ v / divisor(lin.sum(-1, keepdim=True))

@@ -12,6 +12,7 @@ the current total length: streaming and token-by-token decoding equal the parall
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import torch
@@ -25,6 +26,17 @@ from tvq_exp.options import Above, AtLeast, OneOf, checked
 
 SCORES = ("relu2", "softmax")
 NORMS = ("count", "fixed")
+
+
+@dataclass(eq=False)
+class FlashChunkState(State):
+    """FLASH's state: the keys ``k`` and values ``v`` of the current partial group ``(B, H_kv, t mod G, d)``,
+    ``kv = Σ k_j v_jᵀ (B, H_kv, d_k, d_v)`` over the ``n`` positions of all complete groups."""
+
+    k: Tensor
+    v: Tensor
+    kv: Tensor
+    n: int
 
 
 class FlashChunkAttention(AttentionBackend):
@@ -47,9 +59,10 @@ class FlashChunkAttention(AttentionBackend):
             ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
-    State: ``k, v`` of the current partial group ``(B, H_kv, t mod G, d)``, ``kv (B, H_kv, d_k, d_v)``
-    the sum of ``k_j v_jᵀ`` over all complete groups, their length ``n`` and the position ``t``.
+    State: :class:`FlashChunkState` (the encoder form carries none: a plain :class:`State`).
     """
+
+    supports_position_bias = True
 
     @checked
     def __init__(
@@ -77,7 +90,7 @@ class FlashChunkAttention(AttentionBackend):
         )
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, state: State | None = None
+        self, q: Tensor, k: Tensor, v: Tensor, state: FlashChunkState | None = None
     ) -> tuple[Tensor, State, Aux]:
         self.check_inputs(q, k, v)
         if not self.causal:
@@ -86,27 +99,27 @@ class FlashChunkAttention(AttentionBackend):
                     "flash_chunk attention: a carried state only makes sense for causal attention"
                 )
             out, _ = self._groups(q, k, v, k.new_zeros(1, 1, 1, 1), 0)
-            return out, {"t": q.shape[2]}, {}
+            return out, State(q.shape[2]), {}
         state = state if state is not None else self.empty_state(k)
-        n_buf, t_new = state["k"].shape[2], q.shape[2]
-        keys = torch.cat([state["k"].to(k.dtype), k], dim=2)
-        values = torch.cat([state["v"].to(v.dtype), v], dim=2)
+        n_buf, t_new = state.k.shape[2], q.shape[2]
+        keys = torch.cat([state.k.to(k.dtype), k], dim=2)
+        values = torch.cat([state.v.to(v.dtype), v], dim=2)
         done = keys.shape[2] // self.group_size  # complete groups in this call
         if n_buf and keys.shape[2] <= self.group_size:  # inside the current group: its new rows only
-            out = self._within_group(q, keys, values, state["kv"], int(state["n"]))
+            out = self._within_group(q, keys, values, state.kv, state.n)
             kv_done = keys.transpose(-1, -2) @ values if done else None
         else:
             queries = torch.cat([q.new_zeros(q.shape[0], q.shape[1], n_buf, q.shape[3]), q], dim=2)
-            out, kv_groups = self._groups(queries, keys, values, state["kv"], int(state["n"]))
+            out, kv_groups = self._groups(queries, keys, values, state.kv, state.n)
             out, kv_done = out[:, :, n_buf:], kv_groups[:, :, :done].sum(2)
-        kv = state["kv"] if kv_done is None else state["kv"] + kv_done.to(state["kv"].dtype)
-        new_state: State = {
-            "k": keys[:, :, done * self.group_size :].detach(),
-            "v": values[:, :, done * self.group_size :].detach(),
-            "kv": kv.detach(),
-            "n": int(state["n"]) + done * self.group_size,
-            "t": int(state["t"]) + t_new,
-        }
+        kv = state.kv if kv_done is None else state.kv + kv_done.to(state.kv.dtype)
+        new_state = FlashChunkState(
+            position=state.position + t_new,
+            k=keys[:, :, done * self.group_size :].detach(),
+            v=values[:, :, done * self.group_size :].detach(),
+            kv=kv.detach(),
+            n=state.n + done * self.group_size,
+        )
         return out, new_state, {}
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int:
@@ -133,17 +146,17 @@ class FlashChunkAttention(AttentionBackend):
         partial = seq_len % self.group_size
         return self.kv_heads * (partial * (self.d_k + self.d_v) + self.d_k * self.d_v)
 
-    def empty_state(self, k: Tensor) -> State:
+    def empty_state(self, k: Tensor) -> FlashChunkState:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
         b, h, _, dk = k.shape
         acc = accumulation_dtype(k.dtype)
-        return {
-            "k": k.new_zeros(b, h, 0, dk),
-            "v": k.new_zeros(b, h, 0, self.d_v),
-            "kv": torch.zeros(b, h, dk, self.d_v, device=k.device, dtype=acc),
-            "n": 0,
-            "t": 0,
-        }
+        return FlashChunkState(
+            position=0,
+            k=k.new_zeros(b, h, 0, dk),
+            v=k.new_zeros(b, h, 0, self.d_v),
+            kv=torch.zeros(b, h, dk, self.d_v, device=k.device, dtype=acc),
+            n=0,
+        )
 
     def _groups(self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: int) -> tuple[Tensor, Tensor]:
         """All groups at once for a sequence starting at a group boundary.

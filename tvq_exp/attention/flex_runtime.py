@@ -1,0 +1,241 @@
+"""What every flex-attention kernel here shares, whatever the backend: whether flex can run, the compiled-kernel
+cache with its eager fallback past TorchDynamo's recompile limit, and the CPU-backward guard.
+
+A backend's kernel is a plain function calling :func:`flex_attention` (dense's in :mod:`.dense.flex`,
+Transformer-VQ's in :mod:`.vq.flex`); :func:`run_flex` runs it compiled or eager and :func:`wants_flex` is the
+``kernel=plain|flex|auto`` choice of a backend that has one. These encode the torch-version limits of flex
+attention, so a torch upgrade is checked in one file.
+
+Device notes (see :func:`flex_support`): on CPU the compiled kernel (inductor, needs a C++ compiler) is
+forward-only: torch refuses ``requires_grad`` inputs on CPU, and inductor has no CPU backward. The eager
+(uncompiled) implementation materialises the scores but has a correct math backward; :func:`run_flex` lifts
+torch's CPU device check for that eager path only (:func:`eager_cpu_backward`). Kernels are compiled with
+``dynamic=False``: automatic dynamic shapes (the recompile torch makes on the second distinct length) produced
+a CPU kernel that fails with ``index out of bounds: 0 <= tmp36 < cur_qSplitSize`` when the ``score_mod``
+indexes a captured table by the query index, so every new shape compiles once instead (a few seconds on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+try:  # torch >= 2.5
+    import torch.nn.attention.flex_attention as _flex_module
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - old torch
+    _flex_module = None
+    BlockMask = object  # type: ignore[assignment,misc]
+    create_block_mask = flex_attention = None  # type: ignore[assignment]
+
+FLEX_AVAILABLE = _flex_module is not None
+# ``kernel=auto`` takes flex only for calls with at least this many queries (flex's block size): below it block
+# sparsity saves nothing, and every new length would compile anew (decoding token by token).
+FLEX_MIN_QUERIES = 128
+FLEX_DEVICES = ("cuda", "cpu", "xpu")
+
+KERNELS = ("plain", "flex", "auto")  # a backend's ``kernel`` option, where it has a flex kernel
+
+
+class FlexUnsupported(RuntimeError):
+    """Raised when flex attention cannot run the requested options; the message is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class FlexSupport:
+    """Whether flex attention can run (truthy) and, when not, the one-line ``reason``."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def flex_support(
+    device: torch.device | str,
+    *,
+    requires_grad: bool = False,
+    compiled: bool = True,
+) -> FlexSupport:
+    """Can flex attention run on ``device`` (whatever the backend's options; a backend adds its own reasons)?
+
+    Args:
+        device: where ``q, k, v`` live.
+        requires_grad: whether a backward pass is needed.
+        compiled: the fused ``torch.compile`` kernel (True) or the eager, unfused implementation that
+            materialises the ``Tq×Tk`` scores (False: a reference, slow).
+
+    Returns a :class:`FlexSupport`; ``reason`` is empty when it can run.
+    """
+    device = torch.device(device)
+    if not FLEX_AVAILABLE:
+        return FlexSupport(
+            False, f"torch {torch.__version__} has no torch.nn.attention.flex_attention (needs >= 2.5)"
+        )
+    if device.type not in FLEX_DEVICES:
+        return FlexSupport(False, f"flex_attention runs on {'/'.join(FLEX_DEVICES)}, not {device.type}")
+    if not torch._dynamo.is_dynamo_supported():
+        return FlexSupport(
+            False, "flex_attention needs TorchDynamo, which this Python/platform does not support"
+        )
+    if not compiled:
+        return FlexSupport(True)
+    if device.type == "cpu" and _cxx_compiler() is None:
+        return FlexSupport(
+            False,
+            "flex_attention needs torch.compile with a C++ compiler (none found: install g++ or set CXX)",
+        )
+    if device.type == "cuda" and not _has_triton():
+        return FlexSupport(False, "flex_attention on CUDA needs torch.compile with Triton (not installed)")
+    if device.type == "cpu" and requires_grad:
+        return FlexSupport(
+            False,
+            f"compiled flex_attention has no backward on CPU (torch {torch.__version__}): "
+            "train on CUDA, or use compiled=False (eager, materialises the scores)",
+        )
+    return FlexSupport(True)
+
+
+def _cxx_compiler() -> str | None:
+    """The C++ compiler inductor would find: ``$CXX`` or one of its defaults on ``PATH`` (None if none)."""
+    candidates = [os.environ.get("CXX", "")]
+    try:
+        cxx = torch._inductor.config.cpp.cxx
+        candidates += [c for c in (cxx if isinstance(cxx, tuple) else (cxx,)) if c]
+    except AttributeError:  # pragma: no cover - config layout changed
+        pass
+    candidates += ["g++", "c++", "clang++"]
+    for name in candidates:
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@functools.cache
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_COMPILED: dict[tuple[str, int | None, torch.dtype, Callable[..., Tensor]], Callable[..., Tensor]] = {}
+_COMPILED_LOCK = threading.Lock()
+
+
+def compiled_kernel(
+    device: torch.device | str, dtype: torch.dtype, kernel: Callable[..., Tensor]
+) -> Callable[..., Tensor]:
+    """``kernel`` (a function that calls :func:`flex_attention`: dense's plain or XL one, Transformer-VQ's
+    window + cache one) ``torch.compile``d for ``device``/``dtype``, made once and cached.
+    ``dynamic=False``: each new shape compiles once (see the module doc); TorchDynamo's recompile limit
+    (``torch._dynamo.config.recompile_limit``) bounds how many lengths one process can compile before it
+    falls back to the eager implementation."""
+    device = torch.device(device)
+    key = (device.type, device.index, dtype, kernel)
+    with _COMPILED_LOCK:
+        if key not in _COMPILED:
+            _COMPILED[key] = _eager_past_the_limit(
+                torch.compile(kernel, dynamic=False, fullgraph=True), kernel
+            )
+        return _COMPILED[key]
+
+
+def _eager_past_the_limit(
+    compiled: Callable[..., Tensor], eager: Callable[..., Tensor]
+) -> Callable[..., Tensor]:
+    """``compiled``, or ``eager`` for the shapes that would compile once TorchDynamo's recompile limit is
+    reached (``fullgraph=True`` turns that limit into an error; decoding token by token meets it)."""
+
+    @functools.wraps(eager)
+    def call(*args: object) -> Tensor:
+        try:
+            return compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            return eager(*args)
+
+    return call
+
+
+_GUARD_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def eager_cpu_backward() -> Iterator[None]:
+    """Lift torch's ``FlexAttention does not support backward on CPU`` device check, for the eager
+    (unfused) implementation only: its math backward is exact on CPU (checked against explicit logits,
+    gradients of captured tensors included). A no-op if a future torch drops the check."""
+    validate = getattr(_flex_module, "_validate_device", None)
+    if validate is None:
+        yield
+        return
+
+    def validate_without_cpu_grad(query: Tensor, key: Tensor, value: Tensor) -> None:
+        if query.device.type != "cpu":
+            validate(query, key, value)
+
+    with _GUARD_LOCK:
+        _flex_module._validate_device = validate_without_cpu_grad
+        try:
+            yield
+        finally:
+            _flex_module._validate_device = validate
+
+
+def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None = None) -> Tensor:
+    """``kernel(*args)`` (a function calling :func:`flex_attention`, ``args[0]`` the queries), compiled
+    (:func:`compiled_kernel`) or eager as ``compiled`` says (None: compiled unless it cannot run here, CPU with
+    gradients, then eager). Raises :class:`FlexUnsupported` with the reason when flex cannot run."""
+    q = args[0]
+    needs_grad = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    if compiled is None:
+        compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True))
+    support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled)
+    if not support:
+        raise FlexUnsupported(support.reason)
+    if not needs_grad:  # torch's CPU check looks at requires_grad, not at the grad mode
+        args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+    if compiled:
+        return compiled_kernel(q.device, q.dtype, kernel)(*args)
+    guard = eager_cpu_backward() if needs_grad and q.device.type == "cpu" else contextlib.nullcontext()
+    with guard:
+        return kernel(*args)
+
+
+def wants_flex(kernel: str, module: nn.Module, q: Tensor, k: Tensor, v: Tensor, options: FlexSupport) -> bool:
+    """A backend's ``kernel`` choice for one call of ``q (B, H, Tq, d)``: ``flex`` always, ``plain`` never,
+    ``auto`` where the compiled kernel runs (``options``, the backend's own reasons, allow it; CUDA, or CPU
+    without gradients) and the call has at least :data:`FLEX_MIN_QUERIES` queries (decoding steps stay plain)."""
+    if kernel != "auto" or q.shape[2] < FLEX_MIN_QUERIES:
+        return kernel == "flex"
+    grad = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in module.parameters())
+    )
+    return bool(options) and bool(flex_support(q.device, requires_grad=grad, compiled=True))
+
+
+__all__ = [
+    "FLEX_AVAILABLE",
+    "FLEX_MIN_QUERIES",
+    "KERNELS",
+    "BlockMask",
+    "FlexSupport",
+    "FlexUnsupported",
+    "compiled_kernel",
+    "create_block_mask",
+    "eager_cpu_backward",
+    "flex_attention",
+    "flex_support",
+    "run_flex",
+    "wants_flex",
+]
