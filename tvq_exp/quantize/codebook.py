@@ -17,13 +17,13 @@ from tvq_exp.quantize.affine import AffineUpdate
 from tvq_exp.quantize.ema import EMAUpdate
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
 from tvq_exp.quantize.gradient import GradientUpdate
+from tvq_exp.quantize.health import code_counts, dead_fraction, usage_perplexity
 from tvq_exp.quantize.kmeans import kmeans, nearest_code
 from tvq_exp.quantize.reseed import dead_codes, sample_rows
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 from tvq_exp.quantize.update import CodebookUpdate
 
 UPDATES = ("ema", "gradient", "affine")
-DEAD_SHARE = 0.01  # the ``dead_codes`` metric: codes a batch used less than 1% of their fair share
 _FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tvq_codebook_statistics_frozen", default=False
 )
@@ -134,9 +134,7 @@ class VectorQuantizer(nn.Module):
         codebook = self.codebook
         codes = nearest_code(flat, codebook.detach())  # (H, N)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
-        counts = torch.zeros(h, self.codebook_size, device=k.device).scatter_add_(
-            1, codes, torch.ones_like(codes, dtype=torch.float32)
-        )
+        counts = code_counts(codes, self.codebook_size)
         if learning:
             self._accumulate(flat, codes, counts)
         quant = quant.view(h, b, t, d).transpose(0, 1)
@@ -160,11 +158,9 @@ class VectorQuantizer(nn.Module):
         }  # summed over heads, dims
         if self.rule.trainable:
             aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
-        p = counts / counts.sum(-1, keepdim=True).clamp_min(1)
-        entropy = -(p * p.clamp_min(1e-12).log()).sum(-1)
-        aux["perplexity"] = entropy.exp().mean().detach()
+        aux["perplexity"] = usage_perplexity(counts).mean().detach()
         aux["quant_error"] = (commit / kf.pow(2).mean().clamp_min(1e-12)).detach()
-        aux["dead_codes"] = dead_codes(counts, DEAD_SHARE).float().sum(-1).mean().detach()
+        aux["dead_codes"] = (dead_fraction(counts).mean() * self.codebook_size).detach()
         return aux
 
     @torch.no_grad()
