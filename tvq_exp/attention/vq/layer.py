@@ -76,7 +76,7 @@ class VQAttention(BlockedAttention):
             and values of the previous block in a window (inside a call; a carried state is always
             detached). False: the official ``grad_thru_cache=0``: a query's gradient reaches only the keys
             and values of its own block (the carried part of its window and the cache are constants).
-        codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (strategy, decay, ...).
+        codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (update, decay, remedies: docs/design.md §3).
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form) or ``auto`` (compiled
             flex where it runs: CUDA, or CPU without gradients; for calls of at least 128 queries; else plain:
