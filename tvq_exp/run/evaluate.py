@@ -15,7 +15,7 @@ from tvq_exp.callbacks.final_hparams import state_size
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.run.build import load_checkpoint, set_torch_threads
-from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.run.validation import Command, ConfigError, validate
 
 
 def default_eval_output(ckpt_path: str | Path, split: str, protocol: str) -> Path:
@@ -55,7 +55,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     "checkpoint", "global_step", "state_floats_per_layer", "state_context"}``; the figure of bits against position is written beside the JSON.
     """
     quiet()
-    validate(cfg)
+    validate(cfg, Command.EVAL)
     set_torch_threads(cfg)
     if cfg.split not in ("val", "test"):
         raise ConfigError("split", cfg.split, "must be val or test")
