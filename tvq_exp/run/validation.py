@@ -359,9 +359,8 @@ def build_run(cfg: DictConfig, device: str | None = None) -> tuple[Any, Any]:
         data = built(cfg.data, data_nodes(cfg.data))
         nodes = model_nodes(cfg.model)
         model = built(cfg.model, nodes, device)
-        if hasattr(data, "check_accumulation"):
-            with located(data_nodes(cfg.data)):
-                data.check_accumulation(int(cfg.trainer.get("accumulate_grad_batches") or 1))
+        with located(data_nodes(cfg.data)):
+            data.check_accumulation(int(cfg.trainer.get("accumulate_grad_batches") or 1))
         with located(nodes):
             model.check_context(data.context_len)
     return model, data

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tvq_exp.batch import IGNORE_INDEX, Batch
+from tvq_exp.batch import IGNORE_INDEX, Batch, DataKind
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.samplers import TrainLoader
 
@@ -220,7 +220,7 @@ class SyntheticDataModule(RootedDataModule, abc.ABC):
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
         self.split_seeds = {"validation": val_seed, "test": test_seed}
-        self.kind = kind
+        self.kind = DataKind(kind)
         self.eval_sets: dict[str, Examples] = {}
 
     @property
