@@ -10,6 +10,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -274,8 +275,9 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
         "digits", "mnist", "fashion_mnist", "cifar10", "imagenet64",
     }  # fmt: skip
     for path in configs:
-        cfg = OmegaConf.load(path)
-        assert cfg.kind in ("text", "image", "synthetic"), path
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(f"{path.stem}.yaml")  # the preset with its defaults list (text: base/text.yaml)
+        assert "defaults" not in cfg and cfg.kind in ("text", "image", "synthetic"), path
         assert all(isinstance(cfg[key], int) for key in ("vocab_size", "seq_len", "batch_size")), path
         if cfg.kind == "text":
             assert cfg.vocab_size == 256

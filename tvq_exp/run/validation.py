@@ -59,6 +59,7 @@ INJECTED = {
     "model.attention": {"d_k", "d_v", "heads", "kv_heads", "window_bias", "codebook"},
     "model.attention.codebook": {"heads", "codebook_size", "dim"},
     "module": {"model", "run_config"},
+    "data.task": {"seq_len", "vocab_size"},  # a synthetic probe's task gets the data module's row shape
 }
 
 
