@@ -193,3 +193,41 @@ def test_the_command_decides_which_options_are_checked() -> None:
         validate(cfg, Command.TRAIN)
     with pytest.raises(ConfigError, match="unknown option"):
         check(cfg, Command.EVAL)
+
+
+class _Stop(Exception):
+    """Raised in place of training: the test needs only what train() does before the first step."""
+
+
+def test_train_checks_once_and_builds_the_model_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The command validates once (check) and builds the model once, for real (build_run): no second
+    validation after a config is resolved, no meta-device copy built and thrown away."""
+    import functools
+
+    import lightning as L
+
+    import tvq_exp.run.train as train_command
+    from tvq_exp.models.decoder import Decoder
+
+    counts = {"check": 0, "decoder": 0}
+    original_check, original_init = train_command.check, Decoder.__init__
+
+    def counting_check(*args: object) -> None:
+        counts["check"] += 1
+        original_check(*args)
+
+    @functools.wraps(original_init)
+    def counting_init(self: Decoder, *args: object, **kwargs: object) -> None:
+        counts["decoder"] += 1
+        original_init(self, *args, **kwargs)
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise _Stop
+
+    monkeypatch.setattr(train_command, "check", counting_check)
+    monkeypatch.setattr(Decoder, "__init__", counting_init)
+    monkeypatch.setattr(L.Trainer, "fit", stop)
+    cfg = compose_train(["logger=none", "callbacks=none", f"paths.output_dir={tmp_path}"])
+    with pytest.raises(_Stop):
+        train_command.train(cfg)
+    assert counts == {"check": 1, "decoder": 1}
