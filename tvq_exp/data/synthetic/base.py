@@ -1,5 +1,8 @@
 """What every synthetic probe shares: the example arrays, gap buckets, the seeded samplers, the data module.
 
+Over 300 lines: the one data module every probe's task is composed with, and the seeding contract (below) that
+its samplers, evaluation sets and checksums implement together; split, each part would restate it.
+
 A probe writes :class:`Examples`: ``input``, ``target`` and ``bucket``, each ``(N, T)`` int64. ``target`` is
 :data:`~tvq_exp.batch.IGNORE_INDEX` wherever no loss is taken, and ``bucket`` is the bucket id at every
 answer position (``target != IGNORE_INDEX``) and ``-1`` elsewhere. Batches add ``reset`` ``(B,)`` bool, always
