@@ -34,6 +34,7 @@ import dataclasses
 import difflib
 import enum
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -332,10 +333,27 @@ def check(cfg: DictConfig, command: Command) -> None:
     command's options and, for :attr:`Command.TRAIN`, of every node. The command's options and the model come
     first (torch only); raises :class:`ConfigError` naming the first bad key."""
     options, nested = COMMAND_OPTIONS[command]
-    with interpolation_errors():
-        check_node(cfg, "", options, nested=nested)
-        if command is Command.TRAIN:
-            check_train_nodes(cfg)
+    try:
+        with interpolation_errors():
+            check_node(cfg, "", options, nested=nested)
+            if command is Command.TRAIN:
+                check_train_nodes(cfg)
+    except ConfigError as err:
+        raise blamed_on_source(cfg, err) from None
+
+
+def blamed_on_source(cfg: DictConfig, error: ConfigError) -> ConfigError:
+    """``error`` on the key its value comes from, when the bad value is an interpolation of exactly one other
+    key (``block_len: ${tvq.min:512,${data.seq_len}}`` with ``data.seq_len=0`` names ``data.seq_len``)."""
+    parent, _, name = error.key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    raw = node._get_node(name)._value() if isinstance(node, DictConfig) and name in node else None
+    sources = set(re.findall(r"\$\{([A-Za-z_][\w.]*)\}", raw)) if isinstance(raw, str) else set()
+    if len(sources) != 1:
+        return error
+    source = sources.pop()
+    value = OmegaConf.select(cfg, source, throw_on_resolution_failure=False)
+    return ConfigError(source, value, f"{error.allowed} (it sets {error.key})")
 
 
 def check_train_nodes(cfg: DictConfig) -> None:
