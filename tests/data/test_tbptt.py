@@ -64,7 +64,7 @@ def test_resume_mid_sequence_continues_exactly() -> None:
 
 
 def test_sequence_must_be_whole_updates() -> None:
-    with pytest.raises(ValueError, match="multiple of the update length"):
+    with pytest.raises(ValueError, match="multiple of the update length data.seq_len=16"):
         _sampler(sequence_len=60)
 
 
@@ -100,5 +100,7 @@ def test_evaluation_protocols_reset_where_they_say(
 
 
 def test_sequence_protocol_needs_whole_segments() -> None:
-    with pytest.raises(ValueError, match="sequence_len a multiple of 16"):
+    with pytest.raises(
+        ValueError, match="sequence_len=40: must be a multiple of the update length data.seq_len=16"
+    ):
         EvalSegmentSampler(DATA, 16, 2, protocol="sequence", sequence_len=40)

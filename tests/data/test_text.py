@@ -10,8 +10,9 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
@@ -20,6 +21,16 @@ from tvq_exp.data.samplers import EvalSegmentSampler, RandomWindowSampler, Strea
 from tvq_exp.data.text import GutenbergCorpus, MahoneyCorpus, PG19Corpus, TextFilesCorpus
 
 CONF = CONF_ROOT / "data"
+
+
+def preset(name: str) -> DictConfig:
+    """The data preset ``name`` as Hydra composes it (text presets take conf/data/base/text.yaml), editable."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(f"{name}.yaml")
+    OmegaConf.set_struct(cfg, False)
+    return cfg
+
+
 SEQ_LEN = 128
 
 
@@ -33,7 +44,7 @@ def shared_root() -> Path:
 
 @pytest.fixture(scope="module")
 def gutenberg(shared_root: Path) -> TextDataModule:
-    cfg = OmegaConf.load(CONF / "gutenberg.yaml")
+    cfg = preset("gutenberg")
     cfg.seq_len, cfg.batch_size, cfg.eval_batch_size = SEQ_LEN, 8, 8
     module = instantiate(cfg)
     module.prepare_data()
@@ -89,11 +100,11 @@ def test_text_files_by_bytes_single_file(shared_root: Path) -> None:
 
 
 def test_shakespeare_and_kjv(shared_root: Path) -> None:
-    shakespeare = instantiate(OmegaConf.load(CONF / "shakespeare.yaml"))
+    shakespeare = instantiate(preset("shakespeare"))
     shakespeare.setup("fit")
     assert len(shakespeare.split("train")) == 1_003_854 and len(shakespeare.split("validation")) == 111_540
     assert shakespeare.split("test") is shakespeare.split("validation")
-    kjv = instantiate(OmegaConf.load(CONF / "kjv.yaml"))
+    kjv = instantiate(preset("kjv"))
     kjv.setup("fit")
     test, val, train = kjv.split("test"), kjv.split("validation"), kjv.split("train")
     assert test[:7].tobytes() == b"Jude 1\n"
@@ -274,8 +285,8 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
         "digits", "mnist", "fashion_mnist", "cifar10", "imagenet64",
     }  # fmt: skip
     for path in configs:
-        cfg = OmegaConf.load(path)
-        assert cfg.kind in ("text", "image", "synthetic"), path
+        cfg = preset(path.stem)  # with its defaults list (text: base/text.yaml)
+        assert "defaults" not in cfg and cfg.kind in ("text", "image", "synthetic"), path
         assert all(isinstance(cfg[key], int) for key in ("vocab_size", "seq_len", "batch_size")), path
         if cfg.kind == "text":
             assert cfg.vocab_size == 256
@@ -288,7 +299,7 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
             cfg.corpus.path = "anything"
         module = instantiate(cfg)  # cheap: no file is touched
         assert isinstance(module, L.LightningDataModule), path
-    assert OmegaConf.load(CONF / "digits.yaml").vocab_size == 18
+    assert preset("digits").vocab_size == 18
 
 
 # ----------------------------------------------------------------------------------------------- Lightning
@@ -363,7 +374,7 @@ class _TargetCounter(L.LightningModule):
 
 
 def test_lightning_validate_sees_whole_split(shared_root: Path, tmp_path: Path) -> None:
-    cfg = OmegaConf.load(CONF / "shakespeare.yaml")
+    cfg = preset("shakespeare")
     cfg.seq_len, cfg.eval_batch_size = 512, 5
     module: TextDataModule = instantiate(cfg)
     counter = _TargetCounter()

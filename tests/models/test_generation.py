@@ -148,13 +148,14 @@ def test_completion_keeps_the_given_rows_and_matches_parallel_forward() -> None:
 
 
 def test_image_samples_callback_is_inactive_for_text() -> None:
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(image_shape=[8, 8, 1], bos_id=17))
-    assert ImageSamples.image_info(trainer, SimpleNamespace(kind="image")) == ((8, 8, 1), 17)
-    assert ImageSamples.image_info(trainer, SimpleNamespace(kind="text")) is None
-    assert (
-        ImageSamples.image_info(SimpleNamespace(datamodule=SimpleNamespace()), SimpleNamespace(kind="image"))
-        is None
-    )
+    """The callback asks the trainer's data module (the data contract), not the module's kind."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        images = instantiate(compose("train", overrides=["data=digits"]).data)
+        text = instantiate(compose("train", overrides=["data=shakespeare"]).data)
+    module = SimpleNamespace()
+    assert ImageSamples.image_info(SimpleNamespace(datamodule=images), module) == ((8, 8, 1), 17)
+    assert ImageSamples.image_info(SimpleNamespace(datamodule=text), module) is None
+    assert ImageSamples.image_info(SimpleNamespace(datamodule=None), module) is None
 
 
 # ------------------------------------------------------------------------------------------- configs

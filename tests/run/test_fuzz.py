@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from tests.helpers.paths import CONF
 from tvq_exp.options import constraints
 from tvq_exp.run import schema
-from tvq_exp.run.validation import ConfigError, data_nodes, model_nodes, schema_for, validate
+from tvq_exp.run.validation import Command, ConfigError, data_nodes, model_nodes, schema_for, validate
 
 PER_AREA = 10  # cases drawn per area (every case of an area with fewer)
 WRONG_TYPE = {int: "abc", float: "abc", bool: "maybe"}
@@ -95,7 +95,7 @@ def test_every_area_is_fuzzed() -> None:
 def test_a_bad_override_is_one_line_naming_its_key(command: str, override: str, key: str) -> None:
     cfg = _compose(command, [*BASE[command], override])
     with pytest.raises(ConfigError) as error:
-        validate(cfg)
+        validate(cfg, Command(command))
     message = str(error.value)
     named = error.value.key
     # a key whose value is an interpolation of the bad key (model.vocab_size: ${data.vocab_size}) names it too

@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
-from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.run.schema import LIGHTNING_PRECISIONS
+from tvq_exp.run.validation import Command, ConfigError, check, validate
 
 TINY = ["experiment=smoke"]
 
@@ -136,3 +137,97 @@ def test_eval_script_refuses_a_missing_checkpoint_in_one_line(tmp_path: Path) ->
     result = run_script("eval.py", f"ckpt_path={tmp_path / 'none.ckpt'}", tmp_path=tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "none.ckpt" in lines[0], result.stderr
+
+
+# A refusal that imports Lightning costs ~7 s of a 9 s wait (issue 26): train.py refuses a bad model, command or
+# guard value before it. The script runs the real entry point and reports what was imported when it exited.
+REFUSAL = """
+import runpy, sys
+sys.argv = ["train.py", *sys.argv[1:]]
+try:
+    runpy.run_path("train.py", run_name="__main__")
+except SystemExit as stop:
+    print(stop.code, "lightning" in sys.modules, "tvq_exp.run.fit" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.attention.codebook_size=abc",
+        "model.block.dropout=2",
+        "+model.attention.codebok_size=8",
+        "seed=-1",
+        "torch_threads=0",
+        "guard.max_bad_steps=abc",
+    ],
+)
+def test_train_refuses_a_bad_value_before_importing_lightning(override: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSAL, "experiment=smoke", override, f"paths.log_dir={tmp_path}"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_lightning_precisions_are_written_out_as_lightning_has_them() -> None:
+    """schema.py writes Lightning's precision names out (importing them would import Lightning)."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR
+
+    assert LIGHTNING_PRECISIONS == typing.get_args(_PRECISION_INPUT_STR)
+
+
+def test_the_command_decides_which_options_are_checked() -> None:
+    """The validator is told the command: a train config checked as eval.py's is refused on its first train-only
+    key, and ``check`` builds nothing (a rule between options waits for ``build_run``)."""
+    cfg = compose_train(["model.attention.window_len=64"])  # > block_len=32: the constructor's rule
+    check(cfg, Command.TRAIN)  # types and ranges only: passes
+    with pytest.raises(ConfigError, match="model.attention.window_len=64: must be <= block_len=32"):
+        validate(cfg, Command.TRAIN)
+    with pytest.raises(ConfigError, match="unknown option"):
+        check(cfg, Command.EVAL)
+
+
+class _Stop(Exception):
+    """Raised in place of training: the test needs only what train() does before the first step."""
+
+
+def test_train_checks_once_and_builds_the_model_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The command validates once (check) and builds the model once, for real (build_run): no second
+    validation after a config is resolved, no meta-device copy built and thrown away."""
+    import functools
+
+    import lightning as L
+
+    import tvq_exp.run.train as train_command
+    from tvq_exp.models.decoder import Decoder
+
+    counts = {"check": 0, "decoder": 0}
+    original_check, original_init = train_command.check, Decoder.__init__
+
+    def counting_check(*args: object) -> None:
+        counts["check"] += 1
+        original_check(*args)
+
+    @functools.wraps(original_init)
+    def counting_init(self: Decoder, *args: object, **kwargs: object) -> None:
+        counts["decoder"] += 1
+        original_init(self, *args, **kwargs)
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise _Stop
+
+    monkeypatch.setattr(train_command, "check", counting_check)
+    monkeypatch.setattr(Decoder, "__init__", counting_init)
+    monkeypatch.setattr(L.Trainer, "fit", stop)
+    cfg = compose_train(["logger=none", "callbacks=none", f"paths.output_dir={tmp_path}"])
+    with pytest.raises(_Stop):
+        train_command.train(cfg)
+    assert counts == {"check": 1, "decoder": 1}

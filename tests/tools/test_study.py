@@ -126,7 +126,7 @@ def test_a_tiny_study_runs_resumably_and_reports(tmp_path: Path) -> None:
     study = tmp_path / "tiny.yaml"
     study.write_text(
         "name: tiny\nbase: [experiment=smoke, trainer.max_steps=4, trainer.val_check_interval=4, data=mqar,"
-        " data.seq_len=32, data.num_kv_pairs=2, data.vocab_size=64, data.num_val_examples=16,"
+        " data.seq_len=32, data.task.num_kv_pairs=2, data.vocab_size=64, data.num_val_examples=16,"
         " data.num_test_examples=16, model.attention.block_len=8]\n"
         "runs:\n  vq: {overrides: [model.attention.codebook_size=4], seeds: [1, 2]}\n"
         "evaluate:\n  - {name: test, split: test}\n"

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor
 
 from tvq_exp.callbacks.numerics_guard import validation_diverged
+from tvq_exp.data.images.module import ImageDataModule
 from tvq_exp.data.images.render import completion_grid, image_grid, levels_to_uint8, save_png
 from tvq_exp.data.images.tokens import unflatten_tokens
 from tvq_exp.models.generation import complete_images, sample_images
@@ -27,8 +28,8 @@ class ImageSamples(Callback):
     as ``samples/unconditional`` and ``samples/completed``. Sampling uses a fixed ``seed`` so grids of
     successive validations are comparable.
 
-    Active only for image data: the module's ``kind`` is ``"image"`` and the datamodule has ``image_shape``
-    and ``bos_id`` (= pixel levels); otherwise (text) it does nothing.
+    Active only when the trainer's data module is an :class:`~tvq_exp.data.images.module.ImageDataModule`
+    (its ``image_shape`` and ``bos_id`` = pixel levels); otherwise (text, probes) it does nothing.
     """
 
     def __init__(
@@ -63,7 +64,7 @@ class ImageSamples(Callback):
     ) -> tuple[tuple[int, int, int], int] | None:
         """``((H, W, C), levels)`` of the run's image data, or ``None`` when it is not image data."""
         datamodule = getattr(trainer, "datamodule", None)
-        if getattr(pl_module, "kind", None) != "image" or not hasattr(datamodule, "image_shape"):
+        if not isinstance(datamodule, ImageDataModule):
             return None
         height, width, channels = (int(size) for size in datamodule.image_shape)
         return (height, width, channels), int(datamodule.bos_id)

@@ -7,6 +7,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from tvq_exp.batch import DataKind
 from tvq_exp.plots import position_figure
 
 
@@ -27,7 +28,11 @@ class PositionPlot(Callback):
         loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
         if not buckets or not loggers:
             return
-        unit = "bits/dim" if getattr(pl_module, "kind", "text") == "image" else "bits/byte"
+        unit = (
+            "bits/dim"
+            if getattr(getattr(trainer, "datamodule", None), "kind", None) is DataKind.IMAGE
+            else "bits/byte"
+        )
         figure = position_figure({f"step {trainer.global_step}": buckets}, unit)
         for logger in loggers:
             logger.experiment.add_figure("val/bpb_by_position", figure, global_step=trainer.global_step)

@@ -6,6 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from tvq_exp.batch import DataKind
 from tvq_exp.callbacks.final_hparams import tensorboard_loggers
 from tvq_exp.callbacks.numerics_guard import validation_diverged
 from tvq_exp.models.generation import generate
@@ -40,7 +41,7 @@ class TextSamples(Callback):
         if (
             trainer.sanity_checking
             or trainer.state.fn != "fit"
-            or getattr(pl_module, "kind", "text") != "text"
+            or getattr(getattr(trainer, "datamodule", None), "kind", None) is not DataKind.TEXT
             or validation_diverged(trainer)
         ):
             return  # nothing to show (a diverged model has no distribution to sample)

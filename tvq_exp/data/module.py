@@ -1,4 +1,5 @@
-"""What every data module shares: the data root and the process's rank.
+"""What every data module shares: the data contract (:class:`tvq_exp.batch.DataContract`), the data root and
+the process's rank.
 
 Construction is cheap (no file access): downloads happen in ``prepare_data`` and files are read in
 ``setup``. Batches follow :mod:`tvq_exp.batch`.
@@ -11,15 +12,28 @@ from pathlib import Path
 
 import lightning as L
 
+from tvq_exp.batch import DataKind
 from tvq_exp.data.paths import data_root
 
 
 class RootedDataModule(L.LightningDataModule):
-    """Shared plumbing: the data root and the (rank, world size) of this process."""
+    """Shared plumbing: the data root and the (rank, world size) of this process; the defaults of the data
+    contract (:class:`~tvq_exp.batch.DataContract`): no answer buckets, any gradient accumulation.
+    Subclasses set ``kind``, ``vocab_size``, ``seq_len``, ``batch_size``, ``eval_batch_size`` and
+    ``context_len``."""
+
+    kind: DataKind
 
     def __init__(self, root: str | os.PathLike[str] | None) -> None:
         super().__init__()
         self.root_override = root
+
+    def bucket_names(self, split: str) -> list[str]:
+        """No answer buckets (the batches carry no ``bucket`` key); the probes override it."""
+        return []
+
+    def check_accumulation(self, accumulate_grad_batches: int) -> None:
+        """Any gradient accumulation is fine (independent rows); streamed or TBPTT data refuse it."""
 
     @property
     def root(self) -> Path:

@@ -4,7 +4,7 @@ Over 300 lines: Lightning wants every hook (training, evaluation, optimiser step
 class, and they share its carried state and step counters; the arithmetic they call is already in
 ``decoder.py``, ``metrics.py``, ``optim.py`` and ``legacy.py``.
 
-Batches are ``{"input": (B, T) int64, "target": (B, T) int64 (-100 = ignore), "reset": (B,) bool}``.
+Batches and what the data module offers follow the data contract (:mod:`tvq_exp.batch`).
 Losses are in nats per target; bits per byte (or per dim for images) = nats / ln 2.
 """
 
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from tvq_exp.batch import IGNORE_INDEX
+from tvq_exp.batch import IGNORE_INDEX, DataContract
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
 from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint, upgrade_train_state
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
@@ -52,6 +52,9 @@ class AutoregressiveLitModule(L.LightningModule):
             (``[0, u), [u, 2u), [2u, 4u), ...`` tokens since the last state reset).
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
+
+    The defaults are the bare optimiser (no weight decay, warmup or clipping); ``conf/train.yaml`` adds the
+    platform's training recipe on purpose (``weight_decay 0.01``, ``warmup_steps 1000``, ``grad_clip 1.0``).
 
     The model's state is carried (detached) from one batch to the next and dropped where a batch says
     ``reset`` (all rows reset together): random windows reset every batch, TBPTT at every sequence,
@@ -99,6 +102,7 @@ class AutoregressiveLitModule(L.LightningModule):
             nn.ModuleDict()
         )  # per stage, for data with answer buckets (made at the stage's start)
         self.bucket_names: dict[str, list[str]] = {}
+        self.answer_buckets = False  # the data's batches carry answer buckets (set from the data contract)
         self.eval_results: dict[str, dict[str, Any]] = {}
         self._codebook_sums: dict[str, Tensor] = {}
         self._codebook_batches = 0
@@ -141,7 +145,7 @@ class AutoregressiveLitModule(L.LightningModule):
         nats, out = self._step(batch, self._continue(self.train_state, batch))
         self.train_state = detach_state(out.state)
         loss = nats.sum() / (batch["target"] != IGNORE_INDEX).sum().clamp_min(1)
-        if "bucket" in batch:  # a probe: accuracy at its answer positions
+        if self.answer_buckets:  # a probe: accuracy at its answer positions
             answer = batch["target"] != IGNORE_INDEX
             right = (out.logits.argmax(-1) == batch["target"]) & answer
             self.log("train/acc", right.sum() / answer.sum().clamp_min(1))
@@ -168,12 +172,20 @@ class AutoregressiveLitModule(L.LightningModule):
         if stage in self.eval_accuracy:
             self.eval_accuracy[stage].update(out.logits.argmax(-1), target, batch["bucket"])
 
+    def data(self) -> DataContract | None:
+        """The attached trainer's data module (:class:`~tvq_exp.batch.DataContract`), if any."""
+        return getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+
+    def setup(self, stage: str) -> None:
+        data = self.data()
+        self.answer_buckets = data is not None and bool(data.bucket_names("train"))
+
     def _eval_start(self, stage: str) -> None:
         """A fresh state, and accuracy counters when the data has answer buckets (the probes)."""
         self.eval_state = None
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        if hasattr(datamodule, "bucket_names"):
-            names = datamodule.bucket_names("validation" if stage == "val" else stage)
+        data = self.data()
+        names = data.bucket_names("validation" if stage == "val" else stage) if data is not None else []
+        if names:
             self.bucket_names[stage] = names
             self.eval_accuracy[stage] = BucketAccuracy(len(names)).to(self.device)
 

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.checkpoints import gather_checkpoint
@@ -36,9 +37,10 @@ def to_dict(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def build_module(config: dict[str, Any]) -> AutoregressiveLitModule:
-    """Instantiate the decoder and its :class:`AutoregressiveLitModule` from a resolved run config."""
-    model = instantiate(config["model"])
+def build_module(config: dict[str, Any], model: Decoder | None = None) -> AutoregressiveLitModule:
+    """Instantiate the decoder (unless ``model`` is the one already built from ``config["model"]``) and its
+    :class:`AutoregressiveLitModule` from a resolved run config."""
+    model = instantiate(config["model"]) if model is None else model
     options = {k: v for k, v in config["module"].items() if k != "_target_"}
     return get_class(config["module"]["_target_"])(model=model, run_config=config, **options)
 

@@ -7,6 +7,10 @@ stopping a run exits with status 1 the same way. :func:`run` turns Hydra's own r
 (``HYDRA_FULL_ERROR=1``) so composition errors (unknown key, unknown group option) reach it unchanged;
 :func:`reported` catches errors inside the task, before Hydra adds its "Error executing job" line.
 Anything else is a bug and keeps its traceback.
+
+The error classes are looked up among the modules already imported when an error arrives (a module that was
+never imported cannot have raised one), so refusing a bad config never imports Lightning
+(docs/reliability.md, "Fast refusal").
 """
 
 from __future__ import annotations
@@ -20,28 +24,34 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from tvq_exp.callbacks.numerics_guard import NumericsError
-from tvq_exp.data import ChecksumError, CorruptFileError, DataNotFoundError
 from tvq_exp.run import schema
-from tvq_exp.run.checkpoints import CheckpointError
-from tvq_exp.run.validation import TRAIN_NODES, ConfigError
+from tvq_exp.run.validation import TRAIN_NODES
 
-USAGE_ERRORS = (
-    ConfigError,
-    HydraException,
-    OmegaConfBaseException,
-    DataNotFoundError,
-    ChecksumError,
-    CorruptFileError,
-    CheckpointError,
-)
+# errors a user can fix, by the module that defines them (exit USAGE_STATUS), and the guard's stop (FAILURE_STATUS)
+USAGE_ERRORS = {
+    "tvq_exp.run.validation": ("ConfigError",),
+    "hydra.errors": ("HydraException",),
+    "omegaconf.errors": ("OmegaConfBaseException",),
+    "tvq_exp.data.paths": ("DataNotFoundError", "CorruptFileError"),
+    "tvq_exp.data.download": ("ChecksumError",),
+    "tvq_exp.run.checkpoints": ("CheckpointError",),
+}
+FAILURE_ERRORS = {"tvq_exp.callbacks.numerics_guard": ("NumericsError",)}
 USAGE_STATUS = 2
 FAILURE_STATUS = 1
 T = TypeVar("T")
+
+
+def loaded(classes: dict[str, tuple[str, ...]]) -> tuple[type[BaseException], ...]:
+    """The classes named in ``classes`` (module -> class names) whose module is already imported."""
+    return tuple(
+        getattr(sys.modules[module], name)
+        for module, names in classes.items()
+        if module in sys.modules
+        for name in names
+    )
 
 
 def one_line(error: BaseException) -> str:
@@ -85,9 +95,9 @@ def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
     def wrapper(cfg: DictConfig) -> T:
         try:
             return task(cfg)
-        except USAGE_ERRORS as error:
+        except loaded(USAGE_ERRORS) as error:
             fail(error, USAGE_STATUS)
-        except NumericsError as error:
+        except loaded(FAILURE_ERRORS) as error:
             fail(error, FAILURE_STATUS)
 
     return wrapper
@@ -98,8 +108,18 @@ def run(main: Callable[[], object]) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         main()
-    except USAGE_ERRORS as error:
+    except loaded(USAGE_ERRORS) as error:
         fail(error, USAGE_STATUS)
 
 
-__all__ = ["FAILURE_STATUS", "USAGE_ERRORS", "USAGE_STATUS", "fail", "one_line", "reported", "run"]
+__all__ = [
+    "FAILURE_ERRORS",
+    "FAILURE_STATUS",
+    "loaded",
+    "USAGE_ERRORS",
+    "USAGE_STATUS",
+    "fail",
+    "one_line",
+    "reported",
+    "run",
+]

@@ -16,7 +16,7 @@ from tvq_exp.callbacks.final_hparams import state_size
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.run.build import load_checkpoint, set_torch_threads
-from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.run.validation import Command, ConfigError, validate
 
 
 def default_eval_output(ckpt_path: str | Path, split: str, protocol: str) -> Path:
@@ -59,7 +59,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`, with its default settings).
     """
     quiet()
-    validate(cfg)
+    validate(cfg, Command.EVAL)
     set_torch_threads(cfg)
     if cfg.split not in ("val", "test"):
         raise ConfigError("split", cfg.split, "must be val or test")

@@ -15,7 +15,7 @@ from tvq_exp.data.images.render import image_grid, levels_to_uint8, save_png
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.generation import generate, sample_images
 from tvq_exp.run.build import load_checkpoint, set_torch_threads
-from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.run.validation import Command, ConfigError, validate
 
 TEXT_VOCAB = 256
 
@@ -28,7 +28,7 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     and returns its path.
     """
     quiet()
-    validate(cfg)
+    validate(cfg, Command.SAMPLE)
     set_torch_threads(cfg)
     module, config, _ = load_checkpoint(cfg.ckpt_path)
     if module.kind == "image":

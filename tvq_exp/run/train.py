@@ -1,113 +1,21 @@
-"""``train.py``: train (or resume) as configured."""
+"""``train.py``: train (or resume) as configured; the config is checked before Lightning is imported."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import lightning as L
-from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
-from tvq_exp.callbacks.preemption import Preemption
-from tvq_exp.callbacks.rng_state import RngState
-from tvq_exp.console import quiet, say
-from tvq_exp.models.dense_to_vq import init_from_dense
-from tvq_exp.models.module import AutoregressiveLitModule
-from tvq_exp.run.build import (
-    build_callbacks,
-    build_loggers,
-    build_module,
-    run_config,
-    set_torch_threads,
-    to_dict,
-)
-from tvq_exp.run.checkpoints import AtomicCheckpointIO, mark_finished, read_checkpoint
-from tvq_exp.run.resume import auto_resume, check_run_options, resume_config
-from tvq_exp.run.validation import validate
+from tvq_exp.run.validation import Command, check
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train (or resume with ``ckpt_path`` or ``resume=auto``) as configured.
+    """Check ``cfg`` (:func:`tvq_exp.run.validation.check`: a bad value is refused in about 3 s, before
+    Lightning is imported), then fit it (:func:`tvq_exp.run.fit.fit`; returns its summary)."""
+    check(cfg, Command.TRAIN)
+    from tvq_exp.run.fit import fit  # noqa: PLC0415 - Lightning is imported only for a config that passed
 
-    Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir`` (checkpoints
-    atomically, with RNG states); ``finished.json`` when the last step is reached. SIGTERM/SIGUSR1 save
-    ``last.ckpt`` and return early; the numerics guard raises :class:`NumericsError` after
-    ``guard.max_bad_steps`` bad steps in a row. Returns
-    ``{"best_val_bpb", "best_ckpt", "last_ckpt", "global_step", "val"}``.
-    """
-    quiet()
-    validate(cfg)
-    check_run_options(cfg)
-    if cfg.get("resume") == "auto":
-        resumed = auto_resume(cfg)
-        if not isinstance(resumed, DictConfig):
-            return resumed
-        cfg = resumed
-    resume_step = None
-    if cfg.get("ckpt_path"):
-        checkpoint = read_checkpoint(cfg.ckpt_path)
-        cfg = resume_config(cfg, run_config(checkpoint))
-        resume_step = int(checkpoint.get("global_step", 0))
-        validate(cfg)
-    set_torch_threads(cfg)
-    L.seed_everything(cfg.seed, workers=True)
-    output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    config = to_dict(cfg)
-    OmegaConf.save(OmegaConf.create(config), output_dir / "config.yaml")
-
-    datamodule = instantiate(cfg.data)
-    module = build_module(config)
-    if cfg.get("init_from") and not cfg.get("ckpt_path"):
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        init_from_dense(module.model, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
-        say(f"initialised from {cfg.init_from} (k-means codebooks over {cfg.init_batches} batches)")
-
-    preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
-        logger=build_loggers(cfg, resume_step) or False,
-        plugins=[AtomicCheckpointIO()],
-    )
-    n_params = sum(p.numel() for p in module.model.parameters())
-    say(f"run dir {output_dir} | {n_params / 1e6:.2f}M parameters | {cfg.trainer.max_steps} steps")
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    except SIGTERMException:  # raised by Lightning after Preemption saved last.ckpt
-        if preemption.signal_name is None:
-            raise
-        for logger in trainer.loggers:
-            logger.finalize("interrupted")
-    if guard.failure is not None:
-        raise NumericsError(guard.failure)
-    summary = _fit_summary(trainer, module)
-    if (
-        preemption.signal_name is None
-        and trainer.global_step >= cfg.trainer.max_steps
-        and trainer.is_global_zero
-    ):
-        mark_finished(output_dir, summary)
-    return summary
-
-
-def _fit_summary(trainer: L.Trainer, module: AutoregressiveLitModule) -> dict[str, Any]:
-    checkpoint = trainer.checkpoint_callback
-    best = None
-    if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None:
-        best = float(checkpoint.best_model_score)
-    return {
-        "best_val_bpb": best,
-        "best_ckpt": checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else None,
-        "last_ckpt": checkpoint.last_model_path if isinstance(checkpoint, ModelCheckpoint) else None,
-        "global_step": trainer.global_step,
-        "val": module.eval_results.get("val"),
-    }
+    return fit(cfg)
 
 
 __all__ = ["train"]

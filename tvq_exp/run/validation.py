@@ -4,18 +4,25 @@ Over 300 lines: one walk over the whole config tree (the commands' own options, 
 module) with the schema generation and the error location it shares; split, each part would re-import the rest.
 
 Every rule lives in the constructors (:mod:`tvq_exp.options`); this module only asks them, and names the
-config key when they refuse:
+config key when they refuse. The command says what it is (:class:`Command`); nothing is guessed from the keys.
 
-1. **Types and unknown keys.** For each node with a ``_target_`` (the model, its block, attention and
-   codebook, the position embedding, the data module and its corpus or image source, the Lightning
-   module), a dataclass is generated from the target's constructor signature and the node is merged into
-   it with OmegaConf: unknown keys (typos) and values of the wrong type are refused with the full key.
+1. **Types and unknown keys** (:func:`check`, nothing built). For each node with a ``_target_`` (the model,
+   its block, attention and codebook, the position embedding, the data module and its corpus or image
+   source, the Lightning module), a dataclass is generated from the target's constructor signature and the
+   node is merged into it with OmegaConf: unknown keys (typos) and values of the wrong type are refused with
+   the full key.
 2. **Single-option rules** (ranges, choices): the ``Annotated`` constraints of the same signature.
+   :func:`check` walks the command's options and the model first: their classes need torch only, so a bad
+   value there is refused before Lightning is imported (the data module, the Lightning module and the
+   trainer come after; their classes import it).
 3. **Rules that tie options together** (``kv_heads`` divides ``heads``, ``window_len <= block_len``, the
-   image shape of a data set, ...): the model is built on the meta device (no memory, no data) and the
-   data module as configured; an :class:`~tvq_exp.options.OptionError` is traced back to its key.
-4. **Model against data**: the model's own :meth:`~tvq_exp.models.decoder.Decoder.check_context`.
+   image shape of a data set, ...) are the constructors' own: :func:`build_run` builds the model and the data
+   module once, and an :class:`~tvq_exp.options.OptionError` of any constructor is traced back to its key.
+4. **Model against data**, in :func:`build_run` too: the model's own
+   :meth:`~tvq_exp.models.decoder.Decoder.check_context` and the data module's ``check_accumulation``.
 
+``train.py`` calls :func:`check` once and :func:`build_run` once (the model it trains, on its device);
+:func:`validate` is both with the model on the meta device (no memory), for dry runs and tests.
 Every failure is a :class:`ConfigError` whose one-line message names the key, the bad value and what is
 allowed.
 """
@@ -25,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import enum
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -42,7 +51,6 @@ from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.options import OptionError, check_values, constraints
 from tvq_exp.quantize.codebook import VectorQuantizer
 from tvq_exp.run import schema
-from tvq_exp.run.checkpoints import is_checkpoint
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 SIMPLE_TYPES = (int, float, bool, str)
@@ -53,6 +61,7 @@ INJECTED = {
     "model.attention": {"codebook"},  # and what the backend's class says a block passes (injected_arguments)
     "model.attention.codebook": {"heads", "codebook_size", "dim"},
     "module": {"model", "run_config"},
+    "data.task": {"seq_len", "vocab_size"},  # a synthetic probe's task gets the data module's row shape
 }
 
 
@@ -249,17 +258,33 @@ def locate(error: OptionError, nodes: list[Node]) -> str:
     return f"{nodes[start].key}.{error.option}"
 
 
-def built(cfg: DictConfig, nodes: list[Node], meta: bool) -> Any:
-    """Instantiate ``cfg`` (on the meta device: no memory is allocated), an :class:`OptionError` from any
-    constructor turned into a :class:`ConfigError` on its key."""
+@contextlib.contextmanager
+def located(nodes: list[Node]) -> Iterator[None]:
+    """Turn an :class:`OptionError` raised inside (by a constructor, directly or through Hydra) into a
+    :class:`ConfigError` on its key among ``nodes``."""
     try:
-        with torch.device("meta") if meta else contextlib.nullcontext():
-            return instantiate(cfg)
+        yield
     except (InstantiationException, OptionError) as err:
         cause = next((e for e in _causes(err) if isinstance(e, OptionError)), None)
         if cause is None:
             raise
         raise ConfigError(locate(cause, nodes), cause.value, cause.allowed) from None
+
+
+def built(cfg: DictConfig, nodes: list[Node], device: str | None = None) -> Any:
+    """Instantiate ``cfg`` (under ``torch.device(device)`` when given: ``"meta"`` allocates no memory), an
+    :class:`OptionError` from any constructor turned into a :class:`ConfigError` on its key."""
+    with located(nodes), torch.device(device) if device else contextlib.nullcontext():
+        return instantiate(cfg)
+
+
+@contextlib.contextmanager
+def interpolation_errors() -> Iterator[None]:
+    """Turn OmegaConf's interpolation or missing-value errors into a :class:`ConfigError` on their key."""
+    try:
+        yield
+    except OmegaConfBaseException as err:
+        raise ConfigError(str(getattr(err, "full_key", "config")), "?", str(err).split("\n")[0]) from None
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:
@@ -269,13 +294,26 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
 
 
 # --------------------------------------------------------------------------------------- the commands
+class Command(enum.Enum):
+    """The entry point whose config is checked: what its config holds is the command's, never guessed."""
+
+    TRAIN = "train"  # train.py: its options, the model, data, module, trainer and guard
+    EVAL = "eval"  # eval.py: its options (the model and data come from the checkpoint)
+    SAMPLE = "sample"  # sample.py: its options (the model comes from the checkpoint)
+
+
 TRAIN_NODES = {"model", "data", "module", "guard", "trainer", "logger", "callbacks", "paths", "hydra"}
+COMMAND_OPTIONS = {
+    Command.TRAIN: (schema.train_options, TRAIN_NODES),
+    Command.EVAL: (schema.eval_options, {"paths", "hydra", "model_options"}),
+    Command.SAMPLE: (schema.sample_options, {"paths", "hydra"}),
+}
 
 
 def check_trainer(trainer: DictConfig) -> None:
     """``trainer``: a name ``lightning.pytorch.Trainer`` takes (typos refused, with the nearest name), and the
     values tvq_exp relies on in range (:func:`tvq_exp.run.schema.trainer_options`)."""
-    import lightning.pytorch as pl
+    import lightning.pytorch as pl  # noqa: PLC0415 - only once the model's options passed (fast refusal)
 
     known = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
     for name in trainer.keys():
@@ -290,51 +328,79 @@ def check_trainer(trainer: DictConfig) -> None:
     check_node(subset, "trainer", schema.trainer_options)
 
 
-def check_command(cfg: DictConfig) -> None:
-    """The command's own options: train.py's top level, trainer and guard; eval.py's; sample.py's."""
-    if "trainer" in cfg:
-        check_node(cfg, "", schema.train_options, nested=TRAIN_NODES)
-        check_trainer(cfg.trainer)
-        check_node(cfg.guard, "guard", schema.guard_options)
-        for key in ("init_from", "ckpt_path"):
-            if cfg.get(key) and not is_checkpoint(cfg[key]):
-                raise ConfigError(key, cfg[key], "no such checkpoint file (or sharded checkpoint folder)")
-    elif "split" in cfg:
-        check_node(cfg, "", schema.eval_options, nested={"paths", "hydra", "model_options"})
-    elif "prompt" in cfg:
-        check_node(cfg, "", schema.sample_options, nested={"paths", "hydra"})
+def check_checkpoints(cfg: DictConfig) -> None:
+    """``init_from`` and ``ckpt_path`` of train.py name checkpoint files (or sharded checkpoint folders)."""
+    from tvq_exp.run.checkpoints import is_checkpoint  # noqa: PLC0415 - imports Lightning: only when one is named
+
+    for key in ("init_from", "ckpt_path"):
+        if cfg.get(key) and not is_checkpoint(cfg[key]):
+            raise ConfigError(key, cfg[key], "no such checkpoint file (or sharded checkpoint folder)")
 
 
-# --------------------------------------------------------------------------------------- entry point
-def validate(cfg: DictConfig) -> None:
-    """Validate a composed config: raises :class:`ConfigError` naming the first bad key."""
+# --------------------------------------------------------------------------------------- entry points
+def check(cfg: DictConfig, command: Command) -> None:
+    """Check a composed config without building anything: types, unknown keys and single-option rules of the
+    command's options and, for :attr:`Command.TRAIN`, of every node. The command's options and the model come
+    first (torch only); raises :class:`ConfigError` naming the first bad key."""
+    options, nested = COMMAND_OPTIONS[command]
     try:
-        check_command(cfg)
-        model = data = None
-        if "model" in cfg:
-            nodes = model_nodes(cfg.model)
-            check_nodes(nodes)
-            model = built(cfg.model, nodes, meta=True)
-        if "data" in cfg:
-            nodes = data_nodes(cfg.data)
-            check_nodes(nodes)
-            data = built(cfg.data, nodes, meta=False)
-        if isinstance(cfg.get("module"), DictConfig):
-            check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
-        if data is not None and hasattr(data, "check_accumulation") and "trainer" in cfg:
-            try:
-                data.check_accumulation(int(cfg.trainer.get("accumulate_grad_batches") or 1))
-            except OptionError as err:
-                raise ConfigError(f"data.{err.option}", err.value, err.allowed) from None
-        if model is not None and data is not None:
-            try:
-                model.check_context(data.context_len)
-            except OptionError as err:
-                raise ConfigError(locate(err, model_nodes(cfg.model)), err.value, err.allowed) from None
-    except ConfigError:
-        raise
-    except OmegaConfBaseException as err:  # interpolation or missing-value errors
-        raise ConfigError(str(getattr(err, "full_key", "config")), "?", str(err).split("\n")[0]) from None
+        with interpolation_errors():
+            check_node(cfg, "", options, nested=nested)
+            if command is Command.TRAIN:
+                check_train_nodes(cfg)
+    except ConfigError as err:
+        raise blamed_on_source(cfg, err) from None
 
 
-__all__ = ["ConfigError", "check_node", "schema_for", "validate"]
+def blamed_on_source(cfg: DictConfig, error: ConfigError) -> ConfigError:
+    """``error`` on the key its value comes from, when the bad value is an interpolation of exactly one other
+    key (``block_len: ${tvq.min:512,${data.seq_len}}`` with ``data.seq_len=0`` names ``data.seq_len``)."""
+    parent, _, name = error.key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    raw = node._get_node(name)._value() if isinstance(node, DictConfig) and name in node else None
+    sources = set(re.findall(r"\$\{([A-Za-z_][\w.]*)\}", raw)) if isinstance(raw, str) else set()
+    if len(sources) != 1:
+        return error
+    source = sources.pop()
+    value = OmegaConf.select(cfg, source, throw_on_resolution_failure=False)
+    return ConfigError(source, value, f"{error.allowed} (it sets {error.key})")
+
+
+def check_train_nodes(cfg: DictConfig) -> None:
+    """Every node of a train config, the model first (its classes need torch only; the rest import Lightning)."""
+    check_nodes(model_nodes(cfg.model))
+    check_node(cfg.guard, "guard", schema.guard_options)
+    check_trainer(cfg.trainer)
+    check_nodes(data_nodes(cfg.data))
+    check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
+    check_checkpoints(cfg)
+
+
+def build_run(cfg: DictConfig, device: str | None = None) -> tuple[Any, Any]:
+    """Build a checked train config's data module and model, once -> ``(model, datamodule)``.
+
+    The model is built under ``torch.device(device)`` (``"meta"``: no memory); the rules that tie options
+    together are the constructors', and an :class:`OptionError` of any of them becomes a :class:`ConfigError`
+    on its key, as do the model's :meth:`~tvq_exp.models.decoder.Decoder.check_context` against the data's
+    context length and the data module's ``check_accumulation`` against ``trainer.accumulate_grad_batches``.
+    """
+    with interpolation_errors():
+        data = built(cfg.data, data_nodes(cfg.data))
+        nodes = model_nodes(cfg.model)
+        model = built(cfg.model, nodes, device)
+        with located(data_nodes(cfg.data)):
+            data.check_accumulation(int(cfg.trainer.get("accumulate_grad_batches") or 1))
+        with located(nodes):
+            model.check_context(data.context_len)
+    return model, data
+
+
+def validate(cfg: DictConfig, command: Command = Command.TRAIN) -> None:
+    """Every check of a composed config (a dry run): :func:`check`, then for :attr:`Command.TRAIN`
+    :func:`build_run` with the model on the meta device. Raises :class:`ConfigError` naming the first bad key."""
+    check(cfg, command)
+    if command is Command.TRAIN:
+        build_run(cfg, device="meta")
+
+
+__all__ = ["Command", "ConfigError", "build_run", "check", "check_node", "schema_for", "validate"]

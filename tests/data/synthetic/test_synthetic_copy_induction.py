@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from tvq_exp.batch import IGNORE_INDEX
-from tvq_exp.data.synthetic import InductionDataModule, SelectiveCopyDataModule
+from tvq_exp.data.synthetic import InductionTask, SelectiveCopyTask
 
 
 def test_selective_copy_outputs_data_tokens_in_order() -> None:
-    module = SelectiveCopyDataModule(seq_len=200, num_tokens_to_copy=16, vocab_size=16)
+    module = SelectiveCopyTask(seq_len=200, num_tokens_to_copy=16, vocab_size=16)
     ex = module.generate(np.random.default_rng(0), 64, "train")
     prefix = 200 - 16
     answer = ex.target != IGNORE_INDEX
@@ -32,14 +32,14 @@ def test_selective_copy_outputs_data_tokens_in_order() -> None:
 
 
 def test_selective_copy_positions_are_uniform() -> None:
-    module = SelectiveCopyDataModule(seq_len=40, num_tokens_to_copy=4, vocab_size=8)
+    module = SelectiveCopyTask(seq_len=40, num_tokens_to_copy=4, vocab_size=8)
     ex = module.generate(np.random.default_rng(1), 20_000, "train")
     counts = (ex.input[:, :36] != 0).sum(0)
     assert abs(counts / counts.mean() - 1).max() < 0.1
 
 
 def test_induction_target_is_the_token_after_the_first_trigger() -> None:
-    module = InductionDataModule(seq_len=256, vocab_size=16)
+    module = InductionTask(seq_len=256, vocab_size=16)
     ex = module.generate(np.random.default_rng(0), 512, "train")
     answer = ex.target != IGNORE_INDEX
     assert answer[:, -1].all() and answer.sum() == 512
@@ -55,11 +55,11 @@ def test_induction_target_is_the_token_after_the_first_trigger() -> None:
 @pytest.mark.parametrize(
     ("cls", "options", "option"),
     [
-        (SelectiveCopyDataModule, {"seq_len": 30, "num_tokens_to_copy": 16}, "num_tokens_to_copy=16"),
-        (SelectiveCopyDataModule, {"vocab_size": 2}, "vocab_size=2"),
-        (InductionDataModule, {"seq_len": 3}, "seq_len=3"),
-        (InductionDataModule, {"vocab_size": 1}, "vocab_size=1"),
-        (InductionDataModule, {"first_gap": 0}, "first_gap=0"),
+        (SelectiveCopyTask, {"seq_len": 30, "num_tokens_to_copy": 16}, "num_tokens_to_copy=16"),
+        (SelectiveCopyTask, {"vocab_size": 2}, "vocab_size=2"),
+        (InductionTask, {"seq_len": 3}, "seq_len=3"),
+        (InductionTask, {"vocab_size": 1}, "vocab_size=1"),
+        (InductionTask, {"first_gap": 0}, "first_gap=0"),
     ],
 )
 def test_bad_options_name_option_and_value(cls: type, options: dict[str, object], option: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -11,10 +12,10 @@ import torch
 from tvq_exp.batch import IGNORE_INDEX, Batch
 from tvq_exp.data.samplers import TrainLoader
 from tvq_exp.data.synthetic import (
-    InductionDataModule,
-    MQARDataModule,
-    PasskeyDataModule,
-    SelectiveCopyDataModule,
+    InductionTask,
+    MQARTask,
+    PasskeyTask,
+    SelectiveCopyTask,
     SyntheticDataModule,
 )
 from tvq_exp.data.synthetic.base import SyntheticTrainSampler
@@ -23,44 +24,24 @@ Factory = Callable[..., SyntheticDataModule]
 LOADER = {"batch_size": 4, "eval_batch_size": 3, "steps_per_epoch": 3}
 
 
-def mqar(**options: object) -> SyntheticDataModule:
-    return MQARDataModule(
-        **{
-            "seq_len": 64,
-            "num_kv_pairs": 4,
-            "vocab_size": 128,
-            "num_val_examples": 10,
-            "num_test_examples": 7,
-        }
-        | LOADER
-        | options
-    )
+EVAL_SIZES = {"num_val_examples": 10, "num_test_examples": 7}
 
 
-def selective_copy(**options: object) -> SyntheticDataModule:
-    return SelectiveCopyDataModule(
-        **{
-            "seq_len": 64,
-            "num_tokens_to_copy": 4,
-            "vocab_size": 8,
-            "num_val_examples": 10,
-            "num_test_examples": 7,
-        }
-        | LOADER
-        | options
-    )
+def probe(task: Callable[..., object], task_options: dict[str, object], **module_options: object) -> Factory:
+    """A factory of the data module composed with ``task``; its keyword arguments are the module's options."""
+
+    def factory(**options: object) -> SyntheticDataModule:
+        return SyntheticDataModule(
+            functools.partial(task, **task_options), **module_options | LOADER | options
+        )
+
+    return factory
 
 
-def induction(**options: object) -> SyntheticDataModule:
-    return InductionDataModule(
-        **{"seq_len": 64, "vocab_size": 8, "num_val_examples": 10, "num_test_examples": 7} | LOADER | options
-    )
-
-
-def passkey(**options: object) -> SyntheticDataModule:
-    return PasskeyDataModule(
-        **{"lengths": [128, 192], "depths": [0.0, 0.5, 1.0], "eval_examples_per_cell": 2} | LOADER | options
-    )
+mqar = probe(MQARTask, {"num_kv_pairs": 4}, seq_len=64, vocab_size=128, **EVAL_SIZES)
+selective_copy = probe(SelectiveCopyTask, {"num_tokens_to_copy": 4}, seq_len=64, vocab_size=8, **EVAL_SIZES)
+induction = probe(InductionTask, {}, seq_len=64, vocab_size=8, **EVAL_SIZES)
+passkey = probe(PasskeyTask, {"lengths": [128, 192], "depths": [0.0, 0.5, 1.0], "eval_examples_per_cell": 2})
 
 
 FACTORIES = {"mqar": mqar, "selective_copy": selective_copy, "induction": induction, "passkey": passkey}

@@ -7,12 +7,12 @@ import pytest
 from scipy.stats import chisquare
 
 from tvq_exp.batch import IGNORE_INDEX
-from tvq_exp.data.synthetic import Examples, MQARDataModule
+from tvq_exp.data.synthetic import Examples, MQARTask, SyntheticDataModule, mqar_preset
 from tvq_exp.data.synthetic.mqar import mqar_examples, ordered_sample, power_law_log_weights
 
 
-def generate(num_examples: int = 256, seed: int = 0, **options: object) -> tuple[MQARDataModule, Examples]:
-    module = MQARDataModule(**{"seq_len": 128, "num_kv_pairs": 8, "vocab_size": 512, **options})
+def generate(num_examples: int = 256, seed: int = 0, **options: object) -> tuple[MQARTask, Examples]:
+    module = MQARTask(**{"seq_len": 128, "num_kv_pairs": 8, "vocab_size": 512, **options})
     return module, module.generate(np.random.default_rng(seed), num_examples, "train")
 
 
@@ -80,7 +80,7 @@ def test_ordered_sample_is_sequential_draw_without_replacement() -> None:
 
 
 def test_gap_buckets_cover_the_sequence() -> None:
-    module = MQARDataModule(seq_len=1024, num_kv_pairs=64, vocab_size=8192)
+    module = MQARTask(seq_len=1024, num_kv_pairs=64, vocab_size=8192)
     edges = [0, 32, 64, 128, 256, 512, 1024]
     assert module.bucket_names("test") == [f"gap_{lo}_{hi}" for lo, hi in zip(edges, edges[1:], strict=False)]
     ex = mqar_examples(np.random.default_rng(1), 64, 1024, 8192, 64, 64, 0.01, True, module.edges)
@@ -89,12 +89,12 @@ def test_gap_buckets_cover_the_sequence() -> None:
 
 
 def test_presets() -> None:
-    modules = [MQARDataModule.from_preset(name) for name in ("mqar_64", "mqar_128", "mqar_256", "mqar_1024")]
-    shapes = {(m.seq_len, m.num_kv_pairs, m.vocab_size) for m in modules}
+    modules = [mqar_preset(name) for name in ("mqar_64", "mqar_128", "mqar_256", "mqar_1024")]
+    shapes = {(m.seq_len, m.task.num_kv_pairs, m.vocab_size) for m in modules}
     assert shapes == {(64, 4, 8192), (128, 8, 8192), (256, 16, 8192), (1024, 64, 8192)}
-    assert MQARDataModule.from_preset("mqar_64", batch_size=3).batch_size == 3
+    assert mqar_preset("mqar_64", batch_size=3).batch_size == 3
     with pytest.raises(ValueError, match="mqar_7"):
-        MQARDataModule.from_preset("mqar_7")
+        mqar_preset("mqar_7")
 
 
 @pytest.mark.parametrize(
@@ -105,10 +105,18 @@ def test_presets() -> None:
         ({"vocab_size": 16, "num_kv_pairs": 8}, "num_kv_pairs=8"),
         ({"num_queries": 17}, "num_queries=17"),
         ({"power_a": 0.0}, "power_a=0.0"),
-        ({"batch_size": 0}, "batch_size=0"),
-        ({"kind": "text"}, "kind='text'"),
     ],
 )
 def test_bad_options_name_option_and_value(options: dict[str, object], option: str) -> None:
-    with pytest.raises(ValueError, match=f"MQARDataModule: {option}: must"):
-        MQARDataModule(**options)
+    with pytest.raises(ValueError, match=f"MQARTask: {option}: must"):
+        MQARTask(**options)
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [({"batch_size": 0}, "batch_size=0"), ({"kind": "text"}, "kind='text'"), ({"seq_len": 65}, "seq_len=65")],
+)
+def test_bad_loader_options_name_option_and_value(options: dict[str, object], option: str) -> None:
+    """The loader options are the data module's; the row shape it gives the task is checked by the task."""
+    with pytest.raises(ValueError, match=f"(SyntheticDataModule|MQARTask): {option}: must"):
+        SyntheticDataModule(MQARTask, **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from tvq_exp.batch import IGNORE_INDEX
-from tvq_exp.data.synthetic import PasskeyDataModule
+from tvq_exp.data.synthetic import PasskeyTask, SyntheticDataModule
 from tvq_exp.data.synthetic.base import Examples
 from tvq_exp.data.synthetic.passkey import QUESTION, needle
 
@@ -19,8 +20,11 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 @pytest.fixture(scope="module")
-def module() -> PasskeyDataModule:
-    return PasskeyDataModule(lengths=LENGTHS, depths=DEPTHS, key_digits=6, eval_examples_per_cell=2)
+def module() -> SyntheticDataModule:
+    task = functools.partial(
+        PasskeyTask, lengths=LENGTHS, depths=DEPTHS, key_digits=6, eval_examples_per_cell=2
+    )
+    return SyntheticDataModule(task)
 
 
 def check_example(row: int, examples: Examples, cell: int, seq_len: int = 512, digits: int = 6) -> None:
@@ -45,7 +49,7 @@ def check_example(row: int, examples: Examples, cell: int, seq_len: int = 512, d
     assert between.count(b"\n") <= 1, f"needle at {at}, depth {depth} of {len(filler)} bytes"
 
 
-def test_evaluation_examples(module: PasskeyDataModule) -> None:
+def test_evaluation_examples(module: SyntheticDataModule) -> None:
     examples = module.eval_examples("validation")
     cells = len(LENGTHS) * len(DEPTHS)
     assert len(examples) == 2 * cells
@@ -53,7 +57,7 @@ def test_evaluation_examples(module: PasskeyDataModule) -> None:
         check_example(row, examples, row % cells)
 
 
-def test_training_examples(module: PasskeyDataModule) -> None:
+def test_training_examples(module: SyntheticDataModule) -> None:
     examples = module.generate(np.random.default_rng(3), 40, "train")
     cells = examples.bucket[:, -1]
     assert len(set(cells.tolist())) > 5
@@ -61,7 +65,7 @@ def test_training_examples(module: PasskeyDataModule) -> None:
         check_example(row, examples, cell)
 
 
-def test_depths_place_the_needle_in_order(module: PasskeyDataModule) -> None:
+def test_depths_place_the_needle_in_order(module: SyntheticDataModule) -> None:
     """At one length, the needle moves from the start to the end of the passage as the depth grows."""
     examples = module.eval_examples("test")
     long = [row for row in range(len(examples)) if examples.bucket[row, -1] // len(DEPTHS) == 2][
@@ -71,15 +75,15 @@ def test_depths_place_the_needle_in_order(module: PasskeyDataModule) -> None:
     assert starts[0] == 1 and starts == sorted(starts) and starts[-1] > 400
 
 
-def test_splits_read_their_own_books(module: PasskeyDataModule, data_dir: Path) -> None:
+def test_splits_read_their_own_books(module: SyntheticDataModule, data_dir: Path) -> None:
     with open(data_dir / "text/gutenberg/CATALOG.tsv", newline="", encoding="utf-8") as handle:
         catalog = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
     for split in ("train", "validation", "test"):
-        names = {path.name for path in module.pool(split).paths}
+        names = {path.name for path in module.task.pool(split).paths}
         assert names == {row["file"] for row in catalog if row["split"] == split}
 
 
-def test_bucket_names(module: PasskeyDataModule) -> None:
+def test_bucket_names(module: SyntheticDataModule) -> None:
     names = module.bucket_names("test")
     assert len(names) == 15 and names[0] == "len_160_depth_0.00" and names[7] == "len_256_depth_0.50"
 
@@ -97,5 +101,5 @@ def test_bucket_names(module: PasskeyDataModule) -> None:
     ],
 )
 def test_bad_options_name_option_and_value(options: dict[str, object], option: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(f"PasskeyDataModule: {option}: must")):
-        PasskeyDataModule(**options)
+    with pytest.raises(ValueError, match=re.escape(f"PasskeyTask: {option}: must")):
+        PasskeyTask(**options)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from torch.utils.data import DataLoader
 
+from tvq_exp.batch import DataKind
 from tvq_exp.data.images.sources import ImageSource
 from tvq_exp.data.images.tokens import ImageArray, ImageTokenDataset
 from tvq_exp.data.module import RootedDataModule
@@ -70,7 +71,7 @@ class ImageDataModule(RootedDataModule):
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
         self.seed = seed
-        self.kind = kind
+        self.kind = DataKind(kind)
         self.images: dict[str, ImageArray] | None = None
 
     def check_accumulation(self, accumulate_grad_batches: int) -> None:

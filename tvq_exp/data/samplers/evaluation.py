@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from tvq_exp.batch import IGNORE_INDEX, Batch
+from tvq_exp.data.samplers.tbptt import check_sequence_len
 
 PROTOCOLS = ("segment", "sequence", "split")
 
@@ -50,10 +51,8 @@ class EvalSegmentSampler:
             )
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-        if protocol == "sequence" and (sequence_len is None or sequence_len % seq_len):
-            raise ValueError(
-                f"protocol 'sequence' needs sequence_len a multiple of {seq_len}, got {sequence_len}"
-            )
+        if protocol == "sequence":
+            check_sequence_len(sequence_len, seq_len)
         self.data = data
         self.seq_len = seq_len
         self.num_streams = num_streams

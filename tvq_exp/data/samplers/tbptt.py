@@ -26,6 +26,16 @@ import numpy as np
 
 from tvq_exp.batch import Batch
 from tvq_exp.data.samplers.loader import check_split_size, window_batch
+from tvq_exp.options import OptionError
+
+
+def check_sequence_len(sequence_len: int | None, update_len: int, owner: type | None = None) -> None:
+    """The one rule of a sequence cut into updates (TBPTT training, the ``sequence`` evaluation protocol):
+    ``sequence_len`` is a whole number of updates of ``update_len`` (``data.seq_len``); raises
+    :class:`~tvq_exp.options.OptionError` on ``sequence_len`` otherwise."""
+    if sequence_len is None or sequence_len % update_len:
+        allowed = f"must be a multiple of the update length data.seq_len={update_len} (sampler=tbptt, eval_protocol=sequence)"
+        raise OptionError("sequence_len", sequence_len, allowed, owner)
 
 
 class TBPTTSampler:
@@ -52,10 +62,7 @@ class TBPTTSampler:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        if sequence_len % update_len:
-            raise ValueError(
-                f"sequence_len={sequence_len} must be a multiple of the update length {update_len}"
-            )
+        check_sequence_len(sequence_len, update_len)
         check_split_size("train", len(data), sequence_len + sequence_len)  # room for the offset too
         self.data, self.update_len, self.sequence_len = data, update_len, sequence_len
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size

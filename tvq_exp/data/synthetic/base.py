@@ -1,5 +1,8 @@
 """What every synthetic probe shares: the example arrays, gap buckets, the seeded samplers, the data module.
 
+Over 300 lines: the one data module every probe's task is composed with, and the seeding contract (below) that
+its samplers, evaluation sets and checksums implement together; split, each part would restate it.
+
 A probe writes :class:`Examples`: ``input``, ``target`` and ``bucket``, each ``(N, T)`` int64. ``target`` is
 :data:`~tvq_exp.batch.IGNORE_INDEX` wherever no loss is taken, and ``bucket`` is the bucket id at every
 answer position (``target != IGNORE_INDEX``) and ``-1`` elsewhere. Batches add ``reset`` ``(B,)`` bool, always
@@ -14,19 +17,19 @@ stream from any training batch) and do not depend on the world size.
 
 from __future__ import annotations
 
-import abc
 import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 import torch
 
-from tvq_exp.batch import IGNORE_INDEX, Batch
+from tvq_exp.batch import IGNORE_INDEX, Batch, DataKind
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.samplers import TrainLoader
+from tvq_exp.options import AtLeast, OneOf, checked
 
 EVAL_SPLITS = ("validation", "test")
 EVAL_STREAM = 0x5EED_E7A1  # second seed word of the evaluation sets: keeps them apart from training batches
@@ -188,39 +191,71 @@ class SyntheticEvalLoader:
 # ----------------------------------------------------------------------------------------------- data module
 
 
-class SyntheticDataModule(RootedDataModule, abc.ABC):
-    """A seeded synthetic probe: training batches on the fly, fixed validation and test sets.
+class SyntheticTask(Protocol):
+    """One probe's generator (:mod:`.induction`, :mod:`.selective_copy`, :mod:`.mqar`, :mod:`.passkey`): the
+    row shape, the examples of a split, the names of its answer buckets, and the size of its evaluation sets
+    when the task fixes it (``None``: the data module's ``num_val_examples`` / ``num_test_examples``)."""
 
-    Subclasses implement :meth:`generate` and :meth:`bucket_names`. Attributes like the text module's:
-    ``seq_len``, ``vocab_size``, ``kind = "synthetic"``, ``batch_size`` (training rows per rank) and
-    ``eval_batch_size``. Batches: ``input``/``target``/``bucket`` ``(B, T)`` int64, ``reset`` ``(B,)`` bool.
+    seq_len: int
+    vocab_size: int
+    eval_examples: int | None
+
+    def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
+        """``num_examples`` examples of ``split`` (``"train"``, ``"validation"``, ``"test"``) from ``rng``."""
+        ...
+
+    def bucket_names(self, split: str) -> list[str]:
+        """The name of each bucket id of ``split``."""
+        ...
+
+
+DEFAULT_EVAL_EXAMPLES = 1000
+
+
+class SyntheticDataModule(RootedDataModule):
+    """A seeded synthetic probe: a task (:class:`SyntheticTask`) with the loader options every probe shares;
+    training batches on the fly, fixed validation and test sets (module docstring for the seeding).
+
+    Args:
+        task: the task's class (or a partial of it) with its own options; built here with ``seq_len`` and
+            ``vocab_size`` when they are given (``None``: the task's defaults).
+        seq_len, vocab_size: the row shape (the data contract's keys).
+        batch_size: training rows per rank; ``eval_batch_size``: evaluation rows per batch.
+        num_val_examples, num_test_examples: evaluation set sizes (``None``: the task's ``eval_examples``,
+            else 1000); ``steps_per_epoch``; ``seed`` (training batches), ``val_seed``, ``test_seed``.
+
+    Batches: ``input``/``target``/``bucket`` ``(B, seq_len)`` int64, ``reset`` ``(B,)`` bool
+    (:mod:`tvq_exp.batch`).
     """
 
+    @checked
     def __init__(
         self,
-        seq_len: int,
-        vocab_size: int,
-        batch_size: int,
-        eval_batch_size: int,
-        num_val_examples: int,
-        num_test_examples: int,
-        steps_per_epoch: int,
-        seed: int,
-        val_seed: int,
-        test_seed: int,
-        kind: str = "synthetic",
-        root: str | None = None,
+        task: Callable[..., SyntheticTask],
+        seq_len: Annotated[int, AtLeast(1)] | None = None,
+        vocab_size: Annotated[int, AtLeast(2)] | None = None,
+        batch_size: Annotated[int, AtLeast(1)] = 64,
+        eval_batch_size: Annotated[int, AtLeast(1)] = 64,
+        num_val_examples: Annotated[int, AtLeast(1)] | None = None,
+        num_test_examples: Annotated[int, AtLeast(1)] | None = None,
+        steps_per_epoch: Annotated[int, AtLeast(1)] = 1000,
+        seed: int = 0,
+        val_seed: int = 1,
+        test_seed: int = 2,
+        kind: Annotated[str, OneOf("synthetic")] = "synthetic",
     ) -> None:
-        super().__init__(root)
-        self.seq_len = seq_len
-        self.vocab_size = vocab_size
+        super().__init__(None)
+        shape = {"seq_len": seq_len, "vocab_size": vocab_size}
+        self.task = task(**{name: value for name, value in shape.items() if value is not None})
+        self.seq_len, self.vocab_size = self.task.seq_len, self.task.vocab_size
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
-        self.num_examples = {"validation": num_val_examples, "test": num_test_examples}
+        fixed = self.task.eval_examples or DEFAULT_EVAL_EXAMPLES
+        self.num_examples = {"validation": num_val_examples or fixed, "test": num_test_examples or fixed}
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
         self.split_seeds = {"validation": val_seed, "test": test_seed}
-        self.kind = kind
+        self.kind = DataKind(kind)
         self.eval_sets: dict[str, Examples] = {}
 
     @property
@@ -228,13 +263,13 @@ class SyntheticDataModule(RootedDataModule, abc.ABC):
         """Positions a model sees from a fresh state: one whole sequence."""
         return self.seq_len
 
-    @abc.abstractmethod
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
-        """``num_examples`` examples of ``split`` (``"train"``, ``"validation"``, ``"test"``) from ``rng``."""
+        """``num_examples`` examples of ``split`` from ``rng`` (the task's)."""
+        return self.task.generate(rng, num_examples, split)
 
-    @abc.abstractmethod
     def bucket_names(self, split: str) -> list[str]:
-        """The name of each bucket id of ``split``."""
+        """The task's answer buckets of ``split`` (the data contract)."""
+        return self.task.bucket_names(split)
 
     def setup(self, stage: str | None = None) -> None:
         for split in EVAL_SPLITS:

@@ -25,12 +25,11 @@ import numpy as np
 from tvq_exp.data.synthetic.base import (
     DEFAULT_FIRST_GAP,
     Examples,
-    SyntheticDataModule,
     gap_bucket,
     gap_bucket_names,
     gap_edges,
 )
-from tvq_exp.options import AtLeast, OneOf, checked
+from tvq_exp.options import AtLeast, checked
 
 
 def induction_examples(
@@ -50,14 +49,15 @@ def induction_examples(
     return examples
 
 
-class InductionDataModule(SyntheticDataModule):
-    """The induction-heads probe as a seeded data module (module docstring for the layout).
+class InductionTask:
+    """The induction-heads probe (module docstring for the layout), a task of
+    :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
     Options: ``seq_len``, ``vocab_size`` (random tokens ``0 .. V-2``, trigger ``V-1``), ``first_gap`` (upper
-    edge of the first gap bucket); the loader options are
-    :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`'s.
-    Batches: ``input``/``target``/``bucket`` ``(B, seq_len)`` int64, ``reset`` ``(B,)`` bool.
+    edge of the first gap bucket). Examples: ``(N, seq_len)`` arrays.
     """
+
+    eval_examples = None
 
     @checked
     def __init__(
@@ -65,29 +65,8 @@ class InductionDataModule(SyntheticDataModule):
         seq_len: Annotated[int, AtLeast(4)] = 256,
         vocab_size: Annotated[int, AtLeast(2)] = 16,
         first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
-        batch_size: Annotated[int, AtLeast(1)] = 64,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 64,
-        num_val_examples: Annotated[int, AtLeast(1)] = 1000,
-        num_test_examples: Annotated[int, AtLeast(1)] = 1000,
-        steps_per_epoch: Annotated[int, AtLeast(1)] = 1000,
-        seed: int = 0,
-        val_seed: int = 1,
-        test_seed: int = 2,
-        kind: Annotated[str, OneOf("synthetic")] = "synthetic",
     ) -> None:
-        super().__init__(
-            seq_len=seq_len,
-            vocab_size=vocab_size,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_val_examples=num_val_examples,
-            num_test_examples=num_test_examples,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-            val_seed=val_seed,
-            test_seed=test_seed,
-            kind=kind,
-        )
+        self.seq_len, self.vocab_size = seq_len, vocab_size
         self.edges = gap_edges(seq_len, first_gap)
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:

@@ -29,7 +29,7 @@ preset     seq_len num_kv_pairs note
 ``mqar_1024``  1024    64       long probe (beyond Figure 2)
 ========== ======= ============ =====================================
 
-Use ``MQARDataModule.from_preset("mqar_256", batch_size=256)``. Zoology's Figure 2 runs set
+Use ``mqar_preset("mqar_256", batch_size=256)``. Zoology's Figure 2 runs set
 ``random_non_queries=False``; its generator's default (kept here) is True.
 
 Differences from Zoology, all outside the sampled distribution: numpy's ``Generator`` replaces the global
@@ -42,6 +42,7 @@ older ``associative_recall``) query a uniform subset of the pairs.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import numpy as np
@@ -55,7 +56,7 @@ from tvq_exp.data.synthetic.base import (
     gap_bucket_names,
     gap_edges,
 )
-from tvq_exp.options import Above, AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import Above, AtLeast, OptionError, checked
 
 ZOOLOGY_VOCAB_SIZE = 8192
 PRESETS: dict[str, dict[str, int]] = {
@@ -120,15 +121,17 @@ def mqar_examples(
     return examples
 
 
-class MQARDataModule(SyntheticDataModule):
-    """Zoology's Multi-Query Associative Recall as a seeded data module (module docstring for the layout).
+class MQARTask:
+    """Zoology's Multi-Query Associative Recall (module docstring for the layout), a task of
+    :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
     Options: ``seq_len`` (even), ``num_kv_pairs`` (``4 * num_kv_pairs <= seq_len``, and at most
     ``vocab_size // 2 - 1`` distinct keys), ``vocab_size``, ``power_a`` (> 0), ``random_non_queries``,
-    ``num_queries`` (``None`` = every pair, as Zoology), ``first_gap`` (upper edge of the first gap bucket);
-    the loader options are :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`'s.
-    Batches: ``input``/``target``/``bucket`` ``(B, seq_len)`` int64, ``reset`` ``(B,)`` bool.
+    ``num_queries`` (``None`` = every pair, as Zoology), ``first_gap`` (upper edge of the first gap bucket).
+    Examples: ``(N, seq_len)`` arrays.
     """
+
+    eval_examples = None
 
     @checked
     def __init__(
@@ -140,15 +143,6 @@ class MQARDataModule(SyntheticDataModule):
         random_non_queries: bool = True,
         num_queries: Annotated[int, AtLeast(1)] | None = None,
         first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
-        batch_size: Annotated[int, AtLeast(1)] = 64,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 64,
-        num_val_examples: Annotated[int, AtLeast(1)] = 1000,
-        num_test_examples: Annotated[int, AtLeast(1)] = 1000,
-        steps_per_epoch: Annotated[int, AtLeast(1)] = 1000,
-        seed: int = 0,
-        val_seed: int = 1,
-        test_seed: int = 2,
-        kind: Annotated[str, OneOf("synthetic")] = "synthetic",
     ) -> None:
         owner = type(self)
         if seq_len % 2:
@@ -161,31 +155,11 @@ class MQARDataModule(SyntheticDataModule):
             )
         if num_queries is not None and num_queries > num_kv_pairs:
             raise OptionError("num_queries", num_queries, f"must be <= num_kv_pairs = {num_kv_pairs}", owner)
-        super().__init__(
-            seq_len=seq_len,
-            vocab_size=vocab_size,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_val_examples=num_val_examples,
-            num_test_examples=num_test_examples,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-            val_seed=val_seed,
-            test_seed=test_seed,
-            kind=kind,
-        )
-        self.num_kv_pairs = num_kv_pairs
+        self.seq_len, self.vocab_size, self.num_kv_pairs = seq_len, vocab_size, num_kv_pairs
         self.power_a = float(power_a)
         self.random_non_queries = random_non_queries
         self.num_queries = num_kv_pairs if num_queries is None else num_queries
         self.edges = gap_edges(seq_len, first_gap)
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> MQARDataModule:
-        """The module of preset ``name`` (:data:`PRESETS`), any option overridden by ``overrides``."""
-        if name not in PRESETS:
-            raise OptionError("name", name, f"must be one of {', '.join(PRESETS)}", cls)
-        return cls(**{**PRESETS[name], **overrides})
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
         return mqar_examples(
@@ -202,3 +176,12 @@ class MQARDataModule(SyntheticDataModule):
 
     def bucket_names(self, split: str) -> list[str]:
         return gap_bucket_names(self.edges)
+
+
+def mqar_preset(name: str, **options: Any) -> SyntheticDataModule:
+    """The MQAR data module of preset ``name`` (:data:`PRESETS`), with the data module's ``options``."""
+    if name not in PRESETS:
+        raise OptionError("name", name, f"must be one of {', '.join(PRESETS)}", MQARTask)
+    preset = PRESETS[name]
+    task = functools.partial(MQARTask, num_kv_pairs=preset["num_kv_pairs"])
+    return SyntheticDataModule(task, seq_len=preset["seq_len"], vocab_size=preset["vocab_size"], **options)

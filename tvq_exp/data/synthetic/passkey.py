@@ -35,7 +35,8 @@ from typing import Annotated
 
 import numpy as np
 
-from tvq_exp.data.synthetic.base import Examples, SyntheticDataModule
+from tvq_exp.data.paths import data_root
+from tvq_exp.data.synthetic.base import Examples
 from tvq_exp.data.text.files import read_bytes
 from tvq_exp.data.text.gutenberg import GutenbergCorpus
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
@@ -103,14 +104,15 @@ def random_key(rng: np.random.Generator, digits: int) -> str:
     return str(first) + "".join(str(int(d)) for d in rng.integers(0, 10, size=digits - 1))
 
 
-class PasskeyDataModule(SyntheticDataModule):
-    """Passkey retrieval over the Gutenberg books (module docstring for the example layout).
+class PasskeyTask:
+    """Passkey retrieval over the Gutenberg books (module docstring for the example layout), a task of
+    :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
     Options: ``lengths`` (distinct context lengths, each long enough for needle, question and key),
     ``depths`` (distinct fractions in ``[0, 1]``), ``key_digits``, ``seq_len`` (``None`` = ``max(lengths)``),
-    ``eval_examples_per_cell``, ``corpus_path`` (the Gutenberg folder under the data root); the loader options
-    are :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`'s.
-    Batches: ``input``/``target``/``bucket`` ``(B, seq_len)`` int64, ``reset`` ``(B,)`` bool.
+    ``eval_examples_per_cell`` (the evaluation sets hold every cell that often), ``corpus_path`` (the
+    Gutenberg folder under the data root), ``root`` (the data root; ``None``: ``$TVQ_DATA_DIR``, else
+    ``./data``). Examples: ``(N, seq_len)`` arrays.
     """
 
     @checked
@@ -122,14 +124,7 @@ class PasskeyDataModule(SyntheticDataModule):
         seq_len: Annotated[int, AtLeast(1)] | None = None,
         eval_examples_per_cell: Annotated[int, AtLeast(1)] = 10,
         corpus_path: str = "text/gutenberg",
-        batch_size: Annotated[int, AtLeast(1)] = 8,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 8,
-        steps_per_epoch: Annotated[int, AtLeast(1)] = 1000,
-        seed: int = 0,
-        val_seed: int = 1,
-        test_seed: int = 2,
         vocab_size: Annotated[int, OneOf(BYTE_VOCAB_SIZE)] = BYTE_VOCAB_SIZE,
-        kind: Annotated[str, OneOf("synthetic")] = "synthetic",
         root: str | None = None,
     ) -> None:
         self.lengths = tuple(int(length) for length in lengths)
@@ -141,22 +136,10 @@ class PasskeyDataModule(SyntheticDataModule):
             raise OptionError(
                 "seq_len", seq_len, f"must be >= max(lengths) = {max(self.lengths)}", type(self)
             )
-        num_eval = eval_examples_per_cell * len(self.lengths) * len(self.depths)
-        super().__init__(
-            seq_len=seq_len,
-            vocab_size=vocab_size,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_val_examples=num_eval,
-            num_test_examples=num_eval,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-            val_seed=val_seed,
-            test_seed=test_seed,
-            kind=kind,
-            root=root,
-        )
+        self.seq_len, self.vocab_size = seq_len, vocab_size
+        self.eval_examples = eval_examples_per_cell * len(self.lengths) * len(self.depths)
         self.corpus = GutenbergCorpus(corpus_path)
+        self.root = root
         self.pools: dict[str, BookPool] = {}
 
     def check_cells(self) -> None:
@@ -179,7 +162,7 @@ class PasskeyDataModule(SyntheticDataModule):
     def pool(self, split: str) -> BookPool:
         """The books of ``split`` (``"train"``, ``"validation"`` or ``"test"``), opened on first use."""
         if split not in self.pools:
-            self.pools[split] = BookPool(self.corpus.split_files(self.root)[split])
+            self.pools[split] = BookPool(self.corpus.split_files(data_root(self.root))[split])
         return self.pools[split]
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:

@@ -27,12 +27,11 @@ import numpy as np
 from tvq_exp.data.synthetic.base import (
     DEFAULT_FIRST_GAP,
     Examples,
-    SyntheticDataModule,
     gap_bucket,
     gap_bucket_names,
     gap_edges,
 )
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, OptionError, checked
 
 
 def selective_copy_examples(
@@ -58,14 +57,16 @@ def selective_copy_examples(
     return examples
 
 
-class SelectiveCopyDataModule(SyntheticDataModule):
-    """Mamba's Selective Copying as a seeded data module (module docstring for the layout).
+class SelectiveCopyTask:
+    """Mamba's Selective Copying (module docstring for the layout), a task of
+    :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
     Options: ``seq_len`` (``>= 2 * num_tokens_to_copy``), ``num_tokens_to_copy``, ``vocab_size`` (noise 0,
-    data ``1 .. V-2``, marker ``V-1``), ``first_gap`` (upper edge of the first gap bucket); the loader
-    options are :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`'s.
-    Batches: ``input``/``target``/``bucket`` ``(B, seq_len)`` int64, ``reset`` ``(B,)`` bool.
+    data ``1 .. V-2``, marker ``V-1``), ``first_gap`` (upper edge of the first gap bucket). Examples:
+    ``(N, seq_len)`` arrays.
     """
+
+    eval_examples = None
 
     @checked
     def __init__(
@@ -74,33 +75,11 @@ class SelectiveCopyDataModule(SyntheticDataModule):
         num_tokens_to_copy: Annotated[int, AtLeast(1)] = 16,
         vocab_size: Annotated[int, AtLeast(3)] = 16,
         first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
-        batch_size: Annotated[int, AtLeast(1)] = 64,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 64,
-        num_val_examples: Annotated[int, AtLeast(1)] = 1000,
-        num_test_examples: Annotated[int, AtLeast(1)] = 1000,
-        steps_per_epoch: Annotated[int, AtLeast(1)] = 1000,
-        seed: int = 0,
-        val_seed: int = 1,
-        test_seed: int = 2,
-        kind: Annotated[str, OneOf("synthetic")] = "synthetic",
     ) -> None:
         if 2 * num_tokens_to_copy > seq_len:
             allowed = f"must be <= seq_len / 2 = {seq_len // 2} (data tokens plus as many markers)"
             raise OptionError("num_tokens_to_copy", num_tokens_to_copy, allowed, type(self))
-        super().__init__(
-            seq_len=seq_len,
-            vocab_size=vocab_size,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_val_examples=num_val_examples,
-            num_test_examples=num_test_examples,
-            steps_per_epoch=steps_per_epoch,
-            seed=seed,
-            val_seed=val_seed,
-            test_seed=test_seed,
-            kind=kind,
-        )
-        self.num_tokens_to_copy = num_tokens_to_copy
+        self.seq_len, self.vocab_size, self.num_tokens_to_copy = seq_len, vocab_size, num_tokens_to_copy
         self.edges = gap_edges(seq_len, first_gap)
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import numpy as np
 
+from tvq_exp.batch import DataKind
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.paths import CorruptFileError, resolve
 from tvq_exp.data.samplers import (
@@ -17,6 +18,7 @@ from tvq_exp.data.samplers import (
     check_split_size,
 )
 from tvq_exp.data.samplers.evaluation import PROTOCOLS
+from tvq_exp.data.samplers.tbptt import check_sequence_len
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
@@ -64,10 +66,8 @@ class TextDataModule(RootedDataModule):
         eval_protocol: Annotated[str, OneOf(*PROTOCOLS)] = "segment",
     ) -> None:
         super().__init__(root)
-        needs_sequence = sampler == "tbptt" or eval_protocol == "sequence"
-        if needs_sequence and (sequence_len is None or sequence_len % seq_len):
-            allowed = f"must be a multiple of data.seq_len={seq_len} (the update length) with sampler=tbptt or eval_protocol=sequence"
-            raise OptionError("sequence_len", sequence_len, allowed, type(self))
+        if sampler == "tbptt" or eval_protocol == "sequence":
+            check_sequence_len(sequence_len, seq_len, type(self))
         self.sequence_len, self.reset_every, self.eval_protocol = sequence_len, reset_every, eval_protocol
         self.corpus = corpus
         self.seq_len = seq_len
@@ -78,7 +78,7 @@ class TextDataModule(RootedDataModule):
         self.steps_per_epoch = steps_per_epoch
         self.random_offset = random_offset
         self.vocab_size = vocab_size
-        self.kind = kind
+        self.kind = DataKind(kind)
         self.splits: dict[str, np.ndarray] | None = None
 
     def check_accumulation(self, accumulate_grad_batches: int) -> None:
