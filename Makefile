@@ -13,7 +13,7 @@ install: ## create .venv and install the project (editable) with its dev extras
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
 
-test: ## run the test suite (fast checks, < 20 min on 2 CPU cores)
+test: ## run the test suite (fast checks; how long: docs/benchmarks.md)
 	$(PYTEST) -m "not slow" -n 2 --dist loadgroup
 
 test-slow: ## run the slow checks (long training comparisons, full benchmarks)
