@@ -51,9 +51,10 @@ needs_data = pytest.mark.skipif(
 
 def run_train(overrides: list[str], output_dir: Path) -> dict[str, Any]:
     """Compose ``train.yaml`` with ``overrides`` and train into ``output_dir``."""
+    overrides = [*overrides, f"paths.output_dir={output_dir}"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"paths.output_dir={output_dir}"])
-    return train(cfg)
+        cfg = compose("train", overrides=overrides)
+    return train(cfg, overrides)
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,23 @@ from tvq_exp.run.build import (
     to_dict,
 )
 from tvq_exp.run.checkpoints import AtomicCheckpointIO, mark_finished, read_checkpoint
-from tvq_exp.run.resume import auto_resume, check_run_options, resume_config
+from tvq_exp.run.resume import (
+    auto_resume,
+    check_run_options,
+    explicit_overrides,
+    nothing_left,
+    relaunch_config,
+    resume_config,
+)
 from tvq_exp.run.validation import validate
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
     """Train (or resume with ``ckpt_path`` or ``resume=auto``) as configured.
+
+    ``ckpt_path`` continues the checkpoint's run with ``overrides`` (default: this launch's command line)
+    laid over its stored config (:func:`tvq_exp.run.resume.resume_config`); ``resume=auto`` relaunches the
+    same command (:func:`tvq_exp.run.resume.relaunch_config`).
 
     Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir`` (checkpoints
     atomically, with RNG states); ``finished.json`` when the last step is reached. SIGTERM/SIGUSR1 save
@@ -50,9 +62,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     resume_step = None
     if cfg.get("ckpt_path"):
         checkpoint = read_checkpoint(cfg.ckpt_path)
-        cfg = resume_config(cfg, run_config(checkpoint))
+        if cfg.get("resume") == "auto":
+            cfg = relaunch_config(cfg, run_config(checkpoint))
+        else:
+            given = explicit_overrides() if overrides is None else overrides
+            cfg = resume_config(cfg, run_config(checkpoint), given)
         resume_step = int(checkpoint.get("global_step", 0))
         validate(cfg)
+        done = nothing_left(cfg, resume_step)
+        if done is not None:
+            return done
+        if cfg.get("resume") != "auto":
+            say(f"resuming {cfg.ckpt_path} at step {resume_step} of {cfg.trainer.max_steps}")
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
