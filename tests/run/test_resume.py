@@ -14,7 +14,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from tests.helpers.paths import CONF, REPO
-from tvq_exp.run.resume import checkpoint_run_dir, nothing_left, resume_config
+from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR
+from tvq_exp.resolvers import RUN_CHECKPOINTS, checkpoint_run_dir
+from tvq_exp.run.resume import nothing_left, resume_config
 
 needs_data = pytest.mark.skipif(
     not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
@@ -74,6 +76,7 @@ def test_nothing_left_says_so_in_one_line(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_the_run_dir_of_a_checkpoint() -> None:
+    assert RUN_CHECKPOINTS == CHECKPOINT_DIR
     assert checkpoint_run_dir("logs/runs/a/checkpoints/last.ckpt", None) == "logs/runs/a"
     assert checkpoint_run_dir("logs/runs/a/checkpoints/last.ckpt", "fork") is None  # run_name: a new dir
     assert checkpoint_run_dir("/tmp/copied.ckpt", None) is None and checkpoint_run_dir(None, None) is None

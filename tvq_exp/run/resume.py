@@ -85,16 +85,6 @@ def explicit_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def checkpoint_run_dir(ckpt_path: str | None, run_name: str | None) -> str | None:
-    """The run dir a resumed run continues in (the resolver ``${tvq.checkpoint_run:ckpt_path,run_name}``):
-    the folder holding the checkpoint's ``checkpoints/`` folder, or None (a new run dir) when ``run_name`` is
-    set or the checkpoint lies elsewhere."""
-    if not ckpt_path or run_name:
-        return None
-    parent = Path(ckpt_path).parent
-    return str(parent.parent) if parent.name == CHECKPOINT_DIR else None
-
-
 def _rerooted(value: Any, old_dir: str) -> Any:
     """``value`` with every string at or under ``old_dir`` rewritten to follow ``${paths.output_dir}``."""
     if isinstance(value, dict):
@@ -148,7 +138,6 @@ def auto_resume(cfg: DictConfig) -> DictConfig | dict[str, Any]:
 __all__ = [
     "auto_resume",
     "check_run_options",
-    "checkpoint_run_dir",
     "explicit_overrides",
     "nothing_left",
     "resume_config",

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.final_validation import FinalValidation
 from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
 from tvq_exp.callbacks.preemption import Preemption
 from tvq_exp.callbacks.rng_state import RngState
@@ -92,7 +93,7 @@ def train(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, 
     preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
-        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
+        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard, FinalValidation()],
         logger=build_loggers(cfg, resume_step) or False,
         plugins=[AtomicCheckpointIO()],
     )
