@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -106,6 +107,7 @@ def train(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, 
             raise
         for logger in trainer.loggers:
             logger.finalize("interrupted")
+    _finish_runs(trainer)
     if guard.failure is not None:
         raise NumericsError(guard.failure)
     summary = _fit_summary(trainer, module)
@@ -116,6 +118,14 @@ def train(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, 
     ):
         mark_finished(output_dir, summary)
     return summary
+
+
+def _finish_runs(trainer: L.Trainer) -> None:
+    """Close an open W&B run: Lightning leaves it open, and the next sweep job of this process would log into
+    it (and an offline run writes its config and summary files only when closed)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            logger.experiment.finish()
 
 
 def _fit_summary(trainer: L.Trainer, module: AutoregressiveLitModule) -> dict[str, Any]:
