@@ -97,6 +97,7 @@ def test_ckpt_path_continues_the_run_in_its_run_dir(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "logs" / "runs").iterdir()] == [run_dir.name]  # no new run dir
     assert "dirpath" not in resumed.stderr and "has changed" not in resumed.stderr
     assert f"resuming {last} at step 6 of 12" in resumed.stdout
+    assert not (run_dir / "train.log").exists() and not (run_dir / "codebook_sync.json").exists()  # 1 process
     finished = json.loads((run_dir / "finished.json").read_text())
     assert finished["global_step"] == 12 and finished["val"]["bpb"] > 0
     config = yaml.safe_load((run_dir / "config.yaml").read_text())

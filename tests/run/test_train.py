@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import time
@@ -118,7 +119,8 @@ def test_eval_reproduces_the_logged_val_bpb(
     evaluated = evaluate(cfg)
     assert abs(evaluated["bpb"] - logged) < 1e-5
     assert evaluated["tokens"] == 16 * 32 * 64 and evaluated["global_step"] == 400
-    assert (out / "checkpoints" / "eval-last-val-segment.json").is_file()
+    written = json.loads((out / "checkpoints" / "eval-last-val-segment-limit16.json").read_text())
+    assert written["limit_batches"] == 16 and not (out / "checkpoints" / "eval-last-val-segment.json").exists()
 
 
 @needs_data
