@@ -120,7 +120,9 @@ def test_eval_reproduces_the_logged_val_bpb(
     assert abs(evaluated["bpb"] - logged) < 1e-5
     assert evaluated["tokens"] == 16 * 32 * 64 and evaluated["global_step"] == 400
     written = json.loads((out / "checkpoints" / "eval-last-val-segment-limit16.json").read_text())
-    assert written["limit_batches"] == 16 and not (out / "checkpoints" / "eval-last-val-segment.json").exists()
+    assert (
+        written["limit_batches"] == 16 and not (out / "checkpoints" / "eval-last-val-segment.json").exists()
+    )
 
 
 @needs_data
