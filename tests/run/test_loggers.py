@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,18 @@ def _key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)  # W&B stores "a/b" either whole or split
 
 
-def wandb_run(out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The offline W&B run's config and its last values of every logged metric."""
+def wandb_run(out: Path, wait_s: float = 60.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The offline W&B run's config and its last values of every logged metric, once its log is complete
+    (W&B's service process writes the closing ``exit`` record shortly after ``finish()`` returns)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = list(wandb_records(out))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     config: dict[str, Any] = {}
     metrics: dict[str, Any] = {}
-    for record in wandb_records(out):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "config":
             config |= {_key(item): json.loads(item.value_json) for item in record.config.update}
