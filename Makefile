@@ -3,7 +3,7 @@ PYTEST = $(PY) -m pytest
 export TVQ_DATA_DIR ?= $(abspath ../shared/datasets)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow test-all bench train tensorboard lint format clean
+.PHONY: help install test test-slow test-all bench bench-gpu train tensorboard lint format clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -13,7 +13,7 @@ install: ## create .venv and install the project (editable) with its dev extras
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
 
-test: ## run the test suite (fast checks, < 20 min on 2 CPU cores)
+test: ## run the test suite (fast checks; how long: docs/benchmarks.md)
 	$(PYTEST) -m "not slow" -n 2 --dist loadgroup
 
 test-slow: ## run the slow checks (long training comparisons, full benchmarks)
@@ -26,6 +26,9 @@ bench: ## attention and model benchmarks (CPU), tables into bench/
 	mkdir -p bench
 	$(PY) -m tvq_exp.bench attention --backends dense,vq,linear,flash_chunk --lengths 2048,8192,16384,32768 --mode fwd,fwdbwd --reps 3 --budget 10 --timeout 600 --json bench/attention.json --plot bench/attention.png
 	$(PY) -m tvq_exp.bench model --models gau_dense,gau_vq,gau_linear,gau_flash,mha_dense --lengths 1024,2048,4096,8192,16384,32768 --reps 3 --budget 20 --timeout 1000 --json bench/model.json --plot bench/model.png
+
+bench-gpu: ## the GPU check on one CUDA device into bench/gpu.json (skips in one line without one)
+	$(PY) -m tvq_exp.tools.bench.gpu --out bench/gpu.json
 
 train: ## train the default model (override with ARGS="model=gau_vq data=gutenberg ...")
 	$(PY) train.py $(ARGS)

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from tests.helpers.paths import CONF
-from tvq_exp.data.paths import DataNotFoundError
+from tvq_exp.data.paths import CorruptFileError, DataNotFoundError
 from tvq_exp.data.text.hf import HFTextCorpus
 from tvq_exp.data.text.local import TextFilesCorpus
 
@@ -63,20 +63,98 @@ def test_hf_corpus_equals_the_same_text_from_files_and_is_reused(tmp_path: Path)
     assert (corpus.folder(root) / "train.bin").stat().st_mtime_ns == first
 
 
-def test_parquet_files_and_split_names(tmp_path: Path) -> None:
+def joined(docs: list[str]) -> bytes:
+    return "\n\n".join(docs).encode("utf-8")
+
+
+def write(rows: list[str], path: Path, field: str = "text") -> None:
+    """``rows`` as a data file in the format its suffix names (one text file per document for ``.txt``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = datasets.Dataset.from_dict({field: rows})
+    writers = {".parquet": table.to_parquet, ".csv": table.to_csv, ".jsonl": table.to_json}
+    if path.suffix == ".txt":
+        for i, text in enumerate(rows):
+            path.with_name(f"{path.stem}_{i:03d}.txt").write_text(text, encoding="utf-8")
+    else:
+        writers[path.suffix](str(path))
+
+
+def loaded(corpus: HFTextCorpus, root: Path) -> dict[str, bytes]:
+    corpus.prepare(root)
+    return {split: bytes(np.asarray(data)) for split, data in corpus.load(root).items()}
+
+
+def test_one_parquet_file_gets_the_documented_holdout_split(tmp_path: Path, capsys) -> None:
+    docs = documents()  # 60 documents: train 54, validation 3, test 3 (holdout 0.05 each)
+    write(docs, tmp_path / "all.parquet", field="body")
+    splits = loaded(HFTextCorpus(str(tmp_path / "all.parquet"), text_field="body"), tmp_path / "root")
+    assert splits == {
+        "train": joined(docs[:54]),
+        "validation": joined(docs[54:57]),
+        "test": joined(docs[57:]),
+    }
+    line = capsys.readouterr().out.strip()
+    assert "validation = train[90%:95%], test = train[95%:]" in line and "\n" not in line
+    with pytest.raises(CorruptFileError, match="no column 'text'"):
+        HFTextCorpus(str(tmp_path / "all.parquet")).prepare(tmp_path / "other")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("train.jsonl", "validation.jsonl", "test.jsonl"),
+        ("corpus-train.csv", "corpus-dev.csv", "corpus-test.csv"),  # datasets' patterns: dev = validation
+        ("train/a.txt", "valid/a.txt", "test/a.txt"),  # folders named after splits, one document per file
+        ("my_train-00.parquet", "my_validation-00.parquet", "my_test-00.parquet"),
+    ],
+)
+def test_split_files_named_the_datasets_way(tmp_path: Path, names: tuple[str, str, str]) -> None:
     docs = documents()
-    folder = tmp_path / "parquet"
-    folder.mkdir()
-    datasets.Dataset.from_dict({"body": docs}).to_parquet(str(folder / "all.parquet"))
-    corpus = HFTextCorpus(str(folder), text_field="body", splits={"train": "train", "validation": "train",
-                                                                  "test": "train"})  # fmt: skip
-    corpus.prepare(tmp_path / "root")
-    train = corpus.load(tmp_path / "root")["train"]
-    assert bytes(train) == "\n\n".join(docs).encode("utf-8")
-    with pytest.raises(Exception, match="no column 'text'"):
-        HFTextCorpus(str(folder)).prepare(tmp_path / "other")
-    with pytest.raises(DataNotFoundError, match="no split 'validation'"):
-        HFTextCorpus(str(folder), text_field="body").prepare(tmp_path / "third")
+    parts = {"train": docs[:40], "validation": docs[40:50], "test": docs[50:]}
+    for rows, name in zip(parts.values(), names, strict=True):
+        write(rows, tmp_path / "data" / name)
+    splits = loaded(HFTextCorpus(str(tmp_path / "data")), tmp_path / "root")
+    assert splits == {split: joined(rows) for split, rows in parts.items()}
+
+
+def test_split_slicing_as_datasets_spells_it(tmp_path: Path) -> None:
+    docs = documents()
+    write(docs[:50], tmp_path / "data" / "train.jsonl")
+    write(docs[50:], tmp_path / "data" / "test.jsonl")
+    specs = {"train": "train[:80%]", "validation": "train[-10:]", "test": "test[:5]+train[40:41]"}
+    splits = loaded(HFTextCorpus(str(tmp_path / "data"), splits=specs), tmp_path / "root")
+    assert splits == {"train": joined(docs[:40]), "validation": joined(docs[40:50]),
+                      "test": joined(docs[50:55] + docs[40:41])}  # fmt: skip
+    with pytest.raises(DataNotFoundError, match="split 'dev'"):
+        HFTextCorpus(str(tmp_path / "data"), splits={**specs, "validation": "dev"}).prepare(tmp_path / "r2")
+
+
+def test_a_saved_single_dataset_and_a_missing_hub_name(tmp_path: Path, monkeypatch) -> None:
+    docs = documents()
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "saved"))
+    splits = loaded(HFTextCorpus(str(tmp_path / "saved"), holdout=0.1), tmp_path / "root")
+    assert splits["validation"] == joined(docs[48:54]) and splits["test"] == joined(docs[54:])
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataNotFoundError, match="cannot load the dataset 'no-such/dataset-xyz'"):
+        HFTextCorpus("no-such/dataset-xyz").prepare(tmp_path / "root")
+
+
+def test_the_cache_is_keyed_by_content_not_by_name(tmp_path: Path) -> None:
+    docs = documents()
+    write(docs, tmp_path / "a" / "train.jsonl")
+    root = tmp_path / "root"
+    first = HFTextCorpus(str(tmp_path / "a"))
+    first.prepare(root)
+    (tmp_path / "a").rename(tmp_path / "b")  # moved: same bytes, same encoding
+    assert HFTextCorpus(str(tmp_path / "b")).folder(root) == first.folder(root)
+    write(
+        docs[:59] + [docs[59].replace("doc", "dog")], tmp_path / "b" / "train.jsonl"
+    )  # same size, new bytes
+    edited = HFTextCorpus(str(tmp_path / "b"))
+    assert edited.folder(root) != first.folder(root)
+    assert loaded(edited, root)["test"].endswith(b"dog 59")
+    assert HFTextCorpus(str(tmp_path / "b"), text_field="body").folder(root) != edited.folder(root)
 
 
 def test_data_hf_trains_from_the_encoded_files(tmp_path: Path) -> None:

@@ -99,6 +99,28 @@ def test_text_files_by_bytes_single_file(shared_root: Path) -> None:
     assert sum(len(part) for part in splits.values()) == n
 
 
+def test_text_files_on_one_file_splits_by_bytes_says_so_and_trains(
+    shared_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from tvq_exp.run.train import train
+
+    path = shared_root / "text/tinyshakespeare.txt"
+    by_bytes = TextFilesCorpus(path=str(path), split_by="bytes").load(shared_root)
+    default = TextFilesCorpus(path=str(path)).load(shared_root)  # split_by=file, the preset's default
+    assert all(np.array_equal(default[s], by_bytes[s]) for s in by_bytes)
+    assert capsys.readouterr().out == (
+        f"data=text_files: {path} is one file: split by bytes 90/5/5 (data.corpus.split_by=bytes)\n"
+    )
+    overrides = ["experiment=smoke", "data=text_files", f"data.corpus.path={path}", "trainer.max_steps=2",
+                 "trainer.val_check_interval=1000", "logger=none", "callbacks=none", f"paths.output_dir={tmp_path}"]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF_ROOT), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    result = train(cfg, overrides)
+    assert result["global_step"] == 2 and 0 < result["val"]["bpb"] < 9
+
+
 def test_shakespeare_and_kjv(shared_root: Path) -> None:
     shakespeare = instantiate(preset("shakespeare"))
     shakespeare.setup("fit")

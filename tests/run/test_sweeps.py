@@ -170,7 +170,7 @@ def test_optuna_preset_composes() -> None:
         "hydra_plugins.hydra_optuna_sweeper",
         reason='hydra-optuna-sweeper is an optional extra (pip install -e ".[optuna]") and is not installed',
     )
-    cfg = _compose(["+hparams_search=optuna", "experiment=smoke"], hydra_config=True)
+    cfg = _compose(["hparams_search=optuna", "experiment=smoke"], hydra_config=True)
     assert cfg.optimized_metric == "val/bpb"
     assert cfg.hydra.sweeper.direction == "minimize"
     assert "module.lr" in cfg.hydra.sweeper.params

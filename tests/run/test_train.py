@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import time
@@ -51,9 +52,10 @@ needs_data = pytest.mark.skipif(
 
 def run_train(overrides: list[str], output_dir: Path) -> dict[str, Any]:
     """Compose ``train.yaml`` with ``overrides`` and train into ``output_dir``."""
+    overrides = [*overrides, f"paths.output_dir={output_dir}"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[*overrides, f"paths.output_dir={output_dir}"])
-    return train(cfg)
+        cfg = compose("train", overrides=overrides)
+    return train(cfg, overrides)
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -117,7 +119,10 @@ def test_eval_reproduces_the_logged_val_bpb(
     evaluated = evaluate(cfg)
     assert abs(evaluated["bpb"] - logged) < 1e-5
     assert evaluated["tokens"] == 16 * 32 * 64 and evaluated["global_step"] == 400
-    assert (out / "checkpoints" / "eval-last-val-segment.json").is_file()
+    written = json.loads((out / "checkpoints" / "eval-last-val-segment-limit16.json").read_text())
+    assert (
+        written["limit_batches"] == 16 and not (out / "checkpoints" / "eval-last-val-segment.json").exists()
+    )
 
 
 @needs_data

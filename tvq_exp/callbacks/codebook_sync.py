@@ -47,7 +47,8 @@ def gather_objects(value: Any) -> list[Any]:
 
 class CodebookSync(Callback):
     """Gather every rank's codebook hash at the end of training; write them to ``<output_dir>/codebook_sync.json``
-    (rank 0) and raise if they differ. Does nothing for models without quantisers.
+    (rank 0) and raise if they differ. Does nothing for models without quantisers or in a single process
+    (nothing to compare).
 
     Args:
         output_dir: the run directory.
@@ -58,7 +59,7 @@ class CodebookSync(Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         model = getattr(pl_module, "model", pl_module)
-        if not codebook_state(model):
+        if trainer.world_size < 2 or not codebook_state(model):
             return
         hashes = gather_objects(codebook_digest(model).hex())
         report = {"world_size": trainer.world_size, "global_step": trainer.global_step, "hashes": hashes}

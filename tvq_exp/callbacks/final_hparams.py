@@ -1,9 +1,11 @@
-"""TensorBoard's HParams tab with each run's real final metrics.
+"""TensorBoard's HParams tab, and its equivalent in every other logger, with each run's real final metrics.
 
 At the end of ``fit``, :class:`FinalHParams` logs the run's flattened config (the global batch, and the
 size of the model's recurrent inference state at the data's context length) with
 ``final/*`` metrics (last and best validation, last training loss, steps, training time), so a sweep
-can be sorted in the HParams tab. Needs the logger's ``default_hp_metric: false`` (no ``hp_metric``).
+can be sorted in TensorBoard's HParams tab (needs the logger's ``default_hp_metric: false``), W&B's runs table
+(config + summary), MLflow's runs table (params + metrics) or the CSV logger's ``hparams.yaml`` + last
+``metrics.csv`` row.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def tensorboard_loggers(trainer: L.Trainer) -> list[TensorBoardLogger]:
 
 
 class FinalHParams(Callback):
-    """Log the run's hyper-parameters with its real final metrics to TensorBoard's HParams tab."""
+    """Log the run's hyper-parameters with its real final metrics to every logger (module docstring)."""
 
     def __init__(self) -> None:
         self._start = 0.0
@@ -90,16 +92,21 @@ class FinalHParams(Callback):
     @rank_zero_only
     def log_final(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Write the HParams summary (rank 0)."""
-        if trainer.sanity_checking or not tensorboard_loggers(trainer):
+        if trainer.sanity_checking or not trainer.loggers:
             return
         metrics = final_metrics(trainer, time.perf_counter() - self._start)
         params = run_hparams(pl_module)
         if "data.batch_size" in params:
             params["global_batch_size"] = trainer_global_batch(trainer, params["data.batch_size"])
         params |= state_size(trainer, pl_module)
-        for logger in tensorboard_loggers(trainer):
-            logger.log_hyperparams(params, metrics)
-            logger.experiment.flush()
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.log_hyperparams(params, metrics)
+                logger.experiment.flush()
+            else:  # W&B, MLflow, CSV: the config as hyper-parameters, the final metrics at the last step
+                logger.log_hyperparams(params)
+                logger.log_metrics(metrics, step=trainer.global_step)
+                logger.save()
 
 
 __all__ = ["FinalHParams", "final_metrics", "flatten", "run_hparams", "state_size", "tensorboard_loggers"]

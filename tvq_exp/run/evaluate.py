@@ -19,10 +19,14 @@ from tvq_exp.run.build import load_checkpoint, set_torch_threads
 from tvq_exp.run.validation import Command, ConfigError, validate
 
 
-def default_eval_output(ckpt_path: str | Path, split: str, protocol: str) -> Path:
-    """``<ckpt dir>/eval-<ckpt name>-<split>-<protocol>.json``."""
+def default_eval_output(
+    ckpt_path: str | Path, split: str, protocol: str, limit_batches: int | float | None = None
+) -> Path:
+    """``<ckpt dir>/eval-<ckpt name>-<split>-<protocol>.json``; a partial evaluation (``limit_batches``) ends
+    in ``-limit<N>`` so it never overwrites, or passes for, the whole split's result."""
     path = Path(ckpt_path)
-    return path.with_name(f"eval-{path.stem}-{split}-{protocol}.json")
+    limit = f"-limit{limit_batches:g}" if limit_batches else ""
+    return path.with_name(f"eval-{path.stem}-{split}-{protocol}{limit}.json")
 
 
 def eval_data_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
@@ -50,13 +54,14 @@ def eval_data_config(cfg: DictConfig, stored: dict[str, Any]) -> DictConfig:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Evaluate ``cfg.ckpt_path`` over the whole ``cfg.split`` (``val`` | ``test``); print and write JSON.
+    """Evaluate ``cfg.ckpt_path`` over the whole ``cfg.split`` (``val`` | ``test``; its first
+    ``cfg.limit_batches`` batches when set); print and write JSON.
 
     Returns ``{"bpb", "loss", "tokens", ["bpd"], "position_buckets", ["accuracy"], "split", "protocol",
-    "checkpoint", "global_step", "state_floats_per_layer", "state_context", ["codebook"]}``; the figure of bits
-    against position is written beside the JSON. VQ models add ``"codebook": {"layerN": {"perplexity",
-    "dead_fraction", "quant_error", "kmeans_error", "regret", "codebook_size"}}`` over the split's keys (see
-    :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`, with its default settings).
+    "checkpoint", "global_step", "limit_batches", "state_floats_per_layer", "state_context", ["codebook"]}``; the
+    figure of bits against position is written beside the JSON. VQ models add ``"codebook": {"layerN":
+    {"perplexity", "dead_fraction", "quant_error", "kmeans_error", "regret", "codebook_size"}}`` over the split's
+    keys (see :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`, with its default settings).
     """
     quiet()
     validate(cfg, Command.EVAL)
@@ -91,11 +96,14 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "protocol": protocol,
         "checkpoint": str(Path(cfg.ckpt_path).resolve()),
         "global_step": int(checkpoint.get("global_step", 0)),
+        "limit_batches": cfg.get("limit_batches"),  # null: the whole split
         **state_size(trainer, module),
         **({"codebook": health.results} if health.results else {}),
     }
     output = (
-        Path(cfg.output) if cfg.get("output") else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
+        Path(cfg.output)
+        if cfg.get("output")
+        else default_eval_output(cfg.ckpt_path, cfg.split, protocol, cfg.get("limit_batches"))
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")

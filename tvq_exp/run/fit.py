@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.final_validation import FinalValidation
 from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
 from tvq_exp.callbacks.preemption import Preemption
 from tvq_exp.callbacks.rng_state import RngState
@@ -26,13 +29,24 @@ from tvq_exp.run.build import (
     to_dict,
 )
 from tvq_exp.run.checkpoints import AtomicCheckpointIO, mark_finished, read_checkpoint
-from tvq_exp.run.resume import auto_resume, check_run_options, resume_config
+from tvq_exp.run.resume import (
+    auto_resume,
+    check_run_options,
+    explicit_overrides,
+    nothing_left,
+    relaunch_config,
+    resume_config,
+)
 from tvq_exp.run.validation import build_run
 
 
-def fit(cfg: DictConfig) -> dict[str, Any]:
+def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
     """Train (or resume with ``ckpt_path`` or ``resume=auto``) a config that passed
     :func:`tvq_exp.run.validation.check` (:func:`tvq_exp.run.train.train` checks it first).
+
+    ``ckpt_path`` continues the checkpoint's run with ``overrides`` (default: this launch's command line)
+    laid over its stored config (:func:`tvq_exp.run.resume.resume_config`); ``resume=auto`` relaunches the
+    same command (:func:`tvq_exp.run.resume.relaunch_config`).
 
     Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir`` (checkpoints
     atomically, with RNG states); ``finished.json`` when the last step is reached. SIGTERM/SIGUSR1 save
@@ -50,8 +64,17 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     resume_step = None
     if cfg.get("ckpt_path"):
         checkpoint = read_checkpoint(cfg.ckpt_path)
-        cfg = resume_config(cfg, run_config(checkpoint))
+        if cfg.get("resume") == "auto":
+            cfg = relaunch_config(cfg, run_config(checkpoint))
+        else:
+            given = explicit_overrides() if overrides is None else overrides
+            cfg = resume_config(cfg, run_config(checkpoint), given)
         resume_step = int(checkpoint.get("global_step", 0))
+        done = nothing_left(cfg, resume_step)
+        if done is not None:
+            return done
+        if cfg.get("resume") != "auto":
+            say(f"resuming {cfg.ckpt_path} at step {resume_step} of {cfg.trainer.max_steps}")
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
@@ -70,7 +93,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
-        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
+        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard, FinalValidation()],
         logger=build_loggers(cfg, resume_step) or False,
         plugins=[AtomicCheckpointIO()],
     )
@@ -83,6 +106,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
             raise
         for logger in trainer.loggers:
             logger.finalize("interrupted")
+    _finish_runs(trainer)
     if guard.failure is not None:
         raise NumericsError(guard.failure)
     summary = _fit_summary(trainer, module)
@@ -93,6 +117,14 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     ):
         mark_finished(output_dir, summary)
     return summary
+
+
+def _finish_runs(trainer: L.Trainer) -> None:
+    """Close an open W&B run: Lightning leaves it open, and the next sweep job of this process would log into
+    it (and an offline run writes its config and summary files only when closed)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            logger.experiment.finish()
 
 
 def _fit_summary(trainer: L.Trainer, module: AutoregressiveLitModule) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,10 +66,20 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     for i, text in enumerate(samples):
         if cfg.num_samples > 1:
             say(f"--- sample {i}")
-        say((prompt + text).decode("utf-8", errors="replace"))
+        say(printable((prompt + text).decode("utf-8", errors="replace")))
     if cfg.get("output"):
         Path(cfg.output).write_bytes(b"\n".join(prompt + text for text in samples))
     return samples
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 controls but tab and newline
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters (ESC, carriage return, bell, ...) but tab and newline
+    as ``\\xNN`` escapes, so a sampled byte cannot move the cursor or recolour the screen. ``output=`` files
+    keep the raw bytes."""
+    return CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 def default_sample_path(ckpt_path: str | Path) -> Path:

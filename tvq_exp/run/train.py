@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from omegaconf import DictConfig
@@ -9,13 +10,13 @@ from omegaconf import DictConfig
 from tvq_exp.run.validation import Command, check
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
     """Check ``cfg`` (:func:`tvq_exp.run.validation.check`: a bad value is refused in about 3 s, before
-    Lightning is imported), then fit it (:func:`tvq_exp.run.fit.fit`; returns its summary)."""
+    Lightning is imported), then fit it (:func:`tvq_exp.run.fit.fit`; returns its summary).
+
+    ``overrides``: the keys given for this launch (default: its command line), laid over a checkpoint's
+    stored config when ``ckpt_path`` continues a run."""
     check(cfg, Command.TRAIN)
     from tvq_exp.run.fit import fit  # noqa: PLC0415 - Lightning is imported only for a config that passed
 
-    return fit(cfg)
-
-
-__all__ = ["train"]
+    return fit(cfg, overrides)

@@ -1,12 +1,27 @@
 """Any text dataset of the Hugging Face ``datasets`` library, encoded once into memory-mapped byte files.
 
-``path`` is a hub name (``"pg19"``, with ``config``), a folder written by ``save_to_disk``, or a data file or
-folder of ``.parquet`` / ``.arrow`` / ``.json(l)`` / ``.csv`` files. Each split's documents (the ``text_field``
-column) are written as UTF-8 with ``separator`` between them to ``<root>/<cache>/<key>/<split>.bin`` (a progress
-bar per split), next to a manifest ``<split>.json``: SHA-256, bytes, documents and every document's start offset
-(for resets at document boundaries). ``load`` memory-maps the files, so a corpus larger than RAM (PG-19, about
-11 GB) is never read whole, and a second run reuses the encoded files. ``<key>`` is a fingerprint of the source
-and the options, so a different dataset or field never reads a stale encoding.
+``path`` is read the way ``datasets`` reads it:
+
+- a folder written by ``save_to_disk`` (a ``DatasetDict`` or a single ``Dataset``);
+- one data file or a folder of them: ``.parquet``, ``.arrow``, ``.json`` / ``.jsonl``, ``.csv``, ``.txt`` (a
+  text file is one document), optionally compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``). In a folder, files
+  are assigned to splits by ``datasets``' own name patterns (``train.jsonl``, ``my-train-00.parquet``,
+  ``dev.csv``, ``test/*.txt``, ...); files no pattern matches form one ``train`` split;
+- otherwise a hub name (``pg19``, with ``config``), which needs the network or the Hugging Face cache.
+
+Relative paths resolve against the data root first, then the working directory. ``splits`` maps our
+``train`` / ``validation`` / ``test`` to ``datasets`` split specs, slicing included (``train[:90%]``,
+``train[-1000:]``, ``train[:5%]+test``). With ``splits=null`` the dataset's own ``train`` / ``validation`` /
+``test`` are used, and a split the dataset lacks is cut from the end of ``train`` (``holdout`` of its documents
+each; one line says so).
+
+Each split's documents (the ``text_field`` column) are written as UTF-8 with ``separator`` between them to
+``<root>/<cache>/<key>/<split>.bin`` (a progress bar per split), next to a manifest ``<split>.json``: SHA-256,
+bytes, documents and every document's start offset (for resets at document boundaries). ``load`` memory-maps
+the files, so a corpus larger than RAM (PG-19, about 11 GB) is never read whole, and a later run reuses them.
+``<key>`` is a hash of the source's content and of the options: the SHA-256 of every local data file's bytes,
+the fingerprints ``datasets`` stores with a ``save_to_disk`` folder or gives a hub dataset. An edited file
+therefore gets a new encoding, never a stale one; a renamed or moved one reuses its encoding.
 """
 
 from __future__ import annotations
@@ -14,22 +29,37 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
+from tvq_exp.console import say
+from tvq_exp.data.download import digest_file
 from tvq_exp.data.paths import CorruptFileError, DataNotFoundError
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
-from tvq_exp.options import checked
+from tvq_exp.options import Between, checked
 
-FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+FILE_BUILDERS = {
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".txt": "text",
+    ".text": "text",
+}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+BUILDER_OPTIONS = {"text": {"sample_by": "document"}}  # one text file is one document, its line breaks kept
 
 
 class HFTextCorpus(ByteCorpus):
     """A ``datasets`` text corpus (module docstring). ``splits`` maps our ``train`` / ``validation`` / ``test``
-    to the dataset's split names."""
+    to ``datasets`` split specs (``null``: the dataset's own, with ``holdout`` cut from train where missing).
+    ``load`` returns 1-D ``np.uint8`` memory maps of shape ``(bytes_in_split,)``."""
 
     name = "hf"
 
@@ -40,40 +70,102 @@ class HFTextCorpus(ByteCorpus):
         config: str | None = None,
         text_field: str = "text",
         splits: Mapping[str, str] | None = None,
+        holdout: Annotated[float, Between(0, 0.5, "()")] = 0.05,
         separator: str = "\n\n",
         cache: str = "hf_encoded",
     ) -> None:
         self.path, self.config, self.text_field = path, config, text_field
-        self.splits = dict(splits or {split: split for split in SPLITS})
-        missing = set(SPLITS) - set(self.splits)
-        if missing:
-            raise CorruptFileError(f"data.corpus.splits: no dataset split given for {sorted(missing)}")
+        self.splits = dict(splits) if splits is not None else None
+        if self.splits is not None and set(self.splits) != set(SPLITS):
+            raise CorruptFileError(
+                f"data.corpus.splits={self.splits}: give exactly train, validation and test (or null)"
+            )
+        self.holdout = holdout
         self.separator = separator.encode()
         self.cache = cache
+        self._key: str | None = None
+
+    # ------------------------------------------------------------------------------------------- source
+
+    def source(self, root: Path) -> Path | None:
+        """The local file or folder ``path`` names (data root first, then the working directory), or None
+        for a hub name."""
+        for candidate in (root / self.path, Path(self.path)):
+            if candidate.exists():
+                return candidate.resolve()
+        return None
+
+    def data_files(self, source: Path) -> list[Path]:
+        """The data files of a local file or folder, sorted."""
+        files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+        files = [p for p in files if _builder_suffix(p) is not None]
+        if not files:
+            raise DataNotFoundError(
+                f"{source}: no {', '.join(FILE_BUILDERS)} files (optionally {', '.join(COMPRESSIONS)}) "
+                "and no save_to_disk folder; set data.corpus.path"
+            )
+        return files
+
+    def fingerprint(self, root: Path) -> str:
+        """A hash of the source's content: data files' bytes, ``save_to_disk`` or hub fingerprints."""
+        source = self.source(root)
+        if source is not None and _saved_to_disk(source):
+            states = sorted(source.rglob("state.json"))
+            return _hash([str(p.relative_to(source)) for p in states] + [_fingerprint_of(p) for p in states])
+        if source is not None:
+            files = self.data_files(source)
+            base = source if source.is_dir() else source.parent
+            return _hash([[str(p.relative_to(base)), digest_file(p, "sha256")] for p in files])
+        dataset = self._dataset(root)
+        return _hash([self.path, self.config, {name: split._fingerprint for name, split in dataset.items()}])
 
     def folder(self, root: Path) -> Path:
-        """Where this corpus's encoded splits live."""
-        source = str(Path(self.path).resolve()) if Path(self.path).exists() else self.path
-        options = [source, self.config, self.text_field, sorted(self.splits.items()), self.separator.hex()]
-        key = hashlib.sha256(json.dumps(options, default=str).encode()).hexdigest()[:16]
-        return root / self.cache / key
+        """Where this corpus's encoded splits live: ``<root>/<cache>/<content and options hash>``."""
+        if self._key is None:
+            options = [self.text_field, self.splits, self.holdout, self.separator.hex()]
+            self._key = _hash([self.fingerprint(root), options])[:16]
+        return root / self.cache / self._key
+
+    # --------------------------------------------------------------------------------------- encoding
 
     def prepare(self, root: Path) -> None:
         folder = self.folder(root)
-        todo = [split for split in SPLITS if not (folder / f"{split}.json").is_file()]
-        if not todo:
+        if all((folder / f"{split}.json").is_file() for split in SPLITS):
             return
-        dataset = self._dataset()
-        folder.mkdir(parents=True, exist_ok=True)
-        for split in todo:
-            name = self.splits[split]
-            if name not in dataset:
-                raise DataNotFoundError(
-                    f"{self.path} has no split {name!r} (it has {', '.join(dataset)}); set data.corpus.splits.{split}"
-                )
-            encode_split(
-                self._texts(dataset[name]), folder / f"{split}.bin", self.separator, f"{split} ({name})"
+        with tempfile.TemporaryDirectory(dir=_mkdir(root / self.cache), prefix="datasets-") as scratch:
+            dataset = self._dataset(root, Path(scratch))
+            specs = self.split_specs(dataset)
+            folder.mkdir(parents=True, exist_ok=True)
+            for split in SPLITS:
+                if not (folder / f"{split}.json").is_file():
+                    documents = select(dataset, specs[split], self.path)
+                    encode_split(self._texts(documents), folder / f"{split}.bin", self.separator,
+                                 f"{split} ({specs[split]})")  # fmt: skip
+
+    def split_specs(self, dataset: Mapping[str, Any]) -> dict[str, str]:
+        """Our split -> the ``datasets`` split spec it reads (``splits``, else the dataset's own names with
+        ``holdout`` fractions of ``train`` standing in for the missing ones)."""
+        if self.splits is not None:
+            return self.splits
+        if "train" not in dataset:
+            raise DataNotFoundError(
+                f"{self.path} has no split 'train' (it has {', '.join(dataset)}); set data.corpus.splits, "
+                "e.g. {train: 'NAME[:90%]', validation: 'NAME[90%:95%]', test: 'NAME[95%:]'}"
             )
+        missing = [split for split in ("validation", "test") if split not in dataset]
+        if not missing:
+            return {split: split for split in SPLITS}
+        percent = round(self.holdout * 100, 6)
+        cut = 100 - percent * len(missing)
+        specs = {"train": f"train[:{cut:g}%]", "validation": "validation", "test": "test"}
+        for index, split in enumerate(missing):
+            start = cut + index * percent
+            end = f"{start + percent:g}" if index < len(missing) - 1 else ""
+            specs[split] = f"train[{start:g}%:{end}%]" if end else f"train[{start:g}%:]"
+        say(f"data=hf: {self.path} has no {' or '.join(missing)} split; using "
+            + ", ".join(f"{k} = {v}" for k, v in specs.items())
+            + f" (data.corpus.holdout={self.holdout:g}, or set data.corpus.splits)")  # fmt: skip
+        return specs
 
     def load(self, root: Path) -> Splits:
         folder = self.folder(root)
@@ -96,30 +188,31 @@ class HFTextCorpus(ByteCorpus):
             )
         return splits
 
-    def _dataset(self) -> Any:
-        """The dataset's splits (a ``DatasetDict``)."""
+    def _dataset(self, root: Path, scratch: Path | None = None) -> Any:
+        """The dataset's splits as a mapping name -> ``datasets.Dataset``. Local files are converted to Arrow
+        in ``scratch`` (deleted after encoding); hub datasets use the Hugging Face cache."""
         import datasets
 
-        path = Path(self.path)
+        source = self.source(root)
         try:
-            if path.is_dir() and (path / "dataset_dict.json").is_file():
-                return datasets.load_from_disk(str(path))
-            if path.exists():
-                files = (
-                    [path]
-                    if path.is_file()
-                    else sorted(p for p in path.rglob("*") if p.suffix in FILE_BUILDERS)
-                )
-                if not files:
-                    raise DataNotFoundError(
-                        f"{path}: no {', '.join(FILE_BUILDERS)} files (or save_to_disk folder)"
-                    )
+            if source is not None and _saved_to_disk(source):
+                loaded = datasets.load_from_disk(str(source))
+                return loaded if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+            if source is not None:
+                builder = self.builder(source)
+                files = {"data_files": str(source)} if source.is_file() else {"data_dir": str(source)}
                 return datasets.load_dataset(
-                    FILE_BUILDERS[files[0].suffix], data_files=[str(f) for f in files]
+                    builder, **files, **BUILDER_OPTIONS.get(builder, {}), cache_dir=scratch and str(scratch)
                 )
             return datasets.load_dataset(self.path, self.config)
         except (FileNotFoundError, ConnectionError, ValueError) as error:
-            raise DataNotFoundError(f"cannot load the dataset {self.path!r}: {error}") from error
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DataNotFoundError(f"cannot load the dataset {self.path!r}: {message}") from error
+
+    def builder(self, source: Path) -> str:
+        """The ``datasets`` builder for a local file or folder: that of its most common data-file suffix."""
+        counts = Counter(FILE_BUILDERS[_builder_suffix(p)] for p in self.data_files(source))
+        return counts.most_common(1)[0][0]
 
     def _texts(self, split: Any) -> Iterable[str]:
         if self.text_field not in split.column_names:
@@ -128,6 +221,23 @@ class HFTextCorpus(ByteCorpus):
                 "set data.corpus.text_field"
             )
         return (row[self.text_field] for row in split)
+
+
+def select(dataset: Mapping[str, Any], spec: str, path: str) -> Any:
+    """The rows of ``dataset`` a ``datasets`` split spec names (``train``, ``train[:90%]``, ``a[:10]+b``)."""
+    import datasets
+
+    try:
+        instructions = datasets.ReadInstruction.from_spec(spec).to_absolute(
+            {name: len(split) for name, split in dataset.items()}
+        )
+    except (ValueError, KeyError, AssertionError) as error:
+        raise DataNotFoundError(
+            f"{path}: split {spec!r} is not one of {', '.join(dataset)} (slicing like 'train[:90%]' allowed): "
+            f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        ) from error
+    parts = [dataset[i.splitname].select(range(i.from_, i.to)) for i in instructions]
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
 def encode_split(texts: Iterable[str], path: Path, separator: bytes, label: str) -> dict[str, Any]:
@@ -149,4 +259,31 @@ def encode_split(texts: Iterable[str], path: Path, separator: bytes, label: str)
     return manifest
 
 
-__all__ = ["HFTextCorpus", "encode_split"]
+def _builder_suffix(path: Path) -> str | None:
+    """The data suffix of ``path`` (``.jsonl`` for ``a.jsonl.gz``), or None if no builder reads it."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes.pop()
+    return suffixes[-1] if suffixes and suffixes[-1] in FILE_BUILDERS else None
+
+
+def _saved_to_disk(source: Path) -> bool:
+    """Whether ``source`` is a ``save_to_disk`` folder (a ``DatasetDict`` or a single ``Dataset``)."""
+    return source.is_dir() and any((source / name).is_file() for name in ("dataset_dict.json", "state.json"))
+
+
+def _fingerprint_of(state: Path) -> str:
+    """The fingerprint ``datasets`` recorded in a saved split's ``state.json``."""
+    return str(json.loads(state.read_text()).get("_fingerprint"))
+
+
+def _hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, default=str, sort_keys=True).encode()).hexdigest()
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+__all__ = ["HFTextCorpus", "encode_split", "select"]

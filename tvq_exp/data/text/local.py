@@ -8,6 +8,7 @@ from typing import Annotated
 
 import numpy as np
 
+from tvq_exp.console import say
 from tvq_exp.data.paths import not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
 from tvq_exp.data.text.files import concat_files, read_bytes, split_fractions, text_files
@@ -18,7 +19,8 @@ class TextFilesCorpus(ByteCorpus):
     """Any text file or folder of text files (recursive, files ending in one of ``suffixes``).
 
     ``split_by="file"``: sorted files, index ``i % 20 == 0`` -> validation, ``i % 20 == 1`` -> test, the rest
-    train; each split concatenated with ``separator``. ``split_by="bytes"``: 90%/5%/5% of the concatenation.
+    train; each split concatenated with ``separator``. ``split_by="bytes"``: 90%/5%/5% of the concatenation,
+    which is also how a single file is split (one line says so).
     """
 
     name = "text_files"
@@ -53,7 +55,11 @@ class TextFilesCorpus(ByteCorpus):
 
     def load(self, root: Path) -> Splits:
         files = self.files(root)
-        if self.split_by == "bytes":
+        if self.split_by == "file" and resolve(self.path, root).is_file():
+            say(
+                f"data=text_files: {files[0]} is one file: split by bytes 90/5/5 (data.corpus.split_by=bytes)"
+            )
+        if self.split_by == "bytes" or resolve(self.path, root).is_file():
             return split_fractions(concat_files(files, self.separator), 0.05, 0.05)
         if len(files) < 3:
             raise ValueError(

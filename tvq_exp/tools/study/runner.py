@@ -102,11 +102,23 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
         "overrides": list(job.overrides), "config": config, "train": summary, "evaluations": evaluations,
         "seconds": time.time() - start,
     }  # fmt: skip
+    result = repo_relative(result, REPO)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.part")
     partial.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(partial, path)
     return path
+
+
+def repo_relative(value: Any, root: Path) -> Any:
+    """``value`` (nested dicts and lists) with every absolute path under ``root`` written relative to it, so a
+    committed result file names no machine's directories (``studies/x/runs/a/checkpoints/last.ckpt``)."""
+    if isinstance(value, dict):
+        return {key: repo_relative(item, root) for key, item in value.items()}
+    if isinstance(value, list):
+        return [repo_relative(item, root) for item in value]
+    prefix = str(root).rstrip("/") + "/"
+    return value[len(prefix) :] if isinstance(value, str) and value.startswith(prefix) else value
 
 
 def select(
@@ -136,4 +148,13 @@ def run_jobs(
         return list(pool.map(one, jobs))
 
 
-__all__ = ["evaluate_job", "result_path", "run_dir", "run_job", "run_jobs", "select", "train_job"]
+__all__ = [
+    "evaluate_job",
+    "repo_relative",
+    "result_path",
+    "run_dir",
+    "run_job",
+    "run_jobs",
+    "select",
+    "train_job",
+]

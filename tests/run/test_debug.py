@@ -1,0 +1,51 @@
+"""The ``debug`` group (lightning-hydra-template's presets) composes, validates and does what it says;
+``hparams_search`` is a group with a null default (``hparams_search=optuna`` without ``+``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from tests.helpers.paths import CONF
+from tvq_exp.run.train import train
+from tvq_exp.run.validation import validate
+
+needs_data = pytest.mark.skipif(
+    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
+    reason="set TVQ_DATA_DIR to the shared datasets folder",
+)
+PRESETS = sorted(p.stem for p in (CONF / "debug").glob("*.yaml"))
+
+
+def composed(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_debug_preset_composes_and_validates(preset: str) -> None:
+    cfg = composed(["experiment=smoke", f"debug={preset}"])
+    validate(cfg)
+    assert cfg.trainer.accelerator == "cpu" and cfg.trainer.detect_anomaly is True and not cfg.logger
+    expected = {"fdr": ("fast_dev_run", True), "overfit": ("overfit_batches", 3), "limit": ("max_steps", 10)}
+    if preset in expected:
+        key, value = expected[preset]
+        assert cfg.trainer[key] == value
+    if preset == "profiler":
+        assert cfg.trainer.profiler._target_.endswith("SimpleProfiler")
+
+
+def test_hparams_search_is_a_group_with_a_null_default() -> None:
+    assert composed([]).get("optimized_metric") is None
+    assert composed(["hparams_search=optuna"]).optimized_metric == "val/bpb"
+
+
+@needs_data
+def test_fast_dev_run_trains_and_validates_one_batch(tmp_path: Path) -> None:
+    overrides = ["experiment=smoke", "debug=fdr", f"paths.output_dir={tmp_path}"]
+    result = train(composed(overrides), overrides)
+    assert result["global_step"] == 1 and result["val"]["bpb"] > 0
+    assert not (tmp_path / "finished.json").exists() and not (tmp_path / "tensorboard").exists()
