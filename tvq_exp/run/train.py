@@ -15,17 +15,23 @@ from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
 from tvq_exp.callbacks.preemption import Preemption
 from tvq_exp.callbacks.rng_state import RngState
 from tvq_exp.console import quiet, say
-from tvq_exp.models.dense_to_vq import init_from_dense
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.build import (
     build_callbacks,
     build_loggers,
     build_module,
+    init_from_checkpoint,
     run_config,
     set_torch_threads,
     to_dict,
 )
-from tvq_exp.run.checkpoints import AtomicCheckpointIO, mark_finished, read_checkpoint
+from tvq_exp.run.checkpoints import (
+    CHECKPOINT_DIR,
+    AtomicCheckpointIO,
+    mark_finished,
+    read_checkpoint,
+    remove_stale_temporaries,
+)
 from tvq_exp.run.resume import auto_resume, check_run_options, resume_config
 from tvq_exp.run.validation import validate
 
@@ -57,6 +63,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
+        say(f"removed {stale}: a checkpoint save that was killed half-way")
     config = to_dict(cfg)
     OmegaConf.save(OmegaConf.create(config), output_dir / "config.yaml")
 
@@ -65,7 +73,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("init_from") and not cfg.get("ckpt_path"):
         datamodule.prepare_data()
         datamodule.setup("fit")
-        init_from_dense(module.model, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
+        init_from_checkpoint(module, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
         say(f"initialised from {cfg.init_from} (k-means codebooks over {cfg.init_batches} batches)")
 
     preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
