@@ -90,7 +90,6 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output = (
         Path(cfg.output) if cfg.get("output") else default_eval_output(cfg.ckpt_path, cfg.split, protocol)
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     unit = "bits/dim" if module.kind == "image" else "bits/byte"
     label = f"{Path(cfg.ckpt_path).stem}, {cfg.split}, {protocol}"

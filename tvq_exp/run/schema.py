@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from lightning.fabric.connector import _PRECISION_INPUT_STR
 
-from tvq_exp.options import Above, AtLeast, Between, OneOf
+from tvq_exp.options import Above, AtLeast, Between, NewFile, OneOf, PlainName
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 PRECISIONS = (*typing.get_args(_PRECISION_INPUT_STR), "bf16", 16, 32, 64)
@@ -26,7 +26,7 @@ def train_options(
     seed: Annotated[int, AtLeast(0)] = 1234,
     ckpt_path: str | None = None,
     resume: Annotated[str, OneOf(*RESUME)] | None = None,
-    run_name: str | None = None,
+    run_name: Annotated[str, PlainName()] | None = None,
     init_from: str | None = None,
     init_batches: Annotated[int, AtLeast(1)] = 8,
     torch_threads: Annotated[int, AtLeast(1)] | None = None,
@@ -70,7 +70,7 @@ def eval_options(
     sequence_len: Annotated[int, AtLeast(1)] | None = None,
     seq_len: Annotated[int, AtLeast(1)] | None = None,
     carry_state: bool = False,
-    output: str | None = None,
+    output: Annotated[str, NewFile()] | None = None,
     data_root: str | None = None,
     eval_batch_size: Annotated[int, AtLeast(1)] | None = None,
     limit_batches: Annotated[int, AtLeast(1)] | None = None,
@@ -92,7 +92,7 @@ def sample_options(
     top_p: Annotated[float, Between(0, 1, "(]")] | None = None,
     seed: Annotated[int, AtLeast(0)] = 0,
     device: str = "auto",
-    output: str | None = None,
+    output: Annotated[str, NewFile()] | None = None,
     image_nrow: Annotated[int, AtLeast(1)] | None = None,
     image_scale: Annotated[int, AtLeast(1)] = 4,
     torch_threads: Annotated[int, AtLeast(1)] | None = None,
