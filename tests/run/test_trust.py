@@ -116,7 +116,9 @@ def test_eval_and_sample_refuse_a_payload_without_running_it(
 ) -> None:
     path, marker = _attack(good, tmp_path, kind)
     line = _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"]))
-    assert str(path) in line and ("posix.system" in line if kind == "pickle" else "pathlib.Path.touch" in line)
+    assert str(path) in line and (
+        "posix.system" in line if kind == "pickle" else "pathlib.Path.touch" in line
+    )
     _refused(capsys, sample, _compose("sample", [f"ckpt_path={path}"]))
     assert not marker.exists()
 
@@ -127,7 +129,9 @@ def test_train_refuses_a_payload_to_resume_from(
 ) -> None:
     path, marker = _attack(good, tmp_path, kind)
     base = ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=4", *QUIET]
-    line = _refused(capsys, train, _compose("train", [*base, f"ckpt_path={path}", f"paths.output_dir={tmp_path}/a"]))
+    line = _refused(
+        capsys, train, _compose("train", [*base, f"ckpt_path={path}", f"paths.output_dir={tmp_path}/a"])
+    )
     assert str(path) in line
     # resume=auto does not skip over it to an older checkpoint or a fresh start: it stops
     checkpoints = tmp_path / "logs" / "runs" / "r" / "checkpoints"
@@ -192,13 +196,23 @@ def test_fsdp_convert_refuses_payloads_a_missing_shard_and_converts_a_good_folde
     # a payload in meta.pt, a planted target in meta.pt, a payload as torch's .metadata, a missing shard
     pickled = _sharded(good, tmp_path / "pickled.ckpt", {**meta, "extra": Payload(marker)})
     planted_meta = copy.deepcopy(meta)
-    planted_meta["hyper_parameters"]["run_config"]["model"] = {"_target_": "pathlib.Path.touch", "self": str(marker)}
+    planted_meta["hyper_parameters"]["run_config"]["model"] = {
+        "_target_": "pathlib.Path.touch",
+        "self": str(marker),
+    }
     planted = _sharded(good, tmp_path / "planted.ckpt", planted_meta)
     index = _sharded(good, tmp_path / "index.ckpt", meta)
-    (index / ".metadata").write_bytes(pickle.dumps(Payload(marker)))  # torch.distributed.checkpoint unpickles it
+    (index / ".metadata").write_bytes(
+        pickle.dumps(Payload(marker))
+    )  # torch.distributed.checkpoint unpickles it
     missing = _sharded(good, tmp_path / "missing.ckpt", meta)
     next(missing.glob("*.distcp")).unlink()
-    expected = {pickled: "posix.system", planted: "pathlib.Path.touch", index: "posix.system", missing: "lacks"}
+    expected = {
+        pickled: "posix.system",
+        planted: "pathlib.Path.touch",
+        index: "posix.system",
+        missing: "lacks",
+    }
     for source, why in expected.items():
         message = convert(source)
         assert message.startswith("error: ") and str(source) in message and why in message, message
@@ -229,7 +243,9 @@ def test_allowed_targets_are_classes_of_tvq_exp_and_the_attention_factory() -> N
 def test_a_torch_file_from_another_project_is_not_a_checkpoint(tmp_path: Path) -> None:
     foreign = tmp_path / "other.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2)}, "global_step": 3}, foreign)  # no run config
-    with pytest.raises(CheckpointError, match="not a tvq_exp training checkpoint .no hyper_parameters.run_config"):
+    with pytest.raises(
+        CheckpointError, match="not a tvq_exp training checkpoint .no hyper_parameters.run_config"
+    ):
         read_checkpoint(foreign)
     assert set(read_weights(foreign)["state_dict"]) == {"w"}
 

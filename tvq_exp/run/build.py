@@ -18,7 +18,7 @@ from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.checkpoints import UntrustedCheckpointError, gather_checkpoint, read_weights
 from tvq_exp.run.legacy import upgrade_run_config
-from tvq_exp.run.loggers import resume_options
+from tvq_exp.run.loggers import ResumePoint, continue_history, resume_options
 from tvq_exp.run.trust import UntrustedError, check_targets
 from tvq_exp.run.validation import ConfigError
 
@@ -53,11 +53,14 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
-def build_loggers(cfg: DictConfig, resume_step: int | None = None) -> list[Logger]:
-    """Loggers from ``cfg.logger`` (empty: logging off); resuming at ``resume_step``, each continues the run's
-    history from that step (:func:`tvq_exp.run.loggers.resume_options`)."""
+def build_loggers(cfg: DictConfig, resumed: ResumePoint | None = None) -> list[Logger]:
+    """Loggers from ``cfg.logger`` (empty: logging off); resuming at ``resumed``, each continues the run's history
+    as it was when the checkpoint was written (:class:`tvq_exp.run.loggers.ResumePoint`)."""
     nodes = [c for c in (cfg.get("logger") or {}).values() if c is not None]
-    return [instantiate(c, **resume_options(get_class(c._target_), resume_step)) for c in nodes]
+    loggers = [instantiate(c, **resume_options(get_class(c._target_), resumed)) for c in nodes]
+    for logger in loggers:
+        continue_history(logger, resumed)
+    return loggers
 
 
 def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:

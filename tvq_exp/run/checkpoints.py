@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ PREVIOUS_SUFFIX = ".prev"
 FINISHED = "finished.json"
 REQUIRED_KEYS = ("state_dict", "global_step")
 SHARDED_METADATA = "meta.pt"  # Lightning's ModelParallelStrategy: a sharded checkpoint's non-tensor part
+SAVED_AT = "saved_at"  # the time.time() a checkpoint was saved at
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards (a pickle)
 
 
@@ -192,6 +194,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        checkpoint[SAVED_AT] = time.time()  # where a resumed run cuts its logs (tvq_exp.run.loggers)
         try:
             with open(temporary, "wb") as file:
                 torch.save(checkpoint, file)
@@ -233,6 +236,11 @@ def _running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def saved_at(path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> float:
+    """When the checkpoint at ``path`` was saved: its ``saved_at``, else (older checkpoints) the file's time."""
+    return float(checkpoint.get(SAVED_AT) or _written_ns(Path(path)) / 1e9)
 
 
 def _written_ns(path: Path) -> int:
@@ -292,5 +300,6 @@ __all__ = [
     "read_weights",
     "remove_checkpoint",
     "remove_stale_temporaries",
+    "saved_at",
     "UntrustedCheckpointError",
 ]

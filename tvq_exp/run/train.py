@@ -31,7 +31,9 @@ from tvq_exp.run.checkpoints import (
     mark_finished,
     read_checkpoint,
     remove_stale_temporaries,
+    saved_at,
 )
+from tvq_exp.run.loggers import ResumePoint
 from tvq_exp.run.resume import auto_resume, check_run_options, resume_config
 from tvq_exp.run.validation import validate
 
@@ -53,11 +55,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if not isinstance(resumed, DictConfig):
             return resumed
         cfg = resumed
-    resume_step = None
+    resumed_at = None
     if cfg.get("ckpt_path"):
         checkpoint = read_checkpoint(cfg.ckpt_path)
         cfg = resume_config(cfg, run_config(checkpoint))
-        resume_step = int(checkpoint.get("global_step", 0))
+        resumed_at = ResumePoint(int(checkpoint.get("global_step", 0)), saved_at(cfg.ckpt_path, checkpoint))
         validate(cfg)
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
@@ -80,7 +82,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
-        logger=build_loggers(cfg, resume_step) or False,
+        logger=build_loggers(cfg, resumed_at) or False,
         plugins=[AtomicCheckpointIO()],
     )
     n_params = sum(p.numel() for p in module.model.parameters())
