@@ -10,7 +10,14 @@ import numpy as np
 
 from tvq_exp.data.paths import not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
-from tvq_exp.data.text.files import concat_files, read_bytes, split_fractions, text_files
+from tvq_exp.data.text.files import (
+    check_text,
+    check_text_files,
+    concat_files,
+    read_bytes,
+    split_fractions,
+    text_files,
+)
 from tvq_exp.options import Between, OneOf, checked
 
 
@@ -53,6 +60,7 @@ class TextFilesCorpus(ByteCorpus):
 
     def load(self, root: Path) -> Splits:
         files = self.files(root)
+        check_text_files(files)
         if self.split_by == "bytes":
             return split_fractions(concat_files(files, self.separator), 0.05, 0.05)
         if len(files) < 3:
@@ -118,7 +126,9 @@ def _read_file(path: str, name: str, root: Path) -> np.ndarray:
     target = resolve(path, root)
     if not target.is_file():
         raise not_found(name, [target], "put the file there or set data.corpus.path", root)
-    return read_bytes(target)
+    data = read_bytes(target)
+    check_text(data, target)
+    return data
 
 
 def _line_offset(data: np.ndarray, line: str, path: Path) -> int:
