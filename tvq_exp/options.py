@@ -63,9 +63,11 @@ class Between(Constraint):
     def violation(self, value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None  # a type error, reported by the type check
+        if not math.isfinite(value):
+            return f"{self.describe()}, and finite (not inf or nan)"
         above = value > self.low if self.ends[0] == "(" else value >= self.low
         below = value < self.high if self.ends[1] == ")" else value <= self.high
-        return None if above and below and not math.isnan(value) else self.describe()
+        return None if above and below else self.describe()
 
     def describe(self) -> str:
         if self.high == math.inf:
