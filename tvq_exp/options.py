@@ -82,7 +82,7 @@ class Between(Constraint):
             values.append(self.low if self.ends[0] == "(" else self.low - 1)
         if self.high != math.inf:
             values.append(self.high if self.ends[1] == ")" else self.high + 1)
-        return values
+        return [*values, math.inf, math.nan]
 
 
 def AtLeast(low: float) -> Between:  # noqa: N802 (reads as a type in signatures)

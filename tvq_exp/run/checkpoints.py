@@ -101,6 +101,12 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist; check init_from")
     loaded = _load(path, path, "cpu")
+    config = loaded.get("hyper_parameters", {}) if isinstance(loaded, dict) else {}
+    if isinstance(config, dict) and isinstance(config.get("run_config"), dict):
+        try:  # init_from builds nothing from it, but a planted target says the file was tampered with
+            check_targets(upgrade_run_config(config["run_config"]))
+        except UntrustedError as error:
+            raise UntrustedCheckpointError(f"checkpoint {path}: {error}") from None
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or not state or not all(torch.is_tensor(v) for v in state.values()):
         raise CheckpointError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.callbacks.final_hparams import state_size
+from tvq_exp.callbacks.numerics_guard import NumericsError
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.run.build import load_checkpoint, set_torch_threads
@@ -94,6 +96,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     unit = "bits/dim" if module.kind == "image" else "bits/byte"
     label = f"{Path(cfg.ckpt_path).stem}, {cfg.split}, {protocol}"
     save_figure(position_figure({label: result["position_buckets"]}, unit), str(output.with_suffix(".png")))
+    if not math.isfinite(result["bpb"]):
+        raise NumericsError(
+            f"eval of {cfg.ckpt_path}: {result['bpb']} bits per {'dim' if module.kind == 'image' else 'byte'} "
+            f"over {cfg.split} (a non-finite loss; written to {output}): check the weights and the data"
+        )
     accuracy = f", accuracy {result['accuracy']['accuracy']:.4f}" if "accuracy" in result else ""
     say(
         f"{cfg.split}: {result['bpb']:.4f} bits/{'dim' if module.kind == 'image' else 'byte'}, "

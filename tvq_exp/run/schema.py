@@ -10,6 +10,7 @@ signatures: same :mod:`tvq_exp.options` annotations, same checks (types, unknown
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from lightning.fabric.connector import _PRECISION_INPUT_STR
@@ -57,6 +58,34 @@ def trainer_options(
 ) -> None:
     """The ``trainer`` keys whose values tvq_exp checks (any other ``lightning.pytorch.Trainer`` argument is
     accepted by name and left to Lightning)."""
+
+
+FP16 = (16, "16", "16-mixed", "16-true")
+# trainer arguments tvq_exp does its own way: setting them would be ignored or overridden without a word
+NOT_OURS = {
+    "gradient_clip_val": "tvq_exp clips gradients itself, after its non-finite check: set module.grad_clip instead",
+    "gradient_clip_algorithm": "tvq_exp clips by the global norm: set module.grad_clip instead",
+}
+
+
+CONFLICT_KEYS = (*NOT_OURS, "precision", "accelerator")  # what trainer_conflicts reads
+
+
+def trainer_conflicts(trainer: Mapping[str, Any], cuda: bool) -> tuple[str, Any, str] | None:
+    """Cross-field rules of ``trainer`` (kept apart from the signatures above, which are single-option rules):
+    ``(key, value, what is allowed)`` of the first option Lightning would silently ignore or change, else
+    ``None``. ``cuda``: whether a GPU is available (``accelerator=auto`` then means one)."""
+    for name, why in NOT_OURS.items():
+        if trainer.get(name) not in (None, 0, 0.0):
+            return f"trainer.{name}", trainer[name], why
+    accelerator = trainer.get("accelerator", "auto")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda)
+    if trainer.get("precision") in FP16 and on_cpu:
+        return (
+            "trainer.precision", trainer["precision"],
+            "fp16 needs a GPU (on CPU Lightning would switch to bf16): use bf16-mixed or 32-true",
+        )  # fmt: skip
+    return None
 
 
 def guard_options(max_bad_steps: Annotated[int, AtLeast(1)] = 10) -> None:

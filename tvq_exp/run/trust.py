@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -56,15 +57,17 @@ def load_plain(source: str | os.PathLike[str] | io.BytesIO, map_location: Any = 
     """``torch.load(source, weights_only=True)`` allowing :data:`SAFE_GLOBALS`; :class:`UntrustedError` when
     the pickle names anything else (other errors, e.g. a truncated file, pass through unchanged)."""
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
+        with torch.serialization.safe_globals(SAFE_GLOBALS), warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message="Detected pickle protocol"
+            )  # refused below, in one line
             return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         found = _GLOBAL.search(str(error))
-        if found is None and "Weights only load failed" not in str(error):
+        if found is None:  # not a global it refused: a damaged file (random bytes, an unknown opcode)
             raise
-        what = f"names {found.group(1)}" if found else "holds objects that are not plain data"
         raise UntrustedError(
-            f"{what}, which a checkpoint of tvq_exp never holds; refused without running it "
+            f"names {found.group(1)}, which a checkpoint of tvq_exp never holds; refused without running it "
             "(load only checkpoints from people you trust)"
         ) from None
 

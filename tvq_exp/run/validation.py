@@ -280,11 +280,20 @@ def check_trainer(trainer: DictConfig) -> None:
     check_node(subset, "trainer", schema.trainer_options)
 
 
+def check_trainer_conflicts(trainer: DictConfig) -> None:
+    """:func:`tvq_exp.run.schema.trainer_conflicts` as a :class:`ConfigError`."""
+    values = {key: trainer.get(key) for key in schema.CONFLICT_KEYS if key in trainer}
+    conflict = schema.trainer_conflicts(values, torch.cuda.is_available())
+    if conflict is not None:
+        raise ConfigError(*conflict)
+
+
 def check_command(cfg: DictConfig) -> None:
     """The command's own options: train.py's top level, trainer and guard; eval.py's; sample.py's."""
     if "trainer" in cfg:
         check_node(cfg, "", schema.train_options, nested=TRAIN_NODES)
         check_trainer(cfg.trainer)
+        check_trainer_conflicts(cfg.trainer)  # security: cross-field trainer rules (schema.trainer_conflicts)
         check_node(cfg.guard, "guard", schema.guard_options)
         for key in ("init_from", "ckpt_path"):
             if cfg.get(key) and not is_checkpoint(cfg[key]):
