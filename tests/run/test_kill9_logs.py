@@ -15,22 +15,13 @@ from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers.paths import CONF, REPO
+from tests.run.test_reliability import BASE as RELIABILITY_BASE
 from tvq_exp.run.train import train
 
+CHANGED = {"trainer.max_steps": "12", "trainer.val_check_interval": "4", "trainer.log_every_n_steps": "1"}
 BASE = [
-    "experiment=smoke",
-    "data=shakespeare",
-    "data.seq_len=64",
-    "data.batch_size=4",
-    "data.eval_batch_size=4",
-    "data.sampler=stream",
-    "trainer.max_steps=12",
-    "trainer.val_check_interval=4",
-    "trainer.limit_val_batches=2",
-    "trainer.log_every_n_steps=1",
-    "trainer.enable_progress_bar=false",
-    "trainer.accelerator=cpu",
-    "trainer.precision=32-true",
+    *(o for o in RELIABILITY_BASE if o.split("=")[0] not in CHANGED),
+    *(f"{key}={value}" for key, value in CHANGED.items()),
     "logger=[tensorboard,csv]",
     "torch_threads=1",
 ]

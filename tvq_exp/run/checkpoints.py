@@ -1,5 +1,8 @@
 """Checkpoint files that survive crashes: atomic writes, truncation checks, ``resume=auto``'s choice.
 
+Over 300 lines: the one reader of every kind of checkpoint (file, sharded folder, ``init_from`` weights) with the
+refusals they share (damaged, foreign, untrusted: one error wrapping); split, each reader would repeat them.
+
 * :class:`AtomicCheckpointIO` (a Lightning ``CheckpointIO`` plugin) writes every checkpoint to a temporary
   file in the same folder, fsyncs it and ``os.replace``-s it into place; the file it overwrites
   (``last.ckpt``) is kept as ``last.prev.ckpt``. Loading refuses a truncated or corrupt file with a
@@ -231,10 +234,8 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
 
 
 def _running(pid: int) -> bool:
-    if pid == os.getpid():
-        return (
-            False  # this process writes no checkpoint yet: a file with its pid is a recycled pid's leftover
-        )
+    if pid == os.getpid():  # this process writes no checkpoint yet: its own pid is a recycled leftover
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
