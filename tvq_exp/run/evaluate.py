@@ -12,6 +12,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.data_fingerprint import DataFingerprint
 from tvq_exp.callbacks.final_hparams import state_size
 from tvq_exp.callbacks.numerics_guard import NumericsError
 from tvq_exp.console import quiet, say
@@ -68,8 +69,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     precision = cfg.precision or (
         "bf16-mixed" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "32-true"
     )
+    stored = (checkpoint.get("callbacks") or {}).get(DataFingerprint.__name__, {}).get("fingerprint")
     trainer = L.Trainer(
         accelerator=cfg.accelerator,
+        callbacks=[DataFingerprint(cfg.allow_data_change, expected=stored)],
         devices=1,
         precision=precision,
         logger=False,

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.data_fingerprint import DataFingerprint
 from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
 from tvq_exp.callbacks.preemption import Preemption
 from tvq_exp.callbacks.rng_state import RngState
@@ -81,7 +82,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
-        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard],
+        callbacks=[
+            *build_callbacks(cfg),
+            RngState(),
+            DataFingerprint(cfg.allow_data_change),
+            preemption,
+            guard,
+        ],
         logger=build_loggers(cfg, resumed_at) or False,
         plugins=[AtomicCheckpointIO()],
     )
