@@ -23,6 +23,7 @@ import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,9 +63,11 @@ class Between(Constraint):
     def violation(self, value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None  # a type error, reported by the type check
+        if not math.isfinite(value):
+            return f"{self.describe()}, and finite (not inf or nan)"
         above = value > self.low if self.ends[0] == "(" else value >= self.low
         below = value < self.high if self.ends[1] == ")" else value <= self.high
-        return None if above and below and not math.isnan(value) else self.describe()
+        return None if above and below else self.describe()
 
     def describe(self) -> str:
         if self.high == math.inf:
@@ -79,7 +82,7 @@ class Between(Constraint):
             values.append(self.low if self.ends[0] == "(" else self.low - 1)
         if self.high != math.inf:
             values.append(self.high if self.ends[1] == ")" else self.high + 1)
-        return values
+        return [*values, math.inf, math.nan]
 
 
 def AtLeast(low: float) -> Between:  # noqa: N802 (reads as a type in signatures)
@@ -106,6 +109,42 @@ class OneOf(Constraint):
 
     def bad_values(self) -> list[Any]:
         return ["no_such_choice"]
+
+
+@dataclass(frozen=True)
+class PlainName(Constraint):
+    """One folder name (``run_name``): not empty, no path separator, not ``.`` or ``..``, no leading dot or
+    space, so the run directory it names stays inside the log dir."""
+
+    def violation(self, value: Any) -> str | None:
+        if not isinstance(value, str):
+            return None  # a type error, reported by the type check
+        text = value.strip()
+        if text and text == value and "/" not in value and "\\" not in value and not value.startswith("."):
+            return None
+        return "must be one plain folder name (no '/', no leading '.', not empty): the run dir stays in the log dir"
+
+    def bad_values(self) -> list[Any]:
+        return ["../../x", "a/b", "..", ".hidden", "/tmp/x", " "]
+
+
+@dataclass(frozen=True)
+class NewFile(Constraint):
+    """A file a command writes (``eval.py output=``, ``sample.py output=``): its folder must exist, since no
+    command creates folders the user named, and it must not be a folder itself."""
+
+    def violation(self, value: Any) -> str | None:
+        if not isinstance(value, str):
+            return None  # a type error, reported by the type check
+        path = Path(value).expanduser()
+        if path.is_dir():
+            return "is a folder: give a file name"
+        if not path.parent.is_dir():
+            return f"its folder {path.parent} does not exist: create it first (no command creates it for you)"
+        return None
+
+    def bad_values(self) -> list[Any]:
+        return ["/no-such-folder-of-tvq_exp/out.json", "/"]
 
 
 def _number(x: float) -> str:
@@ -164,7 +203,9 @@ __all__ = [
     "Between",
     "Constraint",
     "OneOf",
+    "NewFile",
     "OptionError",
+    "PlainName",
     "check_values",
     "checked",
     "constraints",

@@ -73,7 +73,7 @@ def test_wrong_checksum_is_rejected_and_leaves_no_file(served: tuple[str, Path],
         _module(f"{base}/enwik8.zip", "0" * 32, root).prepare_data()
     message = str(error.value)
     assert "enwik8.zip" in message and "0" * 32 in message and hashlib.md5(content).hexdigest() in message
-    assert list((root / "enwik8").iterdir()) == []
+    assert not root.exists(), "a failed download leaves no folder in the data root"
 
 
 def test_truncated_zip_is_refused(served: tuple[str, Path], tmp_path: Path) -> None:
@@ -120,3 +120,12 @@ def test_unreachable_url_says_where_to_put_the_file(served: tuple[str, Path], tm
         download(f"{base}/missing.zip", tmp_path / "missing.zip")
     assert str(tmp_path / "missing.zip") in str(error.value)
     assert not (tmp_path / "missing.zip.part").exists()
+    root = tmp_path / "data"  # the case: an enwik8 download that fails leaves no empty folder
+    with pytest.raises(DataNotFoundError):
+        _module(f"{base}/missing.zip", None, root).prepare_data()
+    assert not root.exists()
+    root.mkdir()  # a data root that was there stays, and keeps what it held
+    (root / "kept.txt").write_text("x")
+    with pytest.raises(DataNotFoundError):
+        _module(f"{base}/missing.zip", None, root).prepare_data()
+    assert sorted(p.name for p in root.iterdir()) == ["kept.txt"]

@@ -21,7 +21,7 @@ from tvq_exp.options import constraints
 from tvq_exp.run import schema
 from tvq_exp.run.validation import Command, ConfigError, data_nodes, model_nodes, schema_for, validate
 
-PER_AREA = 10  # cases drawn per area (every case of an area with fewer)
+PER_AREA = 14  # cases drawn per area (every case of an area with fewer)
 WRONG_TYPE = {int: "abc", float: "abc", bool: "maybe"}
 
 
@@ -88,7 +88,7 @@ def test_every_area_is_fuzzed() -> None:
     prefixes = {override.split("=")[0].lstrip("+").rsplit(".", 1)[0] for _, override, _ in CASES}
     assert {"model", "model.block", "model.attention", "data", "module", "trainer", "guard"} <= prefixes
     assert {command for command, _, _ in CASES} == {"train", "eval", "sample"}
-    assert len(CASES) >= 80
+    assert len(CASES) >= 130
 
 
 @pytest.mark.parametrize(("command", "override", "key"), CASES, ids=[f"{c}:{o}" for c, o, _ in CASES])

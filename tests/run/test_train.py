@@ -22,6 +22,7 @@ from tvq_exp.models.dense_to_vq import collect_keys, init_from_dense, load_dense
 from tvq_exp.models.module import AutoregressiveLitModule as LanguageModel
 from tvq_exp.models.optim import warmup_cosine
 from tvq_exp.run.build import build_module, to_dict
+from tvq_exp.run.checkpoints import read_weights
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.train import train
 
@@ -273,7 +274,7 @@ def test_init_from_dense_loads_weights_and_kmeans_codebooks(tmp_path: Path) -> N
     vq = _module().model
     random_codebooks = [q.codebook.clone() for q in vq.quantizers()]
     batches = [{"input": torch.randint(0, 256, (4, 64))} for _ in range(3)]
-    init_from_dense(vq, dense["last_ckpt"], iter(batches), num_batches=2)
+    init_from_dense(vq, read_weights(dense["last_ckpt"]), iter(batches), num_batches=2)
     for name, value in vq.state_dict().items():
         if ".quantizer." not in name:
             torch.testing.assert_close(value, dense_weights[name], msg=name)

@@ -74,8 +74,9 @@ def download(
 
     The bytes go to ``dest.part``; ``md5``/``sha256`` (of the downloaded file) and ``validate(part_path)`` run
     on it; only when all pass is it renamed to ``dest``. On any failure the part file is deleted and no
-    ``dest`` appears. Network failures raise :class:`DataNotFoundError` saying where to put the file by hand.
+    ``dest`` appears, nor any folder it created for it. Network failures raise :class:`DataNotFoundError` saying where to put the file by hand.
     """
+    created = [folder for folder in (dest.parent, *dest.parent.parents) if not folder.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     try:
@@ -85,6 +86,9 @@ def download(
             validate(part)
     except BaseException:
         part.unlink(missing_ok=True)
+        for folder in created:  # deepest first: a failed download leaves the data root as it found it
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         raise
     os.replace(part, dest)
     return dest

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,10 +87,10 @@ def init_codebooks(model: Decoder, batches: Iterable[Mapping[str, Tensor]]) -> N
 
 
 def init_from_dense(
-    model: Decoder, path: str | Path, batches: Iterable[Mapping[str, Tensor]], num_batches: int
+    model: Decoder, checkpoint: Mapping[str, Any], batches: Iterable[Mapping[str, Tensor]], num_batches: int
 ) -> None:
-    """Convert ``model`` (VQ) from the dense checkpoint at ``path``: load its weights, then initialise
-    the codebooks by k-means over the keys of the first ``num_batches`` of ``batches``."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    """Convert ``model`` (VQ) from a dense ``checkpoint`` (loaded ``weights_only`` by
+    :func:`tvq_exp.run.checkpoints.read_weights`): load its weights, then initialise the codebooks by k-means
+    over the keys of the first ``num_batches`` of ``batches``."""
     load_dense_weights(model, dense_weights(checkpoint))
     init_codebooks(model, itertools.islice(batches, num_batches))

@@ -3,7 +3,7 @@ callbacks, the loggers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,13 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.models.decoder import Decoder
+from tvq_exp.models.dense_to_vq import init_from_dense
 from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
-from tvq_exp.run.checkpoints import gather_checkpoint
+from tvq_exp.run.checkpoints import UntrustedCheckpointError, gather_checkpoint, read_weights
 from tvq_exp.run.legacy import upgrade_run_config
-from tvq_exp.run.loggers import resume_options
+from tvq_exp.run.loggers import ResumePoint, continue_history, resume_options
+from tvq_exp.run.trust import UntrustedError, check_targets
 from tvq_exp.run.validation import ConfigError
 
 
@@ -53,16 +55,38 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
-def build_loggers(cfg: DictConfig, resume_step: int | None = None) -> list[Logger]:
-    """Loggers from ``cfg.logger`` (empty: logging off); resuming at ``resume_step``, each continues the run's
-    history from that step (:func:`tvq_exp.run.loggers.resume_options`)."""
+def build_loggers(cfg: DictConfig, resumed: ResumePoint | None = None) -> list[Logger]:
+    """Loggers from ``cfg.logger`` (empty: logging off); resuming at ``resumed``, each continues the run's history
+    as it was when the checkpoint was written (:class:`tvq_exp.run.loggers.ResumePoint`)."""
     nodes = [c for c in (cfg.get("logger") or {}).values() if c is not None]
-    return [instantiate(c, **resume_options(get_class(c._target_), resume_step)) for c in nodes]
+    loggers = [instantiate(c, **resume_options(get_class(c._target_), resumed)) for c in nodes]
+    for logger in loggers:
+        continue_history(logger, resumed)
+    return loggers
 
 
 def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The resolved run config a :class:`AutoregressiveLitModule` checkpoint carries."""
-    return upgrade_run_config(checkpoint["hyper_parameters"]["run_config"])
+    """The resolved run config a :class:`AutoregressiveLitModule` checkpoint carries, its ``_target_``-s checked
+    (:func:`~tvq_exp.run.trust.check_targets`; :func:`~tvq_exp.run.checkpoints.read_checkpoint` did it once,
+    this keeps any other way of reaching a stored config from building what it names unchecked)."""
+    config = upgrade_run_config(checkpoint["hyper_parameters"]["run_config"])
+    try:
+        check_targets(config)
+    except UntrustedError as error:
+        raise UntrustedCheckpointError(f"checkpoint: {error}") from None
+    return config
+
+
+def init_from_checkpoint(
+    module: AutoregressiveLitModule, path: str, batches: Iterable[Any], count: int
+) -> None:
+    """``init_from``: the dense weights at ``path`` (read ``weights_only``) into ``module``'s VQ model, its
+    codebooks k-means-initialised over ``count`` of ``batches``; a checkpoint that does not fit is refused on
+    ``init_from``."""
+    try:
+        init_from_dense(module.model, read_weights(path), batches, count)
+    except ValueError as error:
+        raise ConfigError("init_from", path, str(error)) from None
 
 
 def load_checkpoint(
@@ -97,5 +121,6 @@ def non_finite(state_dict: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = [
-    "build_callbacks", "build_loggers", "build_module", "load_checkpoint", "non_finite", "run_config", "to_dict",
+    "build_callbacks", "build_loggers", "build_module", "init_from_checkpoint", "load_checkpoint", "non_finite",
+    "run_config", "to_dict",
 ]  # fmt: skip

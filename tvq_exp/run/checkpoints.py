@@ -1,5 +1,8 @@
 """Checkpoint files that survive crashes: atomic writes, truncation checks, ``resume=auto``'s choice.
 
+Over 300 lines: the one reader of every kind of checkpoint (file, sharded folder, ``init_from`` weights) with the
+refusals they share (damaged, foreign, untrusted: one error wrapping); split, each reader would repeat them.
+
 * :class:`AtomicCheckpointIO` (a Lightning ``CheckpointIO`` plugin) writes every checkpoint to a temporary
   file in the same folder, fsyncs it and ``os.replace``-s it into place; the file it overwrites
   (``last.ckpt``) is kept as ``last.prev.ckpt``. Loading refuses a truncated or corrupt file with a
@@ -8,6 +11,7 @@
   file (``last.ckpt/``): one ``.distcp`` shard per rank plus ``meta.pt`` (everything but the weights and
   optimiser states). :func:`read_checkpoint` reads its ``meta.pt``, :func:`gather_checkpoint` the whole of it
   in one process; ``resume=auto`` and ``ckpt_path`` take either kind.
+* :func:`remove_stale_temporaries` deletes what a save killed half-way (``kill -9``) left, at the start of a run.
 * :func:`newest_good_checkpoint` picks the newest checkpoint of a run folder that loads; a run that ended
   normally leaves ``finished.json`` (:func:`mark_finished`), so relaunching it skips it.
 * Which checkpoints are written is :class:`~tvq_exp.callbacks.checkpoint.BestAndLastCheckpoint`'s job, the
@@ -22,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +35,24 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR, LAST
+from tvq_exp.run.legacy import upgrade_run_config
+from tvq_exp.run.trust import UntrustedError, check_dcp_metadata, check_targets, load_plain
 
 PREVIOUS_SUFFIX = ".prev"
 FINISHED = "finished.json"
 REQUIRED_KEYS = ("state_dict", "global_step")
 SHARDED_METADATA = "meta.pt"  # Lightning's ModelParallelStrategy: a sharded checkpoint's non-tensor part
+SAVED_AT = "saved_at"  # the time.time() a checkpoint was saved at
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards (a pickle)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file that cannot be used (truncated, corrupt, not a Lightning checkpoint)."""
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint that asks for more than plain data (code in its pickle, a foreign ``_target_``): never
+    skipped over quietly, always the end of the command (see :mod:`tvq_exp.run.trust`)."""
 
 
 def previous_path(path: Path) -> Path:
@@ -57,27 +71,68 @@ def is_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 
 def read_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by this project; raise :class:`CheckpointError` if it is unusable. Of a
-    sharded checkpoint, its ``meta.pt``: everything but ``state_dict`` and ``optimizer_states`` (the run
-    config, the step, the loops', callbacks' and samplers' states); :func:`gather_checkpoint` reads the rest."""
+    """Load a checkpoint written by this project; raise :class:`CheckpointError` if it is unusable or asks for
+    more than plain data (:mod:`tvq_exp.run.trust`: loaded ``weights_only``, every ``_target_`` of its run config
+    checked before anything is built from it). Of a sharded checkpoint, its ``meta.pt``: everything but
+    ``state_dict`` and ``optimizer_states`` (the run config, the step, the loops', callbacks' and samplers'
+    states); :func:`gather_checkpoint` reads the rest."""
     path = Path(path)
     sharded = is_sharded(path)
     if not (sharded or path.is_file()):
         raise CheckpointError(f"checkpoint {path} does not exist; check ckpt_path")
-    try:
-        checkpoint = torch.load(
-            path / SHARDED_METADATA if sharded else path, map_location=map_location, weights_only=False
-        )
-    except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
-        raise CheckpointError(
-            f"checkpoint {path} is truncated or corrupt ({type(error).__name__}: {str(error).splitlines()[0]}); "
-            f"delete it and resume from an older one (resume=auto picks the newest good one)"
-        ) from None
+    checkpoint = _load(path, path / SHARDED_METADATA if sharded else path, map_location)
     required = [key for key in REQUIRED_KEYS if not (sharded and key == "state_dict")]
     missing = [key for key in required if not isinstance(checkpoint, dict) or key not in checkpoint]
+    config = checkpoint.get("hyper_parameters", {}) if isinstance(checkpoint, dict) else {}
+    if not missing and not (isinstance(config, dict) and isinstance(config.get("run_config"), dict)):
+        missing = ["hyper_parameters.run_config"]
     if missing:
-        raise CheckpointError(f"checkpoint {path} is not a training checkpoint (no {', '.join(missing)})")
+        raise CheckpointError(
+            f"checkpoint {path} is not a tvq_exp training checkpoint (no {', '.join(missing)})"
+        )
+    try:
+        check_targets(upgrade_run_config(config["run_config"]))
+    except UntrustedError as error:
+        raise UntrustedCheckpointError(f"checkpoint {path}: {error}") from None
     return checkpoint
+
+
+def read_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The tensors of a torch file for ``init_from``: a training checkpoint or a bare state dict, loaded
+    ``weights_only`` (:class:`CheckpointError` naming the file when it is damaged, foreign or holds code)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist; check init_from")
+    loaded = _load(path, path, "cpu")
+    config = loaded.get("hyper_parameters", {}) if isinstance(loaded, dict) else {}
+    if isinstance(config, dict) and isinstance(config.get("run_config"), dict):
+        try:  # init_from builds nothing from it, but a planted target says the file was tampered with
+            check_targets(upgrade_run_config(config["run_config"]))
+        except UntrustedError as error:
+            raise UntrustedCheckpointError(f"checkpoint {path}: {error}") from None
+    state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or not state or not all(torch.is_tensor(v) for v in state.values()):
+        raise CheckpointError(
+            f"checkpoint {path} holds no state dict of tensors (a torch file of another kind)"
+        )
+    return loaded
+
+
+def _load(path: Path, file: Path, map_location: Any) -> Any:
+    """:func:`~tvq_exp.run.trust.load_plain` with its failures as :class:`CheckpointError` naming ``path``."""
+    try:
+        return load_plain(file, map_location=map_location)
+    except UntrustedError as error:
+        raise UntrustedCheckpointError(f"checkpoint {path} {error}") from None
+    except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for bad files
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({type(error).__name__}: {_first_line(error)}); "
+            f"delete it and resume from an older one (resume=auto picks the newest good one)"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 def gather_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -86,20 +141,45 @@ def gather_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     checkpoint = read_checkpoint(path)
     if not is_sharded(path):
         return checkpoint
+    path = Path(path)
+    check_shards(path)
     with tempfile.TemporaryDirectory() as tmp:
         gathered = Path(tmp) / "state.pt"
         try:
             dcp_to_torch_save(path, gathered)
         except Exception as error:  # a missing or damaged shard
             raise CheckpointError(
-                f"sharded checkpoint {path} cannot be gathered ({type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else ''})"
+                f"sharded checkpoint {path} cannot be gathered ({type(error).__name__}: {_first_line(error)})"
             ) from None
-        state = torch.load(gathered, map_location="cpu", weights_only=False)
+        state = _load(path, gathered, "cpu")
     checkpoint["state_dict"] = state.pop("state_dict")
     optimizers = sorted(key for key in state if key.startswith("optimizer_"))
     checkpoint["optimizer_states"] = [state.pop(key) for key in optimizers]
     return checkpoint
+
+
+def check_shards(path: Path) -> None:
+    """A sharded checkpoint's ``.metadata`` holds plain data (:func:`~tvq_exp.run.trust.check_dcp_metadata`)
+    and names only shards that are present: :class:`CheckpointError` naming the folder otherwise."""
+    metadata = path / DCP_METADATA
+    if not metadata.is_file():
+        raise CheckpointError(f"sharded checkpoint {path} has no {DCP_METADATA} (an incomplete copy?)")
+    try:
+        index = check_dcp_metadata(metadata)
+    except UntrustedError as error:
+        raise UntrustedCheckpointError(f"sharded checkpoint {path}: its {DCP_METADATA} {error}") from None
+    except Exception as error:  # a truncated or corrupt pickle
+        raise CheckpointError(
+            f"sharded checkpoint {path}: its {DCP_METADATA} is truncated or corrupt "
+            f"({type(error).__name__}: {_first_line(error)})"
+        ) from None
+    named = {str(info.relative_path) for info in (getattr(index, "storage_data", None) or {}).values()}
+    missing = sorted(name for name in named if not (path / name).is_file())
+    if missing or not named:
+        raise CheckpointError(
+            f"sharded checkpoint {path} lacks its shard(s) {', '.join(missing) or '(none listed)'}: "
+            "an incomplete copy; copy the whole folder"
+        )
 
 
 def remove_checkpoint(path: Path) -> None:
@@ -123,6 +203,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        checkpoint[SAVED_AT] = time.time()  # where a resumed run cuts its logs (tvq_exp.run.loggers)
         try:
             with open(temporary, "wb") as file:
                 torch.save(checkpoint, file)
@@ -140,6 +221,35 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return read_checkpoint(path, map_location or "cpu")
 
 
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete the half-written ``.<name>.tmp-<pid>`` files a killed :class:`AtomicCheckpointIO` save left in
+    ``folder`` (the writer ``<pid>`` no longer runs; a live writer's file is left alone); the deleted paths."""
+    removed = []
+    for path in folder.glob(".*.ckpt.tmp-*") if folder.is_dir() else []:
+        pid = path.name.rpartition("-")[2]
+        if path.is_file() and pid.isdigit() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():  # this process writes no checkpoint yet: its own pid is a recycled leftover
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def saved_at(path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> float:
+    """When the checkpoint at ``path`` was saved: its ``saved_at``, else (older checkpoints) the file's time."""
+    return float(checkpoint.get(SAVED_AT) or _written_ns(Path(path)) / 1e9)
+
+
 def _written_ns(path: Path) -> int:
     return (path / SHARDED_METADATA if is_sharded(path) else path).stat().st_mtime_ns
 
@@ -154,11 +264,15 @@ def checkpoint_candidates(folder: Path) -> list[Path]:
 
 
 def newest_good_checkpoint(folder: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint in ``folder`` that loads, and one line per newer file that was refused."""
+    """The newest checkpoint in ``folder`` that loads, and one line per newer file that was refused (damaged);
+    a checkpoint holding code or a foreign ``_target_`` is not skipped: its :class:`UntrustedCheckpointError`
+    ends the search."""
     refused: list[str] = []
     for path in checkpoint_candidates(folder):
         try:
             read_checkpoint(path)
+        except UntrustedCheckpointError:
+            raise
         except CheckpointError as error:
             refused.append(str(error))
             continue
@@ -181,6 +295,7 @@ __all__ = [
     "CHECKPOINT_DIR",
     "AtomicCheckpointIO",
     "CheckpointError",
+    "check_shards",
     "checkpoint_candidates",
     "finished_summary",
     "gather_checkpoint",
@@ -189,5 +304,9 @@ __all__ = [
     "mark_finished",
     "newest_good_checkpoint",
     "read_checkpoint",
+    "read_weights",
     "remove_checkpoint",
+    "remove_stale_temporaries",
+    "saved_at",
+    "UntrustedCheckpointError",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.callbacks.codebook_health import CodebookHealth
+from tvq_exp.callbacks.data_fingerprint import DataFingerprint
 from tvq_exp.callbacks.final_hparams import state_size
+from tvq_exp.callbacks.numerics_guard import NumericsError
 from tvq_exp.console import quiet, say
 from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.run.build import load_checkpoint, set_torch_threads
@@ -75,10 +78,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     precision = cfg.precision or (
         "bf16-mixed" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "32-true"
     )
+    stored = (checkpoint.get("callbacks") or {}).get(DataFingerprint.__name__, {}).get("fingerprint")
     health = CodebookHealth()
     trainer = L.Trainer(
         accelerator=cfg.accelerator,
-        callbacks=[health],
+        callbacks=[health, DataFingerprint(cfg.allow_data_change, expected=stored)],
         devices=1,
         precision=precision,
         logger=False,
@@ -105,11 +109,15 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         if cfg.get("output")
         else default_eval_output(cfg.ckpt_path, cfg.split, protocol, cfg.get("limit_batches"))
     )
-    output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     unit = "bits/dim" if module.kind == "image" else "bits/byte"
     label = f"{Path(cfg.ckpt_path).stem}, {cfg.split}, {protocol}"
     save_figure(position_figure({label: result["position_buckets"]}, unit), str(output.with_suffix(".png")))
+    if not math.isfinite(result["bpb"]):
+        raise NumericsError(
+            f"eval of {cfg.ckpt_path}: {result['bpb']} bits per {'dim' if module.kind == 'image' else 'byte'} "
+            f"over {cfg.split} (a non-finite loss; written to {output}): check the weights and the data"
+        )
     accuracy = f", accuracy {result['accuracy']['accuracy']:.4f}" if "accuracy" in result else ""
     say(
         f"{cfg.split}: {result['bpb']:.4f} bits/{'dim' if module.kind == 'image' else 'byte'}, "

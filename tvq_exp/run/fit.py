@@ -13,22 +13,31 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from tvq_exp.callbacks.data_fingerprint import DataFingerprint
 from tvq_exp.callbacks.final_validation import FinalValidation
 from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
 from tvq_exp.callbacks.preemption import Preemption
 from tvq_exp.callbacks.rng_state import RngState
 from tvq_exp.console import quiet, say
-from tvq_exp.models.dense_to_vq import init_from_dense
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.build import (
     build_callbacks,
     build_loggers,
     build_module,
+    init_from_checkpoint,
     run_config,
     set_torch_threads,
     to_dict,
 )
-from tvq_exp.run.checkpoints import AtomicCheckpointIO, mark_finished, read_checkpoint
+from tvq_exp.run.checkpoints import (
+    CHECKPOINT_DIR,
+    AtomicCheckpointIO,
+    mark_finished,
+    read_checkpoint,
+    remove_stale_temporaries,
+    saved_at,
+)
+from tvq_exp.run.loggers import ResumePoint
 from tvq_exp.run.resume import (
     auto_resume,
     check_run_options,
@@ -61,7 +70,7 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         if not isinstance(resumed, DictConfig):
             return resumed
         cfg = resumed
-    resume_step = None
+    resumed_at = None
     if cfg.get("ckpt_path"):
         checkpoint = read_checkpoint(cfg.ckpt_path)
         if cfg.get("resume") == "auto":
@@ -70,6 +79,7 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
             given = explicit_overrides() if overrides is None else overrides
             cfg = resume_config(cfg, run_config(checkpoint), given)
         resume_step = int(checkpoint.get("global_step", 0))
+        resumed_at = ResumePoint(resume_step, saved_at(cfg.ckpt_path, checkpoint))
         done = nothing_left(cfg, resume_step)
         if done is not None:
             return done
@@ -79,6 +89,8 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
+        say(f"removed {stale}: a checkpoint save that was killed half-way")
     config = to_dict(cfg)
     OmegaConf.save(OmegaConf.create(config), output_dir / "config.yaml")
 
@@ -87,14 +99,21 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     if cfg.get("init_from") and not cfg.get("ckpt_path"):
         datamodule.prepare_data()
         datamodule.setup("fit")
-        init_from_dense(module.model, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
+        init_from_checkpoint(module, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
         say(f"initialised from {cfg.init_from} (k-means codebooks over {cfg.init_batches} batches)")
 
     preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
-        callbacks=[*build_callbacks(cfg), RngState(), preemption, guard, FinalValidation()],
-        logger=build_loggers(cfg, resume_step) or False,
+        callbacks=[
+            *build_callbacks(cfg),
+            RngState(),
+            DataFingerprint(cfg.allow_data_change),
+            preemption,
+            guard,
+            FinalValidation(),
+        ],
+        logger=build_loggers(cfg, resumed_at) or False,
         plugins=[AtomicCheckpointIO()],
     )
     n_params = sum(p.numel() for p in module.model.parameters())

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from tvq_exp.models.decoder import Decoder
@@ -16,11 +17,14 @@ from tvq_exp.run.checkpoints import (
     SHARDED_METADATA,
     AtomicCheckpointIO,
     CheckpointError,
+    check_shards,
     gather_checkpoint,
     is_sharded,
     previous_path,
+    read_checkpoint,
     remove_checkpoint,
 )
+from tvq_exp.run.trust import SAFE_GLOBALS
 
 
 class BlockFSDPStrategy(ModelParallelStrategy):
@@ -88,10 +92,16 @@ class BlockFSDPStrategy(ModelParallelStrategy):
     def load_checkpoint(
         self, checkpoint_path: str | os.PathLike[str], weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Load a sharded or single-file checkpoint; ``meta.pt`` holds the RNG states (NumPy arrays among them),
-        so it is read as :func:`~tvq_exp.run.checkpoints.read_checkpoint` reads every checkpoint of ours, not
-        with ``weights_only``."""
-        return super().load_checkpoint(checkpoint_path, weights_only=False)
+        """Load a sharded or single-file checkpoint ``weights_only`` (:mod:`tvq_exp.run.trust`): it is first
+        checked as :func:`~tvq_exp.run.checkpoints.read_checkpoint` checks every checkpoint of ours (and a
+        sharded one's ``.metadata`` and shards), then Lightning reads it allowing only the RNG states' NumPy
+        types."""
+        path = Path(checkpoint_path)
+        read_checkpoint(path)
+        if is_sharded(path):
+            check_shards(path)
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            return super().load_checkpoint(checkpoint_path, weights_only=True)
 
     def parallelize(self, decoder: Decoder) -> Decoder:
         """Shard ``decoder`` over the data-parallel mesh (called from the module's ``configure_model``)."""

@@ -1,39 +1,75 @@
 """Loggers that continue a resumed run's history instead of starting it again.
 
 Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` when it starts (with a warning), so a resumed run
-kept only the rows after the resume. :class:`CSVLogger` here keeps the rows up to the step the run resumes from,
-drops any row a killed process wrote after its last checkpoint, and appends. TensorBoard is told the same step
-(``purge_step``), so the event files hold every step once (:func:`resume_options`).
+kept only the rows after the resume. :class:`CSVLogger` here keeps the rows written before the checkpoint the run
+resumes from was saved, drops those a killed process wrote after it, and appends; it writes every row at once
+(Lightning's buffers rows for 100 steps, so a ``kill -9`` lost the last validation row). TensorBoard's event files
+are cut the same way (:func:`drop_events_after`), so they hold every step once.
+
+The cut (:class:`ResumePoint`) is by step and time: Lightning logs optimiser step ``k`` at index ``k - 1`` and our
+validation and callbacks at ``k``, so at a checkpoint of ``global_step`` ``K`` the rows at index ``K`` are the
+validation logged before the save (kept) and a killed process's next step (trained again: dropped). A row is kept
+when its step is below ``K`` (the steps up to the checkpoint, also the last one a SIGTERM logs after its save) or
+it was written before the checkpoint was saved. Every CSV row carries its ``wall_time`` (as TensorBoard events
+do), and a checkpoint its ``saved_at`` (:class:`~tvq_exp.run.checkpoints.AtomicCheckpointIO`).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+from tensorboard.compat.proto import event_pb2
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+WALL_TIME = "wall_time"  # the column of metrics.csv that says when a row was logged (time.time())
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues its logs: the checkpoint's ``global_step`` and ``saved_at`` (a ``time.time()``)."""
+
+    step: int
+    saved_at: float
+
+    def keeps(self, step: int, wall_time: float | None) -> bool:
+        """Whether a row or event logged at ``step`` and ``wall_time`` (``None``: unknown) stays in the history."""
+        return step < self.step or (wall_time is not None and wall_time <= self.saved_at)
 
 
 class _ContinuingWriter(ExperimentWriter):
-    """``metrics.csv`` with the rows of steps ``<= keep_until`` kept (``None``: a fresh file)."""
+    """``metrics.csv`` with the rows ``keep_until`` keeps (``None``: a fresh file); every new row gets its
+    ``wall_time``."""
 
-    def __init__(self, log_dir: str, keep_until: int | None) -> None:
+    def __init__(self, log_dir: str, keep_until: ResumePoint | None) -> None:
         self.keep_until = keep_until
         super().__init__(log_dir)
         if keep_until is not None and os.path.isfile(self.metrics_file_path):
             with open(self.metrics_file_path, newline="") as file:
                 reader = csv.DictReader(file)
                 keys, rows = list(reader.fieldnames or []), list(reader)
-            kept = [row for row in rows if row.get("step", "") == "" or int(float(row["step"])) <= keep_until]
+            kept = [
+                row for row in rows
+                if not row.get("step") or keep_until.keeps(int(float(row["step"])), _number(row.get(WALL_TIME)))
+            ]  # fmt: skip
             self.metrics_keys = keys
             with open(self.metrics_file_path, "w", newline="") as file:
                 writer = csv.DictWriter(file, fieldnames=keys)
                 writer.writeheader()
                 writer.writerows(kept)
+
+    def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics({**metrics_dict, WALL_TIME: time.time()}, step)
 
     def _check_log_dir_exists(self) -> None:
         if self.keep_until is None and os.path.isfile(self.metrics_file_path):
@@ -41,12 +77,20 @@ class _ContinuingWriter(ExperimentWriter):
 
 
 class CSVLogger(LightningCSVLogger):
-    """Lightning's ``CSVLogger`` (same arguments) that continues ``metrics.csv`` from step ``keep_until``
-    (set by the train command when it resumes; ``None``: a new file)."""
+    """Lightning's ``CSVLogger`` (same arguments) that continues ``metrics.csv`` with the rows the
+    :class:`ResumePoint` ``(resume_step, resume_time)`` keeps (set by the train command when it resumes; ``None``:
+    a new file), and writes each row to disk when it is logged."""
 
-    def __init__(self, *args: Any, keep_until: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, resume_step: int | None = None, resume_time: float | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.keep_until = keep_until
+        self.keep_until = None if resume_step is None else ResumePoint(resume_step, resume_time or 0.0)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        self.save()  # validation rows are logged outside Lightning's save() calls: on disk before the checkpoint
 
     @property
     @rank_zero_experiment
@@ -57,15 +101,46 @@ class CSVLogger(LightningCSVLogger):
         return self._experiment
 
 
-def resume_options(target: type, resume_step: int | None) -> dict[str, Any]:
-    """Extra constructor arguments for a logger of class ``target`` when the run resumes at ``resume_step``."""
-    if resume_step is None:
-        return {}
-    if issubclass(target, CSVLogger):
-        return {"keep_until": resume_step}
-    if issubclass(target, TensorBoardLogger):
-        return {"purge_step": resume_step + 1}  # SummaryWriter drops the events logged after the checkpoint
+def _number(text: str | None) -> float | None:
+    return float(text) if text else None
+
+
+def resume_options(target: type, resumed: ResumePoint | None) -> dict[str, Any]:
+    """Extra constructor arguments for a logger of class ``target`` when the run resumes at ``resumed``."""
+    if resumed is not None and issubclass(target, CSVLogger):
+        return {"resume_step": resumed.step, "resume_time": resumed.saved_at}
     return {}
 
 
-__all__ = ["CSVLogger", "resume_options"]
+def continue_history(logger: Logger, resumed: ResumePoint | None) -> None:
+    """Before a resumed run logs: cut a TensorBoard logger's event files at ``resumed``
+    (:func:`drop_events_after`); a :class:`CSVLogger` cuts its own file (``keep_until``)."""
+    if resumed is not None and isinstance(logger, TensorBoardLogger) and os.path.isdir(logger.log_dir):
+        drop_events_after(Path(logger.log_dir), resumed)
+
+
+def drop_events_after(folder: Path, resumed: ResumePoint) -> int:
+    """Rewrite each TensorBoard event file in ``folder`` without the scalar events ``resumed`` does not keep (what
+    a killed process logged after its checkpoint; the resumed run logs those steps again); the number dropped."""
+    dropped = 0
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        records = list(RawEventFileLoader(str(path)).Load())
+        events = [event_pb2.Event.FromString(r) for r in records]
+        kept = [
+            r for r, e in zip(records, events, strict=True)
+            if not e.HasField("summary") or resumed.keeps(e.step, e.wall_time)
+        ]  # fmt: skip
+        if len(kept) == len(records):
+            continue
+        dropped += len(records) - len(kept)
+        temporary = path.with_name(f".{path.name}.tmp")
+        with open(temporary, "wb") as file:
+            writer = RecordWriter(file)
+            for record in kept:
+                writer.write(record)
+            writer.flush()
+        os.replace(temporary, path)
+    return dropped
+
+
+__all__ = ["CSVLogger", "ResumePoint", "continue_history", "drop_events_after", "resume_options"]

@@ -9,9 +9,10 @@ signatures: same :mod:`tvq_exp.options` annotations, same checks (types, unknown
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
-from tvq_exp.options import Above, AtLeast, Between, OneOf
+from tvq_exp.options import Above, AtLeast, Between, NewFile, OneOf, PlainName
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # Lightning's precision names (``lightning.fabric.connector._PRECISION_INPUT_STR``, held equal by
@@ -29,8 +30,9 @@ def train_options(
     seed: Annotated[int, AtLeast(0)] = 1234,
     ckpt_path: str | None = None,
     resume: Annotated[str, OneOf(*RESUME)] | None = None,
-    run_name: str | None = None,
+    run_name: Annotated[str, PlainName()] | None = None,
     init_from: str | None = None,
+    allow_data_change: bool = False,
     init_batches: Annotated[int, AtLeast(1)] = 8,
     torch_threads: Annotated[int, AtLeast(1)] | None = None,
     block_len: Annotated[int, AtLeast(1)] | None = None,
@@ -62,6 +64,34 @@ def trainer_options(
     accepted by name and left to Lightning)."""
 
 
+FP16 = (16, "16", "16-mixed", "16-true")
+# trainer arguments tvq_exp does its own way: setting them would be ignored or overridden without a word
+NOT_OURS = {
+    "gradient_clip_val": "tvq_exp clips gradients itself, after its non-finite check: set module.grad_clip instead",
+    "gradient_clip_algorithm": "tvq_exp clips by the global norm: set module.grad_clip instead",
+}
+
+
+CONFLICT_KEYS = (*NOT_OURS, "precision", "accelerator")  # what trainer_conflicts reads
+
+
+def trainer_conflicts(trainer: Mapping[str, Any], cuda: bool) -> tuple[str, Any, str] | None:
+    """Cross-field rules of ``trainer`` (kept apart from the signatures above, which are single-option rules):
+    ``(key, value, what is allowed)`` of the first option Lightning would silently ignore or change, else
+    ``None``. ``cuda``: whether a GPU is available (``accelerator=auto`` then means one)."""
+    for name, why in NOT_OURS.items():
+        if trainer.get(name) not in (None, 0, 0.0):
+            return f"trainer.{name}", trainer[name], why
+    accelerator = trainer.get("accelerator", "auto")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not cuda)
+    if trainer.get("precision") in FP16 and on_cpu:
+        return (
+            "trainer.precision", trainer["precision"],
+            "fp16 needs a GPU (on CPU Lightning would switch to bf16): use bf16-mixed or 32-true",
+        )  # fmt: skip
+    return None
+
+
 def guard_options(max_bad_steps: Annotated[int, AtLeast(1)] = 10) -> None:
     """``guard``: non-finite steps in a row that stop the run (docs/reliability.md)."""
 
@@ -73,8 +103,9 @@ def eval_options(
     sequence_len: Annotated[int, AtLeast(1)] | None = None,
     seq_len: Annotated[int, AtLeast(1)] | None = None,
     carry_state: bool = False,
-    output: str | None = None,
+    output: Annotated[str, NewFile()] | None = None,
     data_root: str | None = None,
+    allow_data_change: bool = False,
     eval_batch_size: Annotated[int, AtLeast(1)] | None = None,
     limit_batches: Annotated[int, AtLeast(1)] | None = None,
     accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
@@ -95,7 +126,7 @@ def sample_options(
     top_p: Annotated[float, Between(0, 1, "(]")] | None = None,
     seed: Annotated[int, AtLeast(0)] = 0,
     device: str = "auto",
-    output: str | None = None,
+    output: Annotated[str, NewFile()] | None = None,
     image_nrow: Annotated[int, AtLeast(1)] | None = None,
     image_scale: Annotated[int, AtLeast(1)] = 4,
     torch_threads: Annotated[int, AtLeast(1)] | None = None,

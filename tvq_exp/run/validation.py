@@ -337,6 +337,14 @@ def check_checkpoints(cfg: DictConfig) -> None:
             raise ConfigError(key, cfg[key], "no such checkpoint file (or sharded checkpoint folder)")
 
 
+def check_trainer_conflicts(trainer: DictConfig) -> None:
+    """:func:`tvq_exp.run.schema.trainer_conflicts` as a :class:`ConfigError`."""
+    values = {key: trainer.get(key) for key in schema.CONFLICT_KEYS if key in trainer}
+    conflict = schema.trainer_conflicts(values, torch.cuda.is_available())
+    if conflict is not None:
+        raise ConfigError(*conflict)
+
+
 # --------------------------------------------------------------------------------------- entry points
 def check(cfg: DictConfig, command: Command) -> None:
     """Check a composed config without building anything: types, unknown keys and single-option rules of the
@@ -371,6 +379,7 @@ def check_train_nodes(cfg: DictConfig) -> None:
     check_nodes(model_nodes(cfg.model))
     check_node(cfg.guard, "guard", schema.guard_options)
     check_trainer(cfg.trainer)
+    check_trainer_conflicts(cfg.trainer)
     check_nodes(data_nodes(cfg.data))
     check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
     check_checkpoints(cfg)

@@ -17,14 +17,17 @@ class MahoneyCorpus(ByteCorpus):
     """enwik8 / text8 style corpus: one 100M-byte file, raw or ``.zip``/``.gz``.
 
     Looked for as ``<root>/<name>{,.zip,.gz}`` and ``<root>/<name>/<name>{,.zip,.gz}``; when absent and
-    ``download`` is on, ``url`` is fetched into ``<root>/<name>/``. ``md5`` is the digest of the *decompressed*
-    corpus, checked on download and on every load (``None`` skips it).
+    ``download`` is on, ``url`` is fetched into ``<root>/<name>/``. ``md5`` and ``sha256`` are digests of the
+    *decompressed* corpus, checked on download and on every load (``None`` skips one).
     """
 
-    def __init__(self, name: str, url: str, md5: str | None = None, download: bool = True) -> None:
+    def __init__(
+        self, name: str, url: str, md5: str | None = None, sha256: str | None = None, download: bool = True
+    ) -> None:
         self.name = name
         self.url = url
         self.md5 = md5
+        self.sha256 = sha256
         self.download = download
 
     def candidates(self, root: Path) -> list[Path]:
@@ -55,9 +58,11 @@ class MahoneyCorpus(ByteCorpus):
         return split_held_out(data)
 
     def _check(self, data: np.ndarray, path: Path) -> None:
-        """Compare the decompressed bytes with ``md5``."""
-        if self.md5:
-            check_digest(f"{path} (decompressed {self.name})", digest_bytes(memoryview(data)), self.md5)
+        """Compare the decompressed bytes with ``md5`` and ``sha256``."""
+        for algorithm, expected in (("md5", self.md5), ("sha256", self.sha256)):
+            if expected:
+                actual = digest_bytes(memoryview(data), algorithm)
+                check_digest(f"{path} (decompressed {self.name})", actual, expected, algorithm)
 
     def _missing(self, root: Path) -> DataNotFoundError:
         return not_found(

@@ -20,11 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
+from tvq_exp.data.digests import file_sha256
 from tvq_exp.data.paths import CorruptFileError
 from tvq_exp.data.text.corpus import Splits
 
 ZIP_MAGIC = b"PK\x03\x04"
 GZIP_MAGIC = b"\x1f\x8b"
+SNIFF_BYTES = 1 << 16  # how much of a text corpus file check_text looks at
+CONTROL_BYTES = np.array([b for b in range(32) if b not in (9, 10, 12, 13)] + [127], dtype=np.uint8)
+MAX_CONTROL = 0.01
 ENWIK_HELD_OUT = 5_000_000
 ENWIK_FULL_SIZE = 100_000_000
 
@@ -55,6 +59,23 @@ def read_bytes(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r")
 
 
+def check_text(data: np.ndarray | bytes, path: Path) -> None:
+    """Refuse a corpus file whose first :data:`SNIFF_BYTES` (after decompression) are not text: a NUL byte, or
+    more than :data:`MAX_CONTROL` of control bytes other than tab, newline, carriage return and form feed (a
+    binary file, or a compressed one without its ``.gz`` / ``.zip`` name)."""
+    head = np.frombuffer(bytes(data[:SNIFF_BYTES]), dtype=np.uint8)
+    if not len(head):
+        return
+    nul = np.flatnonzero(head == 0)
+    control = np.isin(head, CONTROL_BYTES).mean()
+    if len(nul) or control > MAX_CONTROL:
+        what = f"a NUL byte at offset {int(nul[0])}" if len(nul) else f"{control:.0%} control bytes"
+        raise CorruptFileError(
+            f"{path} is not text ({what} in its first {len(head)} bytes): a binary or compressed file; "
+            "point data.corpus.path at text (a .gz or .zip corpus must keep its suffix)"
+        )
+
+
 def _read_zip_member(path: Path) -> bytes:
     """The single file inside a zip archive (CRC-checked by :mod:`zipfile`)."""
     with zipfile.ZipFile(path) as archive:
@@ -69,8 +90,9 @@ def concat_files(files: Sequence[Path], separator: bytes, cache: Path | None = N
     """Concatenate ``files`` with ``separator`` between them into one ``np.uint8`` array.
 
     With ``cache`` (a path inside the data root), the concatenation is written once to a file whose name
-    carries a fingerprint of the inputs (names and sizes) and memory-mapped afterwards; when that location
-    is not writable it falls back to memory.
+    carries a fingerprint of the inputs' contents (names and SHA-256, :func:`~tvq_exp.data.digests.file_sha256`:
+    hashed once per file, cached by size and mtime) and memory-mapped afterwards, so an edited input (even of the
+    same size) gets a new concatenation; when that location is not writable it falls back to memory.
     """
     sizes = [path.stat().st_size for path in files]
     total = sum(sizes) + len(separator) * max(len(files) - 1, 0)
@@ -98,7 +120,8 @@ def _cached_concat(
     """Memory-map (building it first if needed) the fingerprinted concatenation; ``None`` if unwritable."""
     fingerprint = hashlib.sha256(
         json.dumps(
-            [[path.name, size] for path, size in zip(files, sizes, strict=True)] + [separator.hex()]
+            [[path.name, size, file_sha256(path)] for path, size in zip(files, sizes, strict=True)]
+            + [separator.hex()]
         ).encode()
     ).hexdigest()[:16]
     target = cache.with_name(f"{cache.name}-{fingerprint}.bin")
@@ -124,6 +147,13 @@ def _write_concat(files: Sequence[Path], separator: bytes, target: Path) -> None
         os.replace(part, target)
     finally:
         part.unlink(missing_ok=True)
+
+
+def check_text_files(files: Sequence[Path]) -> None:
+    """:func:`check_text` on the first bytes of each raw file."""
+    for path in files:
+        with open(path, "rb") as handle:
+            check_text(handle.read(SNIFF_BYTES), path)
 
 
 def text_files(folder: Path, suffixes: Sequence[str]) -> list[Path]:

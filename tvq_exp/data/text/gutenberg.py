@@ -3,30 +3,41 @@
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
+from tvq_exp.data.digests import file_sha256, sha256_of
 from tvq_exp.data.paths import CorruptFileError, not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
 from tvq_exp.data.text.files import concat_files
 
 CATALOG_COLUMNS = ("file", "split", "bytes")
+SHA256 = re.compile("[0-9a-f]{64}")
 
 
 class GutenbergCorpus(ByteCorpus):
     """The shared Gutenberg folder: splits from ``CATALOG.tsv``'s ``split`` column.
 
     Each split is its books concatenated in sorted file-name order with ``separator`` between them. Every
-    book's size is checked against the catalogue's ``bytes`` column.
+    book's size is checked against the catalogue's ``bytes`` column and its SHA-256 against the ``sha256`` column
+    (:func:`~tvq_exp.data.digests.file_sha256`: computed once per file, then cached by size and mtime outside the
+    data root). A book in the folder that the catalogue does not list (a deleted row) is refused, and with
+    ``catalog_sha256`` the catalogue itself must have that digest (a truncated or edited catalogue).
     """
 
     name = "gutenberg"
 
     def __init__(
-        self, path: str = "text/gutenberg", separator: str = "\n\n", catalog: str = "CATALOG.tsv"
+        self,
+        path: str = "text/gutenberg",
+        separator: str = "\n\n",
+        catalog: str = "CATALOG.tsv",
+        catalog_sha256: str | None = None,
     ) -> None:
         self.path = path
         self.separator = separator.encode()
         self.catalog = catalog
+        self.catalog_sha256 = catalog_sha256
 
     def split_files(self, root: Path) -> dict[str, list[Path]]:
         """Split name -> sorted book paths, as listed by the catalogue (sizes verified)."""
@@ -39,6 +50,11 @@ class GutenbergCorpus(ByteCorpus):
                 f"put the gutenberg folder (with {self.catalog}) there",
                 root,
             )
+        if self.catalog_sha256 and sha256_of(catalog) != self.catalog_sha256.lower():
+            raise CorruptFileError(
+                f"{catalog}: sha256 {sha256_of(catalog)} is not the catalogue's {self.catalog_sha256.lower()}; it is "
+                "truncated or edited: restore it (or set data.corpus.catalog_sha256=null for a catalogue of your own)"
+            )
         files: dict[str, list[Path]] = {split: [] for split in SPLITS}
         with open(catalog, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -46,14 +62,32 @@ class GutenbergCorpus(ByteCorpus):
             if missing:
                 raise CorruptFileError(f"{catalog}: no column {', '.join(missing)}; restore the catalogue")
             for line, row in enumerate(reader, start=2):
-                if any(not row.get(c) for c in CATALOG_COLUMNS) or not str(row["bytes"]).isdigit():
+                digest = row.get("sha256")
+                if (
+                    any(not row.get(c) for c in CATALOG_COLUMNS)
+                    or not str(row["bytes"]).isdigit()
+                    or (digest is not None and not SHA256.fullmatch(digest.lower()))
+                ):
                     raise CorruptFileError(
-                        f"{catalog}, line {line}: incomplete row {row.get('file')!r} (needs file, split and a "
-                        "byte count); the catalogue is truncated or edited: restore it"
+                        f"{catalog}, line {line}: incomplete row {row.get('file')!r} (needs file, split, a byte "
+                        "count and, in a sha256 column, 64 hex digits); the catalogue is truncated or edited: restore it"
                     )
                 if row["split"] not in files:
                     raise CorruptFileError(f"{catalog}: unknown split {row['split']!r} for {row['file']}")
-                files[row["split"]].append(self._checked_book(folder / row["file"], int(row["bytes"]), root))
+                book = self._checked_book(folder / row["file"], int(row["bytes"]), root)
+                if row.get("sha256") and file_sha256(book) != row["sha256"].lower():
+                    raise CorruptFileError(
+                        f"{book}: sha256 {file_sha256(book)} differs from CATALOG.tsv's {row['sha256'].lower()}; "
+                        "the book was edited or damaged: restore it"
+                    )
+                files[row["split"]].append(book)
+        listed = {path.name for paths in files.values() for path in paths}
+        unlisted = sorted(path.name for path in folder.glob("*.txt") if path.name not in listed)
+        if unlisted:
+            raise CorruptFileError(
+                f"{catalog} does not list {', '.join(unlisted[:3])}{' ...' if len(unlisted) > 3 else ''} "
+                f"({len(unlisted)} book(s) in the folder): the catalogue is truncated or edited: restore it"
+            )
         empty = [split for split, paths in files.items() if not paths]
         if empty:
             raise CorruptFileError(

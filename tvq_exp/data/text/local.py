@@ -11,7 +11,14 @@ import numpy as np
 from tvq_exp.console import say
 from tvq_exp.data.paths import not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
-from tvq_exp.data.text.files import concat_files, read_bytes, split_fractions, text_files
+from tvq_exp.data.text.files import (
+    check_text,
+    check_text_files,
+    concat_files,
+    read_bytes,
+    split_fractions,
+    text_files,
+)
 from tvq_exp.options import Between, OneOf, checked
 
 
@@ -55,6 +62,7 @@ class TextFilesCorpus(ByteCorpus):
 
     def load(self, root: Path) -> Splits:
         files = self.files(root)
+        check_text_files(files)
         if self.split_by == "file" and resolve(self.path, root).is_file():
             say(
                 f"data=text_files: {files[0]} is one file: split by bytes 90/5/5 (data.corpus.split_by=bytes)"
@@ -124,7 +132,9 @@ def _read_file(path: str, name: str, root: Path) -> np.ndarray:
     target = resolve(path, root)
     if not target.is_file():
         raise not_found(name, [target], "put the file there or set data.corpus.path", root)
-    return read_bytes(target)
+    data = read_bytes(target)
+    check_text(data, target)
+    return data
 
 
 def _line_offset(data: np.ndarray, line: str, path: Path) -> int:

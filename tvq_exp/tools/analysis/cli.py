@@ -21,6 +21,7 @@ import matplotlib
 
 from tvq_exp.tools.analysis.frontier import frontier_config, run_frontier
 from tvq_exp.tools.analysis.report import markdown_table, write_report
+from tvq_exp.tools.analysis.runs import find_runs
 from tvq_exp.tools.study.report import write_report as write_study_report
 from tvq_exp.tools.study.runner import run_jobs, select
 from tvq_exp.tools.study.spec import load_study
@@ -36,8 +37,19 @@ def report_main(argv: Sequence[str]) -> None:
     )
     parser.add_argument("--out", default="report", help="folder for summary.md and the PNG plots")
     args = parser.parse_args(argv)
-    table = write_report(args.sweep_dir, args.out)
-    print(f"{len(table)} runs -> {Path(args.out) / 'summary.md'}")
+    folder = Path(args.sweep_dir)
+    if not folder.is_dir():
+        raise SystemExit(
+            f"error: {folder}: no such folder; give a sweep directory (logs/multiruns/<name>) or a run"
+        )
+    if not find_runs(folder):
+        raise SystemExit(
+            f"error: {folder} holds no run (no folder with .hydra/, config.yaml or error.txt); give a sweep "
+            "directory (logs/multiruns/<name>) or a run directory"
+        )
+    table = write_report(folder, args.out)
+    failed = int(table["status"].ne("ok").sum()) if "status" in table else 0
+    print(f"{len(table)} runs ({failed} failed) -> {Path(args.out) / 'summary.md'}")
 
 
 def frontier_main(argv: Sequence[str]) -> None:
@@ -72,14 +84,25 @@ def study_main(argv: Sequence[str]) -> None:
     parser.add_argument("--cores", type=int, default=None, help="CPU cores the study may use (default: all)")
     parser.add_argument("--figures", default=None, help="folder for the report's PNGs (default: --out)")
     args = parser.parse_args(argv)
-    study, out = load_study(args.study), Path(args.out)
+    try:
+        study, out = load_study(args.study), Path(args.out)
+    except (OSError, ValueError) as error:  # a missing or malformed study file
+        raise SystemExit(f"error: {' '.join(str(error).split())}") from None
     if args.action == "report":
         print(write_study_report(out, f"Study {study.name}", Path(args.figures) if args.figures else None))
         return
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
     jobs = select(study, split(args.runs), split(args.regimes), [int(s) for s in split(args.seeds)])
-    for line in run_jobs(study, jobs, out, args.parallel, args.cores):
+    if not jobs:
+        raise SystemExit(f"error: --runs/--regimes/--seeds select no job of {args.study}")
+    lines = run_jobs(study, jobs, out, args.parallel, args.cores)
+    for line in lines:
         print(line, flush=True)
+    failed = [line.split(":", 1)[0] for line in lines if ": failed, " in line]
+    if failed:
+        raise SystemExit(
+            f"error: {len(failed)} of {len(lines)} study jobs failed ({', '.join(failed)}); see above"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -53,12 +53,40 @@ def _csv(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return lambda text: [cast(x) for x in text.split(",") if x]
 
 
+def lengths(text: str) -> list[int]:
+    """``--lengths``: comma-separated positive integers (``0``, ``-5`` or ``abc`` refused in one line)."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or not all(x.isdigit() and int(x) > 0 for x in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    return [int(x) for x in values]
+
+
+def check_names(args: argparse.Namespace) -> None:
+    """``--backends`` / ``--models`` name what exists: an attention backend, a ``conf/model`` preset (or
+    variant); ``--mode`` one the command runs. :class:`SystemExit` with one ``error:`` line otherwise."""
+    from tvq_exp.attention.registry import BACKENDS
+    from tvq_exp.tools.bench.cases import CONF_DIR, KERNEL_VARIANTS, MODEL_VARIANTS
+
+    if args.command == "attention":
+        known, given, option = set(BACKENDS) | set(KERNEL_VARIANTS), args.backends, "--backends"
+    else:
+        presets = {p.stem for p in (CONF_DIR / "model").glob("*.yaml")}
+        known, given, option = presets | set(MODEL_VARIANTS), args.models, "--models"
+    unknown = [name for name in given if name not in known]
+    if unknown or not given:
+        raise SystemExit(f"error: {option}={','.join(given)}: unknown {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(sorted(known))}")  # fmt: skip
+    allowed = {"attention": {"fwd", "fwdbwd"}, "model": {"train", "fwd"}}[args.command]
+    if not args.mode or not set(args.mode) <= allowed:
+        raise SystemExit(f"error: --mode={','.join(args.mode)}: must be {' and/or '.join(sorted(allowed))}")
+
+
 def parser() -> argparse.ArgumentParser:
     """The command-line interface (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m tvq_exp.bench", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--lengths", type=_csv(int), default=[1024, 2048, 4096, 8192, 16384, 32768])
+    common.add_argument("--lengths", type=lengths, default=[1024, 2048, 4096, 8192, 16384, 32768])
     common.add_argument("--json", help="write the records to this JSON file")
     common.add_argument("--plot", help="write a log-log PNG plot here")
     common.add_argument(
@@ -109,7 +137,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
         worker_main(argv[1])
         return None
     args = parser().parse_args(argv)
-    allowed = {"attention": {"fwd", "fwdbwd"}, "model": {"train", "fwd"}}[args.command]
-    if not set(args.mode) <= allowed:
-        raise SystemExit(f"--mode takes {' and/or '.join(sorted(allowed))}, got {','.join(args.mode)}")
+    check_names(args)
     return run(args)

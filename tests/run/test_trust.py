@@ -1,0 +1,269 @@
+"""Loading a checkpoint never runs code (docs/reliability.md, "Threat model"): real pickle ``__reduce__``
+payloads and planted ``_target_``-s, each of which would create a marker file if it ran, given to train (resume
+by ``ckpt_path`` and ``resume=auto``, ``init_from``), eval, sample and the FSDP consolidation. Each ends in
+one ``error:`` line naming the file, exit status 2, and no marker file."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from tests.helpers.paths import CONF, REPO
+from tvq_exp.run.checkpoints import (
+    SHARDED_METADATA,
+    CheckpointError,
+    UntrustedCheckpointError,
+    gather_checkpoint,
+    read_checkpoint,
+    read_weights,
+)
+from tvq_exp.run.errors import USAGE_STATUS, reported
+from tvq_exp.run.evaluate import evaluate
+from tvq_exp.run.fsdp import main as fsdp_main
+from tvq_exp.run.sample import sample
+from tvq_exp.run.train import train
+from tvq_exp.run.trust import allowed_target, check_targets
+
+QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
+
+
+class Payload:
+    """Unpickling this runs ``touch <marker>`` (a real ``__reduce__`` payload)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str]]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def _compose(name: str, overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(name, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A real 2-step checkpoint of the smoke model on tiny Shakespeare (loaded without restrictions here)."""
+    out = tmp_path_factory.mktemp("good")
+    cfg = _compose(
+        "train",
+        ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=2", *QUIET]
+        + [f"paths.output_dir={out}"],
+    )
+    train(cfg)
+    return torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+def _pickled(good: dict[str, Any], path: Path, marker: Path) -> Path:
+    checkpoint = copy.copy(good)
+    checkpoint["extra"] = Payload(marker)
+    torch.save(checkpoint, path)
+    return path
+
+
+def _planted(good: dict[str, Any], path: Path, marker: Path, where: str) -> Path:
+    checkpoint = copy.deepcopy(good)
+    config = checkpoint["hyper_parameters"]["run_config"]
+    touch = {"_target_": "pathlib.Path.touch", "self": str(marker)}
+    if where == "model":
+        config["model"] = touch
+    elif where == "model.block":
+        config["model"]["block"] = touch
+    elif where == "data":
+        config["data"]["corpus"] = touch
+    else:
+        config["module"]["_target_"] = "pathlib.Path.touch"
+    torch.save(checkpoint, path)
+    return path
+
+
+def _refused(capsys: pytest.CaptureFixture[str], task: Callable[[DictConfig], Any], cfg: DictConfig) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        reported(task)(cfg)
+    assert exit_info.value.code == USAGE_STATUS
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+ATTACKS = ["pickle", "model", "model.block", "data", "module"]
+
+
+def _attack(good: dict[str, Any], tmp_path: Path, kind: str) -> tuple[Path, Path]:
+    marker = tmp_path / "marker"
+    path = tmp_path / "evil.ckpt"
+    if kind == "pickle":
+        return _pickled(good, path, marker), marker
+    return _planted(good, path, marker, kind), marker
+
+
+@pytest.mark.parametrize("kind", ATTACKS)
+def test_eval_and_sample_refuse_a_payload_without_running_it(
+    good: dict[str, Any], tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, marker = _attack(good, tmp_path, kind)
+    line = _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"]))
+    assert str(path) in line and (
+        "posix.system" in line if kind == "pickle" else "pathlib.Path.touch" in line
+    )
+    _refused(capsys, sample, _compose("sample", [f"ckpt_path={path}"]))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ATTACKS)
+def test_train_refuses_a_payload_to_resume_from(
+    good: dict[str, Any], tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, marker = _attack(good, tmp_path, kind)
+    base = ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=4", *QUIET]
+    line = _refused(
+        capsys, train, _compose("train", [*base, f"ckpt_path={path}", f"paths.output_dir={tmp_path}/a"])
+    )
+    assert str(path) in line
+    # resume=auto does not skip over it to an older checkpoint or a fresh start: it stops
+    checkpoints = tmp_path / "logs" / "runs" / "r" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    path.rename(checkpoints / "last.ckpt")
+    auto = [*base, "run_name=r", "resume=auto", f"paths.output_dir={checkpoints.parent}"]
+    line = _refused(capsys, train, _compose("train", auto))
+    assert str(checkpoints / "last.ckpt") in line
+    assert not marker.exists() and not (checkpoints.parent / "config.yaml").exists()
+
+
+def test_init_from_refuses_a_payload_a_foreign_file_and_a_truncated_one(
+    good: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "marker"
+    evil = tmp_path / "dense.ckpt"
+    torch.save({"state_dict": {"model.x": torch.zeros(1)}, "extra": Payload(marker)}, evil)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": [1, 2, 3], "note": "another project's file"}, foreign)
+    truncated = tmp_path / "truncated.ckpt"
+    torch.save(good, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:1000])
+    base = ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=2", *QUIET]
+    expected = {evil: "posix.system", foreign: "no state dict of tensors", truncated: "truncated or corrupt"}
+    for path, why in expected.items():
+        cfg = _compose("train", [*base, f"init_from={path}", f"paths.output_dir={tmp_path / path.stem}"])
+        line = _refused(capsys, train, cfg)
+        assert str(path) in line and why in line, line
+    # a VQ checkpoint is not a dense one: refused on init_from, naming what does not fit
+    vq = tmp_path / "vq.ckpt"
+    torch.save(good, vq)
+    cfg = _compose("train", [*base, f"init_from={vq}", f"paths.output_dir={tmp_path / 'vq'}"])
+    assert "init_from=" in _refused(capsys, train, cfg)
+    assert not marker.exists()
+
+
+def _sharded(good: dict[str, Any], folder: Path, meta: dict[str, Any]) -> Path:
+    """A sharded checkpoint as ``trainer=fsdp`` writes it (one process, no process group): ``meta.pt`` and the
+    weights through ``torch.distributed.checkpoint``."""
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"state_dict": good["state_dict"]}, checkpoint_id=str(folder), no_dist=True)
+    torch.save(meta, folder / SHARDED_METADATA)
+    return folder
+
+
+def test_fsdp_convert_refuses_payloads_a_missing_shard_and_converts_a_good_folder(
+    good: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "marker"
+    meta = {k: v for k, v in good.items() if k not in ("state_dict", "optimizer_states")}
+    folder = _sharded(good, tmp_path / "good.ckpt", meta)
+    gathered = gather_checkpoint(folder)
+    assert all(torch.equal(gathered["state_dict"][k], v) for k, v in good["state_dict"].items())
+
+    def convert(source: Path) -> str:
+        output = tmp_path / f"{source.name}.single.ckpt"
+        with pytest.raises(SystemExit) as exit_info:
+            fsdp_main(["convert", str(source), str(output)])
+        assert not output.exists()
+        return str(exit_info.value.code)
+
+    # a payload in meta.pt, a planted target in meta.pt, a payload as torch's .metadata, a missing shard
+    pickled = _sharded(good, tmp_path / "pickled.ckpt", {**meta, "extra": Payload(marker)})
+    planted_meta = copy.deepcopy(meta)
+    planted_meta["hyper_parameters"]["run_config"]["model"] = {
+        "_target_": "pathlib.Path.touch",
+        "self": str(marker),
+    }
+    planted = _sharded(good, tmp_path / "planted.ckpt", planted_meta)
+    index = _sharded(good, tmp_path / "index.ckpt", meta)
+    (index / ".metadata").write_bytes(
+        pickle.dumps(Payload(marker))
+    )  # torch.distributed.checkpoint unpickles it
+    missing = _sharded(good, tmp_path / "missing.ckpt", meta)
+    next(missing.glob("*.distcp")).unlink()
+    expected = {
+        pickled: "posix.system",
+        planted: "pathlib.Path.touch",
+        index: "posix.system",
+        missing: "lacks",
+    }
+    for source, why in expected.items():
+        message = convert(source)
+        assert message.startswith("error: ") and str(source) in message and why in message, message
+        assert "\n" not in message
+    assert not marker.exists()
+    with pytest.raises(UntrustedCheckpointError):
+        read_checkpoint(pickled)
+
+
+def test_allowed_targets_are_classes_of_tvq_exp_and_the_attention_factory() -> None:
+    assert allowed_target("tvq_exp.models.decoder.Decoder")
+    assert allowed_target("tvq_exp.attention.build_attention")
+    for bad in (
+        "pathlib.Path.touch",
+        "os.system",
+        "tvq_exp.run.checkpoints.remove_checkpoint",  # a function of ours that deletes files
+        "tvq_exp.run.checkpoints.os.system",  # a foreign function reached through one of our modules
+        "tvq_exp_evil.Decoder",
+        "tvq_exp.nope.Decoder",
+        None,
+        3,
+    ):
+        assert not allowed_target(bad), bad
+    with pytest.raises(ValueError, match=r"data\.corpus\.inner\._target_='os\.system'"):
+        check_targets({"data": {"corpus": {"inner": {"_target_": "os.system"}}}})
+
+
+def test_a_torch_file_from_another_project_is_not_a_checkpoint(tmp_path: Path) -> None:
+    foreign = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2)}, "global_step": 3}, foreign)  # no run config
+    with pytest.raises(
+        CheckpointError, match="not a tvq_exp training checkpoint .no hyper_parameters.run_config"
+    ):
+        read_checkpoint(foreign)
+    assert set(read_weights(foreign)["state_dict"]) == {"w"}
+
+
+def test_eval_py_refuses_a_payload_in_one_line(good: dict[str, Any], tmp_path: Path) -> None:
+    """The issue's report, end to end: ``eval.py`` on a checkpoint whose pickle runs a shell command."""
+    path, marker = _attack(good, tmp_path, "pickle")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "eval.py"), f"ckpt_path={path}", "accelerator=cpu"],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == USAGE_STATUS, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: checkpoint {path} names posix.system, which a checkpoint of tvq_exp never holds; refused "
+        "without running it (load only checkpoints from people you trust)"
+    ]
+    assert not marker.exists()
