@@ -27,7 +27,9 @@ def test_sdpa_path_with_a_carried_state_equals_the_reference(kv_heads: int, cuts
     got = torch.cat(pieces, dim=2)
     ref = softmax_attention(q, k, v)
     torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
-    g = torch.randn_like(ref)  # the carried keys and values are detached (TBPTT): compare the queries' gradient
+    g = torch.randn_like(
+        ref
+    )  # the carried keys and values are detached (TBPTT): compare the queries' gradient
     (grad,) = torch.autograd.grad((got * g).sum(), (q,))
     (ref_grad,) = torch.autograd.grad((ref * g).sum(), (q,))
     torch.testing.assert_close(grad, ref_grad, atol=1e-10, rtol=0)

@@ -102,7 +102,9 @@ def test_eval_covers_the_whole_split_and_reproduces_training(smoke_run: tuple[Pa
         written
     )
     assert (out / "checkpoints" / "eval-last-val-split.json").is_file()
-    assert 0.01 < drawn_fraction(out / "checkpoints" / "eval-last-val-split.png") < 0.5  # bits against position
+    assert (
+        0.01 < drawn_fraction(out / "checkpoints" / "eval-last-val-split.png") < 0.5
+    )  # bits against position
 
 
 # ------------------------------------------------------------------------------------------- sampling

@@ -91,9 +91,7 @@ def test_documented_sweep_override_replaces_the_presets_values() -> None:
     """The command docs/sweeps.md gives for other values of a preset's key runs exactly those values."""
     command = next(c for c in _documented_multiruns() if "codebook_size=64,128" in c)
     jobs = _multirun_jobs(command.split())
-    sizes = sorted(
-        int(o.split("=")[1]) for job in jobs for o in job if o.startswith("codebook_size=")
-    )
+    sizes = sorted(int(o.split("=")[1]) for job in jobs for o in job if o.startswith("codebook_size="))
     assert sizes == [64, 128], jobs
 
 

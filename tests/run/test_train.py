@@ -160,7 +160,10 @@ def test_resume_continues_steps_optimizer_and_weights(tmp_path: Path) -> None:
     steps = {int(s["step"]) for s in ckpt_b["optimizer_states"][0]["state"].values()}
     assert steps == {2 * n}
     assert ckpt_b["lr_schedulers"][0]["last_epoch"] == 2 * n
-    assert ckpt_a["train_state"] is not None and ckpt_b["train_state"][0].position > ckpt_a["train_state"][0].position
+    assert (
+        ckpt_a["train_state"] is not None
+        and ckpt_b["train_state"][0].position > ckpt_a["train_state"][0].position
+    )
     a, b, c = _weights(first["last_ckpt"]), _weights(resumed["last_ckpt"]), _weights(straight["last_ckpt"])
     assert any(not torch.equal(a[k], b[k]) for k in a)
     for k in b:  # resuming equals never stopping
