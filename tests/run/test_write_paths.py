@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
 from tvq_exp.run.checkpoints import remove_stale_temporaries
-from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.run.validation import Command, ConfigError, validate
 
 
 def _compose(name: str, overrides: list[str]) -> DictConfig:
@@ -53,13 +53,14 @@ def test_output_needs_an_existing_folder_and_is_no_folder(command: str, tmp_path
     ckpt = tmp_path / "x.ckpt"
     ckpt.write_bytes(b"")
     missing = tmp_path / "no" / "such" / "out.json"
+    kind = Command.EVAL if command == "eval" else Command.SAMPLE
     with pytest.raises(ConfigError, match=r"output=.*its folder .*no/such does not exist"):
-        validate(_compose(command, [f"ckpt_path={ckpt}", f"output={missing}"]))
+        validate(_compose(command, [f"ckpt_path={ckpt}", f"output={missing}"]), kind)
     assert not (tmp_path / "no").exists()
     with pytest.raises(ConfigError, match=r"output=.*is a folder"):
-        validate(_compose(command, [f"ckpt_path={ckpt}", f"output={tmp_path}"]))
+        validate(_compose(command, [f"ckpt_path={ckpt}", f"output={tmp_path}"]), kind)
     validate(
-        _compose(command, [f"ckpt_path={ckpt}", f"output={tmp_path / 'out.json'}"])
+        _compose(command, [f"ckpt_path={ckpt}", f"output={tmp_path / 'out.json'}"]), kind
     )  # an existing folder
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Self
 
 import torch
@@ -65,6 +65,34 @@ class State:
         return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
 
     __hash__ = None  # type: ignore[assignment]  (mutable, compared by value)
+
+    def to_plain(self) -> dict[str, Any]:
+        """The state as plain data: its class's name under ``"state"`` and its fields (tensors, numbers, nested
+        states as plain data), what a checkpoint loaded ``weights_only`` holds; :meth:`from_plain` inverts it."""
+        plain: dict[str, Any] = {"state": type(self).__name__}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            plain[field.name] = value.to_plain() if isinstance(value, State) else value
+        return plain
+
+    @staticmethod
+    def from_plain(plain: Mapping[str, Any]) -> State:
+        """The state :meth:`to_plain` wrote; its class must be a :class:`State` subclass (by name), so stored data
+        never chooses what to build beyond that."""
+        kinds = {kind.__name__: kind for kind in _state_classes(State)}
+        name = plain.get("state")
+        if name not in kinds:
+            raise ValueError(f"unknown recurrent state {name!r}; known: {', '.join(sorted(kinds))}")
+        fields = {
+            key: State.from_plain(value) if isinstance(value, Mapping) and "state" in value else value
+            for key, value in plain.items()
+            if key != "state"
+        }
+        return kinds[name](**fields)
+
+
+def _state_classes(kind: type[State]) -> list[type[State]]:
+    return [kind, *(sub for child in kind.__subclasses__() for sub in _state_classes(child))]
 
 
 def _same(a: Any, b: Any) -> bool:

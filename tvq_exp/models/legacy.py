@@ -87,11 +87,13 @@ def _upgrade_optimizer(
 
 
 def upgrade_train_state(saved: Any) -> list[BlockState] | None:
-    """A checkpoint's carried training state, typed: the per-block dicts ``{"attn", "keep", "t"}`` of earlier
+    """A checkpoint's carried training state, typed: the plain data of :meth:`State.to_plain`, or the per-block dicts ``{"attn", "keep", "t"}`` of earlier
     checkpoints become :class:`BlockState` s, their attention dicts the backend's state (told apart by their
     keys); a typed state (or None) is returned as it is."""
     if not saved or not isinstance(saved[0], Mapping):
         return saved
+    if "state" in saved[0]:  # plain data (State.to_plain), as checkpoints are written now
+        return [State.from_plain(block) for block in saved]  # type: ignore[misc]
     return [
         BlockState(int(block["t"]), _attention_state(block["attn"]), block.get("keep")) for block in saved
     ]

@@ -349,7 +349,9 @@ class AutoregressiveLitModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tvq_format"] = FORMAT
-        checkpoint["train_state"] = self.train_state
+        checkpoint["train_state"] = (
+            None if self.train_state is None else [s.to_plain() for s in self.train_state]
+        )
         checkpoint["codebook_metrics"] = (self._codebook_sums, self._codebook_batches)
         checkpoint["bad_steps"] = {"skipped": self.skipped_steps, "consecutive": self.consecutive_bad_steps}
 

@@ -141,9 +141,11 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
 def _finish_runs(trainer: L.Trainer) -> None:
     """Close an open W&B run: Lightning leaves it open, and the next sweep job of this process would log into
     it (and an offline run writes its config and summary files only when closed)."""
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger) and logger._experiment is not None:
-            logger.experiment.finish()
+    if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
+        import wandb  # only installed where logger=wandb is used
+
+        if wandb.run is not None:
+            wandb.finish()
 
 
 def _fit_summary(trainer: L.Trainer, module: AutoregressiveLitModule) -> dict[str, Any]:
