@@ -34,7 +34,7 @@ CURRENT = ("paths", "ckpt_path", "resume", "run_name", "init_from")  # this laun
 def resume_config(cfg: DictConfig, stored: dict[str, Any], overrides: Sequence[str]) -> DictConfig:
     """Config for continuing the checkpoint's run: the stored run config (model, data, module, trainer,
     logger, callbacks, seed, ...) with this launch's explicit command-line ``overrides`` on top, taken from
-    ``cfg``. Paths under the stored run dir follow ``paths.output_dir`` (the checkpoint's run dir unless
+    ``cfg`` (as are the top-level keys the stored config lacks: options newer than the run). Paths under the stored run dir follow ``paths.output_dir`` (the checkpoint's run dir unless
     ``run_name`` or ``paths.output_dir`` is given). ``module.max_steps`` follows an overridden
     ``trainer.max_steps`` unless it is overridden itself. An override of a group with no key of that name
     (``experiment=...``, which sets keys all over the config) is left out, and one line says so."""
@@ -43,6 +43,9 @@ def resume_config(cfg: DictConfig, stored: dict[str, Any], overrides: Sequence[s
     OmegaConf.set_struct(merged, False)
     for key in CURRENT:
         merged[key] = cfg.get(key)
+    for key in cfg:  # options newer than the stored run (e.g. allow_data_change) take this launch's value
+        if key not in merged:
+            merged[key] = cfg.get(key)
     changed = set()
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         path = override.key_or_group.replace("/", ".")
