@@ -45,7 +45,8 @@ class WindowBias(NamedTuple):
 
 
 class CodeCache(NamedTuple):
-    """The compressive cache every item's queries see: the ``codebook (N, S, d_k)`` and the items' log code counts
+    """The compressive cache every item's queries see: the ``codebook (N, S, d_k)`` (or per item ``(N, I, S, d_k)``,
+    taking the cache scores' gradient: ``cache_key_grad``) and the items' log code counts
     ``log_n (N, I, S)`` (``-inf`` for empty codes), neither with a gradient, and their means ``mu (N, I, S, d_v)``
     (the values of the codes)."""
 
@@ -74,21 +75,23 @@ def window_cache_attention(
         index: ``(Lq, W)`` table column of each of the ``W = 2L`` (or ``L``) window keys (the same for
             every head and item).
         bias: the XL bias (:class:`WindowBias`), or None.
-        cache: the compressive cache (:class:`CodeCache`), or None.
+        cache: the compressive cache (:class:`CodeCache`), or None; its codebook is ``(N, S, d_k)`` (no
+            gradient) or per item ``(N, I, S, d_k)`` (its gradient is the cache scores' gradient, item by item:
+            ``VQAttention(cache_key_grad=True)``).
         prev_masked: item 0 has no previous block (its first ``L`` window keys are masked).
         chunk: items per chunk (default: :data:`CHUNK_BYTES` of fp32 scores).
         prev_grad: False: the previous block's keys and values (in a two-block window) take no gradient
             from these queries, as the official code's stop-gradient on the carried state (no gradient
             through the cache).
 
-    Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb``, the bias's queries and embeddings and the
-    cache's means.
+    Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb``, the bias's queries and embeddings, the
+    cache's means and a per-item codebook.
     """
     bias_q, rel = (None, None) if bias is None else bias
     codebook, log_n, mu = (None, None, None) if cache is None else cache
     if chunk is None:
         window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
-        chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[1]))
+        chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[-2]))
     return _WindowCache.apply(
         q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad
     )
@@ -133,10 +136,11 @@ class _WindowCache(torch.autograd.Function):
         q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
             parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
-            dq, dkb, dvb, dbq, drel, dmu = parts.backward(
-                grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad
-            )
-        return dq, dkb, dvb, None, dbq, drel, None, None, dmu, None, None, None
+            dq, dkb, dvb, dbq, drel, dcode, dmu = parts.backward(
+                grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad,
+                ctx.needs_input_grad[6] and codebook.dim() == 4,
+            )  # fmt: skip
+        return dq, dkb, dvb, None, dbq, drel, dcode, None, dmu, None, None, None
 
 
 class _Parts:
@@ -189,7 +193,8 @@ class _Parts:
         keys = [self.kb[:, i0 + j : i1 + j] for j in range(self.blocks)]
         vals = [self.vb[:, i0 + j : i1 + j] for j in range(self.blocks)]
         if self.codebook is not None:
-            keys.append(self._expand(self.codebook[:, None].to(self.kb.dtype), i1 - i0))
+            code = self.codebook[:, i0:i1] if self.codebook.dim() == 4 else self.codebook[:, None]
+            keys.append(self._expand(code.to(self.kb.dtype), i1 - i0))
             vals.append(self.mu[:, i0:i1].to(self.vb.dtype))
         keys, vals = torch.cat(keys, dim=2), torch.cat(vals, dim=2)  # (N, c, W [+ S], d)
         s = (self.q[:, i0:i1] @ keys.transpose(-1, -2)).to(self.acc)
@@ -202,15 +207,23 @@ class _Parts:
         return torch.softmax(s, dim=-1), keys, vals
 
     def backward(
-        self, grad_out: Tensor, out: Tensor, chunk: int, want_mu: bool, prev_grad: bool = True
+        self,
+        grad_out: Tensor,
+        out: Tensor,
+        chunk: int,
+        want_mu: bool,
+        prev_grad: bool = True,
+        want_code: bool = False,
     ) -> tuple[Tensor | None, ...]:
-        """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_mu``) ``mu``, chunk by chunk; without
-        ``prev_grad`` none reaches a two-block window's previous block."""
+        """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_code``) a per-item ``codebook`` and
+        (``want_mu``) ``mu``, chunk by chunk; without ``prev_grad`` none reaches a two-block window's
+        previous block."""
         q, L = self.q, self.block
         w = self.blocks * L
         dq = torch.empty_like(q)
         dkb, dvb = torch.zeros_like(self.kb), torch.zeros_like(self.vb)
         dmu = torch.empty_like(self.mu) if want_mu else None
+        dcode = torch.empty_like(self.codebook) if want_code else None
         dbq = None if self.rel is None else torch.empty_like(self.bias_q)
         drel = None if self.rel is None else torch.zeros_like(self.rel, dtype=self.acc)
         for i0, i1 in _chunks(q.shape[1], chunk):
@@ -227,9 +240,11 @@ class _Parts:
                 dvb[:, i0 + j : i1 + j] += dvals[:, :, j * L : (j + 1) * L]
             if dmu is not None:
                 dmu[:, i0:i1] = dvals[:, :, w:]
+            if dcode is not None:
+                dcode[:, i0:i1] = (ds_low[..., w:].transpose(-1, -2) @ q[:, i0:i1]).to(dcode.dtype)
             if drel is not None:
                 self._bias_backward(ds[..., :w], i0, i1, dbq, drel)
-        return dq, dkb, dvb, dbq, None if drel is None else drel.to(self.rel.dtype), dmu
+        return dq, dkb, dvb, dbq, None if drel is None else drel.to(self.rel.dtype), dcode, dmu
 
     def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
         """Scatter the window logit gradients back to the distance logits, then to ``bias_q, rel``."""

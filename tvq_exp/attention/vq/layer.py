@@ -42,7 +42,7 @@ from tvq_exp.attention.vq.flex import flex_window_cache_attention
 from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
 from tvq_exp.measure.flops import mm, padded, with_backward
 from tvq_exp.nn.position import XLRelativeBias, window_distances
-from tvq_exp.options import AtLeast, OneOf, checked
+from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
@@ -76,6 +76,12 @@ class VQAttention(BlockedAttention):
             and values of the previous block in a window (inside a call; a carried state is always
             detached). False: the official ``grad_thru_cache=0``: a query's gradient reaches only the keys
             and values of its own block (the carried part of its window and the cache are constants).
+        cache_key_grad: True: the cache scores' gradient reaches the keys of the cached blocks, as if each
+            code ``C_s`` a query reads were the mean of the keys quantised to it so far (each of the
+            ``n_s`` keys gets ``1/n_s`` of ``∂L/∂C_s``; the forward is unchanged). False (official): the
+            cache scores give the keys no gradient: a key learns only from the queries of its own and the
+            next block (docs/mqar_diagnosis.md). Needs ``grad_through_cache``, causal attention and the
+            plain kernel while training (``kernel=auto`` takes it).
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (update, decay, remedies: docs/design.md §3).
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form) or ``auto`` (compiled
@@ -104,6 +110,7 @@ class VQAttention(BlockedAttention):
         sinusoid_dropout: float = 0.0,
         use_cache: bool = True,
         grad_through_cache: bool = True,
+        cache_key_grad: bool = False,
         causal: bool = True,
         kv_heads: int | None = None,
         codebook: Mapping[str, Any] | None = None,
@@ -113,6 +120,12 @@ class VQAttention(BlockedAttention):
         window_len = resolve_window(window_len, block_len, type(self))
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
+        if cache_key_grad and not (grad_through_cache and causal and kernel != "flex"):
+            raise OptionError(
+                "cache_key_grad", cache_key_grad,
+                "needs grad_through_cache=True, causal attention and kernel plain or auto", type(self),
+            )  # fmt: skip
+        self.cache_key_grad = cache_key_grad
         self.kernel = kernel
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
@@ -187,7 +200,9 @@ class VQAttention(BlockedAttention):
         all_codes = torch.cat([state.codes, codes], dim=2)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
         vals = vb if self.grad_through_cache else vb.detach()
-        prefix = None  # without the cache there are no running code means to keep (nor a cache in the state)
+        prefix = key_means = (
+            None  # without the cache there are no running code means (nor a cache in the state)
+        )
         if self.use_cache:
             prefix = tuple(
                 x.unflatten(0, cb.shape[:2])
@@ -199,7 +214,12 @@ class VQAttention(BlockedAttention):
                     state.cache_mu.flatten(0, 1),
                 )
             )
-        out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf)
+            if self.cache_key_grad and torch.is_grad_enabled():
+                n0 = state.cache_n.flatten(0, 1)
+                mk0 = kb.new_zeros(*n0.shape, kb.shape[-1])  # a carried state's keys take no gradient
+                key_means = running_code_means(cb.flatten(0, 1), kb.flatten(0, 1), valid, n0, mk0)[1]
+                key_means = key_means.unflatten(0, cb.shape[:2])
+        out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf, key_means=key_means)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         return out, new_state, aux
 
@@ -226,6 +246,7 @@ class VQAttention(BlockedAttention):
         prefix: tuple[Tensor, Tensor] | None,
         n_buf: int,
         cached_before: bool,
+        key_means: Tensor | None = None,
     ) -> Tensor:
         """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
         keys ``kb (B, Hk, R, L, d_k)`` (values ``vb``), through :func:`window_cache_attention`.
@@ -234,7 +255,9 @@ class VQAttention(BlockedAttention):
         continuations) are taken as they are; queries spanning several blocks are padded to whole
         blocks (the padding rows are dropped). Work that can only be masked is skipped: a lone first
         block gets a one-block window, and the cache is left out while no query can see a cached
-        block (``cached_before``: the state's cache holds blocks before ``kb``).
+        block (``cached_before``: the state's cache holds blocks before ``kb``). ``key_means`` (the running
+        means of the keys per code, like ``prefix``'s values; ``cache_key_grad``) turn the codes into
+        per-item cache keys ``C + m - sg(m)``: the same scores, with a gradient to the cached keys.
         """
         b, h, t, _ = q.shape
         hk, L = kb.shape[1], self.block_len
@@ -263,7 +286,10 @@ class VQAttention(BlockedAttention):
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
             cache = CodeCache(codebook, log_n, cache_mu)  # the means detached above unless grad_through_cache
-        flex = wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
+            if key_means is not None:
+                m = _cache_entries(key_means, first, last).flatten(0, 1)  # (B·Hk, I, S, d_k)
+                cache = CodeCache(codebook[:, None] + (m - m.detach()).to(kw.dtype), log_n, cache_mu)
+        flex = key_means is None and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
         attend = flex_window_cache_attention if flex else window_cache_attention
         self.last_kernel = "flex" if flex else "plain"
         out = attend(

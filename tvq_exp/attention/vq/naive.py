@@ -21,8 +21,10 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     query's (the exact window), values only there unless ``grad_through_cache``; without
     ``grad_through_cache`` only the query's own block carries gradient. ``use_cache=False`` masks every key
     farther than ``M`` (causal: a sliding window over the distances ``0..M``; encoder: blocks beyond the
-    neighbours)."""
-    k_hat, _, _ = attn.quantizer(k)
+    neighbours). ``cache_key_grad``: the score of a query in block ``r`` with a key of code ``s`` beyond the
+    window also carries the gradient of ``q·m_s``, ``m_s`` the mean of the keys of code ``s`` in blocks
+    ``0..r-2`` (a zero in the forward)."""
+    k_hat, codes, _ = attn.quantizer(k)
     k_hat, v = repeat_kv(k_hat, q.shape[1]), repeat_kv(v, q.shape[1])
     t = q.shape[2]
     position = torch.arange(t, device=q.device)
@@ -31,6 +33,8 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     grad = near if attn.grad_through_cache or not attn.causal else block[:, None] == block[None, :]
     qc = q if attn.bias is None else attn.bias.content_query(q)
     logits = torch.where(grad, qc @ k_hat.transpose(-1, -2), qc @ k_hat.detach().transpose(-1, -2))
+    if getattr(attn, "cache_key_grad", False):
+        logits = logits + _mean_key_scores(qc, k_hat, repeat_kv(codes, q.shape[1]), block, attn.codebook_size)
     if attn.bias is not None:
         logits = logits + window_bias_matrix(attn.bias, q, attn.causal)
     visible = torch.ones_like(near)
@@ -41,6 +45,19 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     a = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
     far_v = v if attn.grad_through_cache else v.detach()
     return (a * grad) @ v + (a * ~grad) @ far_v
+
+
+def _mean_key_scores(qc: Tensor, k_hat: Tensor, codes: Tensor, block: Tensor, size: int) -> Tensor:
+    """``(B, H, T, T)``: ``q_i·m - sg(q_i·m)`` with ``m`` the mean of the keys of code ``z_j`` in the blocks
+    ``0..r_i-2``, where key ``j`` lies in them (zero elsewhere); the gradient reaches the keys only."""
+    far = (block[:, None] - block[None, :] >= 2).to(k_hat.dtype)  # (T query, T key)
+    onehot = torch.nn.functional.one_hot(codes, size).to(k_hat.dtype)  # (B, H, T, S)
+    counts = far @ onehot  # (B, H, T, S): keys of code s each query reads through the cache
+    sums = torch.einsum("ij,bhjs,bhjd->bhisd", far, onehot, k_hat)
+    means = sums / counts.clamp_min(1)[..., None]
+    qm = torch.einsum("bhid,bhisd->bhis", qc.detach(), means)
+    scores = (qm - qm.detach()).gather(-1, codes[..., None, :].expand(*qm.shape[:-1], codes.shape[-1]))
+    return scores * far
 
 
 def window_cache_attention(
@@ -72,7 +89,8 @@ def window_cache_attention(
         logits = logits.masked_fill(first, float("-inf"))
     if cache is not None:
         codebook, log_n, mu = cache
-        keys = torch.cat([keys, codebook[:, None].expand(n, items, -1, -1)], dim=2)
+        codes = codebook if codebook.dim() == 4 else codebook[:, None].expand(n, items, -1, -1)
+        keys = torch.cat([keys, codes], dim=2)
         vals = torch.cat([vals, mu], dim=2)
         logits = torch.cat([logits, log_n[:, :, None, :].expand(n, items, rows, -1)], dim=-1)
     return torch.softmax(q @ keys.transpose(-1, -2) + logits, dim=-1) @ vals
