@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tvq_exp.attention.naive import softmax_attention
 
 from tvq_exp.attention import build_attention
+from tvq_exp.attention.dense.naive import softmax_attention
 
 
 @pytest.mark.parametrize(("kv_heads", "cuts"), [(2, (5,)), (1, (3, 4)), (2, (1, 6))])

@@ -212,7 +212,7 @@ def test_growth_plateaus_and_adds_at_most_a_block() -> None:
         ({"window_len": 5}, "window_len=5: must be <= block_len=4"),
         ({"window_len": -1}, "window_len=-1: must be >= 0"),
         ({"growth_scale": 0.0}, "growth_scale=0.0: must be > 0"),
-        ({"growth_scale": float("inf")}, "growth_scale=inf: must be finite"),
+        ({"growth_scale": float("inf")}, "growth_scale=inf: must be > 0, and finite"),
         ({"seeding": "random"}, "seeding='random': must be one of farthest, first"),
         ({"kv_heads": 3}, "kv_heads=3: must divide heads=4"),
     ],

@@ -3,6 +3,8 @@ is refused in one line, ``allow_data_change=true`` goes on (docs/reliability.md,
 
 from __future__ import annotations
 
+import functools
+
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +67,14 @@ def test_resume_and_eval_refuse_a_changed_corpus(tmp_path: Path, capsys: pytest.
 
     corpus.write_bytes(corpus.read_bytes() + b"A new chapter. " * 300)  # the corpus grew
     resume = [*base, "trainer.max_steps=4", f"ckpt_path={last}", f"paths.output_dir={run}"]
-    line = _refused(capsys, train, _compose("train", resume))
+    resumed = functools.partial(train, overrides=resume)  # in-process: the overrides laid over the stored run
+    line = _refused(capsys, resumed, _compose("train", resume))
     assert line.startswith("error: the data differ from those the checkpoint was trained on (train ")
     assert "allow_data_change=true" in line
     line = _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={last}", *eval_cfg]))
     assert "the data differ" in line and "validation" in line
-    assert train(_compose("train", [*resume, "allow_data_change=true"]))["global_step"] == 4
+    allowed = [*resume, "allow_data_change=true"]
+    assert train(_compose("train", allowed), overrides=allowed)["global_step"] == 4
     assert (
         evaluate(_compose("eval", [f"ckpt_path={last}", *eval_cfg, "allow_data_change=true"]))["tokens"] > 0
     )

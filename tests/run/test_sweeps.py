@@ -153,7 +153,7 @@ def stand_ins(root: Path) -> dict[str, list[str]]:
     ):
         np.savez(root / "imagenet64" / name, data=rng.integers(0, 256, (count, 64 * 64 * 3), dtype=np.uint8))
     return {
-        "pg19_paper": [f"data.root={root}", "data.corpus.hub=false", "data.seq_len=256"],
+        "pg19_paper": [f"data.root={root}", "++data.corpus.hub=false", "data.seq_len=256"],
         "imagenet64_paper": [f"data.root={root}", "data.source.val_size=4"],
     }
 

@@ -80,10 +80,10 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
             cfg = resume_config(cfg, run_config(checkpoint), given)
         resume_step = int(checkpoint.get("global_step", 0))
         resumed_at = ResumePoint(resume_step, saved_at(cfg.ckpt_path, checkpoint))
-        done = nothing_left(cfg, resume_step)
-        if done is not None:
-            return done
-        if cfg.get("resume") != "auto":
+        if cfg.get("resume") != "auto":  # resume=auto at the last step finishes the run (finished.json)
+            done = nothing_left(cfg, resume_step)
+            if done is not None:
+                return done
             say(f"resuming {cfg.ckpt_path} at step {resume_step} of {cfg.trainer.max_steps}")
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)

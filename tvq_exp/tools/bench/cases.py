@@ -94,6 +94,7 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
         cfg = compose(overrides=[f"+model={name}", *(f"model.{item}" for item in overrides)])
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
+        cfg.block_len, cfg.codebook_size = settings["block_len"], settings["codebook_size"]  # the one route
         cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]
         backend = BACKENDS.get(cfg.model.attention.get("name"))
         if backend is not None and backend.has_codebook:
