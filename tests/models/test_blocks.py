@@ -88,8 +88,13 @@ def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
 def test_talking_heads_refused_when_the_config_is_composed(backend: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(
-            overrides=["+model=mha_talking_heads", "+data.vocab_size=256", "+block_len=16", "+codebook_size=32",
-                       f"model/attention={backend}"]
+            overrides=[
+                "+model=mha_talking_heads",
+                "+data.vocab_size=256",
+                "+block_len=16",
+                "+codebook_size=32",
+                f"model/attention={backend}",
+            ]
         )
     with pytest.raises(InstantiationException, match="talking_heads"):
         instantiate(cfg.model)

@@ -4,7 +4,6 @@ is refused in one line, ``allow_data_change=true`` goes on (docs/reliability.md,
 from __future__ import annotations
 
 import functools
-
 from pathlib import Path
 
 import numpy as np

@@ -41,7 +41,9 @@ def test_attention_bench_writes_documented_records(tmp_path: Path) -> None:
     ]
     bench.main([*argv, *TINY, "--json", str(out)])
     records = json.loads(out.read_text())
-    assert len(records) == 1 and all(FIELDS <= rec.keys() for rec in records)  # (unknown backends are refused)
+    assert len(records) == 1 and all(
+        FIELDS <= rec.keys() for rec in records
+    )  # (unknown backends are refused)
     (vq,) = records
     assert vq["backend"] == "vq" and vq["seq_len"] == 64 and vq["mode"] == "fwdbwd"
     assert vq["ms"] > 0 and vq["tokens_per_s"] > 0 and vq["peak_mem_mb"] >= 0
