@@ -19,24 +19,42 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import importlib.util
 import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor, nn
 
-try:  # torch >= 2.5
-    import torch.nn.attention.flex_attention as _flex_module
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-except ImportError:  # pragma: no cover - old torch
-    _flex_module = None
-    BlockMask = object  # type: ignore[assignment,misc]
-    create_block_mask = flex_attention = None  # type: ignore[assignment]
+# torch >= 2.5. Found, not imported: importing it costs a large share of ``import tvq_exp.attention`` (it pulls in
+# sympy), and a refused config must not pay for it. :func:`flex_module` imports it on first use of flex.
+FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+_LAZY = ("BlockMask", "create_block_mask", "flex_attention")  # torch's names, re-exported on first access
 
-FLEX_AVAILABLE = _flex_module is not None
+
+def flex_module() -> ModuleType | None:
+    """``torch.nn.attention.flex_attention``, imported on first call (None on a torch without it)."""
+    if not FLEX_AVAILABLE:  # pragma: no cover - old torch
+        return None
+    return importlib.import_module("torch.nn.attention.flex_attention")
+
+
+def __getattr__(name: str) -> object:
+    """``BlockMask``, ``create_block_mask`` and ``flex_attention`` from torch, imported when first asked for (the
+    kernel modules :mod:`.dense.flex` and :mod:`.vq.flex`, which the layers import only when flex runs)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = flex_module()
+    if module is None:  # pragma: no cover - old torch
+        return object if name == "BlockMask" else None
+    return getattr(module, name)
+
+
 # ``kernel=auto`` takes flex only for calls with at least this many queries (flex's block size): below it block
 # sparsity saves nothing, and every new length would compile anew (decoding token by token).
 FLEX_MIN_QUERIES = 128
@@ -175,7 +193,8 @@ def eager_cpu_backward() -> Iterator[None]:
     """Lift torch's ``FlexAttention does not support backward on CPU`` device check, for the eager
     (unfused) implementation only: its math backward is exact on CPU (checked against explicit logits,
     gradients of captured tensors included). A no-op if a future torch drops the check."""
-    validate = getattr(_flex_module, "_validate_device", None)
+    flex = flex_module()
+    validate = getattr(flex, "_validate_device", None)
     if validate is None:
         yield
         return
@@ -185,11 +204,11 @@ def eager_cpu_backward() -> Iterator[None]:
             validate(query, key, value)
 
     with _GUARD_LOCK:
-        _flex_module._validate_device = validate_without_cpu_grad
+        flex._validate_device = validate_without_cpu_grad
         try:
             yield
         finally:
-            _flex_module._validate_device = validate
+            flex._validate_device = validate
 
 
 def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None = None) -> Tensor:
@@ -228,13 +247,11 @@ __all__ = [
     "FLEX_AVAILABLE",
     "FLEX_MIN_QUERIES",
     "KERNELS",
-    "BlockMask",
     "FlexSupport",
     "FlexUnsupported",
     "compiled_kernel",
-    "create_block_mask",
     "eager_cpu_backward",
-    "flex_attention",
+    "flex_module",
     "flex_support",
     "run_flex",
     "wants_flex",

@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
-from tvq_exp.attention.dense.flex import dense_flex_support, flex_dense_attention
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, FlexUnsupported, wants_flex
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
 from tvq_exp.nn.position import XLRelativeBias
@@ -166,6 +165,9 @@ class DenseAttention(AttentionBackend):
         self, device: torch.device | str, requires_grad: bool = False, compiled: bool = True
     ) -> FlexSupport:
         """Whether this module's options run through flex attention on ``device`` (and why not)."""
+        # imported here: torch's flex module is slow to import, and a refused config must not pay for it
+        from tvq_exp.attention.dense.flex import dense_flex_support
+
         talking = self.mix_pre is not None or self.mix_post is not None
         return dense_flex_support(
             device, score=self.score, talking_heads=talking, requires_grad=requires_grad, compiled=compiled
@@ -190,6 +192,8 @@ class DenseAttention(AttentionBackend):
             )  # (H, M+1 | 2M+1, d_k), once per call (as the plain path)
             table = torch.matmul(self.bias.position_query(q), rel.transpose(-1, -2).unsqueeze(0))
             q = self.bias.content_query(q)
+        from tvq_exp.attention.dense.flex import flex_dense_attention  # lazy: see flex_support
+
         return flex_dense_attention(
             q, k, v, causal=self.causal, past=past, window=window, distance_logits=table, compiled=compiled
         )

@@ -38,7 +38,6 @@ from tvq_exp.attention.blocked import (
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
-from tvq_exp.attention.vq.flex import flex_window_cache_attention
 from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
 from tvq_exp.measure.flops import mm, padded, with_backward
 from tvq_exp.nn.position import XLRelativeBias, window_distances
@@ -290,7 +289,11 @@ class VQAttention(BlockedAttention):
                 m = _cache_entries(key_means, first, last).flatten(0, 1)  # (B·Hk, I, S, d_k)
                 cache = CodeCache(codebook[:, None] + (m - m.detach()).to(kw.dtype), log_n, cache_mu)
         flex = key_means is None and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
-        attend = flex_window_cache_attention if flex else window_cache_attention
+        attend = window_cache_attention
+        if flex:  # imported here: torch's flex module is slow to import (see flex_runtime.FLEX_AVAILABLE)
+            from tvq_exp.attention.vq.flex import flex_window_cache_attention
+
+            attend = flex_window_cache_attention
         self.last_kernel = "flex" if flex else "plain"
         out = attend(
             layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache,
