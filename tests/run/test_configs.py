@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -168,8 +169,11 @@ def test_run_dirs_are_unique_within_one_second() -> None:
     assert len(set(dirs)) == 5
     assert all(d.startswith("logs/runs/") for d in dirs)
     cfg = compose_train([], hydra=True)
-    assert cfg.hydra.run.dir == cfg.hydra.run.dir  # resolved once per config
-    assert cfg.hydra.sweep.dir.startswith("logs/multiruns/") and cfg.hydra.sweep.dir != cfg.hydra.run.dir
+    first = cfg.hydra.run.dir
+    assert re.fullmatch(r"logs/runs/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_[0-9a-f]{6}", first)
+    # ``${tvq.uid:}`` (and ``${now:}``) resolve once per config: every later read, and the sweep dir, see the same
+    assert [cfg.hydra.run.dir for _ in range(3)] == [first] * 3
+    assert cfg.hydra.sweep.dir == "logs/multiruns/" + first.removeprefix("logs/runs/")
 
 
 def test_dense_carried_memory_is_one_segment() -> None:
