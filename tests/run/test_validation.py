@@ -6,6 +6,7 @@ go through the real ``train.py`` (exit status 2, one line on stderr, no tracebac
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -13,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tests.helpers.paths import CONF, REPO
 from tvq_exp.run.schema import LIGHTNING_PRECISIONS
-from tvq_exp.run.validation import Command, ConfigError, check, validate
+from tvq_exp.run.validation import Command, ConfigError, build_run, check, validate
 
 TINY = ["experiment=smoke"]
 
@@ -62,8 +63,27 @@ def test_the_table_is_large_enough() -> None:
     assert len(BAD_OVERRIDES) >= 20
 
 
+def assert_accepted(cfg: DictConfig) -> None:
+    """``validate`` accepts ``cfg`` and leaves it as it was; the model it checks is the one ``cfg`` describes; and
+    the same config with ``model.n_layers=0`` is refused on that key (validation ran, it did not just pass)."""
+    before = OmegaConf.to_container(cfg)
+    validate(cfg)
+    assert OmegaConf.to_container(cfg) == before, "validate edited the config"
+    model, _ = build_run(cfg, device="meta")
+    assert (model.d_model, model.n_layers, len(model.blocks)) == (
+        cfg.model.d_model,
+        cfg.model.n_layers,
+        cfg.model.n_layers,
+    )
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    broken = copy.deepcopy(cfg)
+    broken.model.n_layers = 0
+    with pytest.raises(ConfigError, match=r"model\.n_layers"):
+        validate(broken)
+
+
 def test_the_smoke_preset_itself_is_valid() -> None:
-    validate(compose_train([]))
+    assert_accepted(compose_train([]))
 
 
 MODEL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -74,13 +94,13 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 def test_every_model_preset_passes_validation(model: str) -> None:
     """Validation must accept every shipped preset: `python train.py model=NAME` may not be refused."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        validate(compose("train", overrides=[f"model={model}"]))
+        assert_accepted(compose("train", overrides=[f"model={model}"]))
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_passes_validation(experiment: str) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        validate(compose("train", overrides=[f"experiment={experiment}"]))
+        assert_accepted(compose("train", overrides=[f"experiment={experiment}"]))
 
 
 @pytest.mark.parametrize("override", ["model/attention=dense", "model/attention=flash_chunk"])
@@ -90,7 +110,7 @@ def test_flash_window_defaults_but_dense_window_is_required(override: str) -> No
         with pytest.raises(ConfigError, match="model.attention.window_len"):
             validate(cfg)
     else:
-        validate(cfg)
+        assert_accepted(cfg)
 
 
 @pytest.mark.parametrize(("overrides", "key"), BAD_OVERRIDES, ids=[" ".join(o) for o, _ in BAD_OVERRIDES])
