@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
+import json
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.helpers.sweeps import GROUP, REPO, make_small_sweep
+from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, SWEEP_VALUES, make_small_sweep
 
 NOTEBOOK = REPO / "notebooks" / "compare_runs.ipynb"
 
@@ -28,10 +29,26 @@ def test_compare_runs_notebook_executes_and_plots(small_sweep: Path, monkeypatch
     NotebookClient(
         notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
     ).execute()
-    outputs = [
-        output for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
+    by_cell = {
+        i: cell.get("outputs", []) for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"
+    }
+    assert not [o for outs in by_cell.values() for o in outs if o.output_type == "error"]
+    (summary,) = by_cell[1]
+    assert summary.text == f"{len(OK_JOBS)} runs in {small_sweep}; swept: ['model.attention.codebook_size']\n"
+    # the run table: one row per job, with the values the job itself recorded in finished.json
+    (shown,) = by_cell[3]
+    rows = shown.data["text/html"].split("<tbody>")[1].split("</tr>")[:-1]
+    assert len(rows) == len(OK_JOBS)
+    for job, size in zip(OK_JOBS, SWEEP_VALUES, strict=True):
+        finished = json.loads((small_sweep / job / "finished.json").read_text())
+        cells = re.findall(r"<td>(.*?)</td>", rows[int(job)])
+        assert cells[:3] == [str(size), "ok", str(finished["global_step"])]
+        assert f"{finished['val']['bpb']:.6f}" in cells, "the final val/bpb the run recorded"
+    # bpb against step and wall time (one figure, two panels), then one panel per swept key
+    figures = [
+        (i, o.data["text/plain"])
+        for i, outs in by_cell.items()
+        for o in outs
+        if "image/png" in o.get("data", {})
     ]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert any("image/png" in o.get("data", {}) for o in outputs)
-    assert any("text/html" in o.get("data", {}) for o in outputs), "the run table is displayed"
-    assert os.environ["TVQ_SWEEP_DIR"] in "".join(o.get("text", "") for o in outputs)
+    assert figures == [(5, "<Figure size 1100x400 with 2 Axes>"), (6, "<Figure size 500x400 with 1 Axes>")]
