@@ -37,4 +37,14 @@ def test_a_study_at_one_seed_runs_and_reports(name: str, tmp_path: Path) -> None
     report = subprocess.run([*command, "report", str(study), "--out", str(out)], cwd=REPO, capture_output=True,
                             text=True)  # fmt: skip
     assert report.returncode == 0, report.stderr[-2000:]
-    print((out / "report.md").read_text())
+    text = (out / "report.md").read_text()
+    everything = load_results(out)
+    assert f"\n{len(everything)} jobs (`" in text
+    # every evaluation has its section; at one seed, each (run, regime) row holds that job's own bits
+    for result in results.values():
+        for evaluation_name, evaluation in result["evaluations"].items():
+            assert f"## Evaluation `{evaluation_name}`" in text
+            if all(r["seed"] == 1 for r in everything):
+                row = f"| {result['run']} | {result['regime']} | 1 | {evaluation['bpb']:.4f} |"
+                assert row in text, row
+    print(text)
