@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tvq_exp.attention.flex_runtime import flex_module
 from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.measure.memory import PeakMemory, limit_address_space
 from tvq_exp.measure.timing import time_calls
@@ -157,6 +158,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     if spec.get("mem_limit_mb"):
+        flex_module()  # torch's flex attention, which the layers import on first use: loaded before the cap
         limit_address_space(spec["mem_limit_mb"])
     call, flops = CASES[spec["kind"]](spec, device)
     mem = PeakMemory(device)
