@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import abc
+
 from torch import Tensor, nn
 
 
-class CodebookUpdate:
+class CodebookUpdate(abc.ABC):
     """How a quantiser's codes learn: one small interface, one file per rule.
 
     A rule holds only its hyper-parameters. Its tensors live on the quantiser (``owner``), created by
@@ -18,25 +20,28 @@ class CodebookUpdate:
     trainable: bool = False
     """True: the codes receive the gradient of the codebook loss ``||C_z - sg(k)||²`` (no EMA)."""
 
+    @abc.abstractmethod
     def create(self, owner: nn.Module, init: Tensor) -> None:
         """Register the rule's state on ``owner``; the codes start as ``init (H, S, d)``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def codes(self, owner: nn.Module) -> Tensor:
         """The code vectors ``(H, S, d)`` (before any normalisation by the quantiser)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def assign(self, owner: nn.Module, mask: Tensor, vectors: Tensor) -> None:
         """Set the codes where ``mask (H, S)`` to ``vectors (H, S, d)`` (k-means init, re-seeding); the
         usage counts ``owner.ema_count`` already hold the new codes' counts."""
-        raise NotImplementedError
 
     def accumulate(self, owner: nn.Module, keys: Tensor, codes: Tensor) -> None:
         """Gather one training forward's statistics (none by default)."""
+        return None  # a rule without statistics keeps this default
 
     def apply(self, owner: nn.Module, decay: float) -> None:
         """Apply the gathered statistics once per optimiser step, after ``owner.ema_count`` took this step's
         counts with ``decay`` (nothing by default)."""
+        return None  # a rule without statistics keeps this default
 
     def discard(self, owner: nn.Module) -> None:
         """Forget the statistics gathered since the last :meth:`apply` (nothing by default)."""
+        return None  # a rule without statistics keeps this default
