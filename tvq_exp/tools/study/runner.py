@@ -94,7 +94,7 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
     start = time.time()
     summary = train_job(job, out, threads)
     evaluations = {
-        e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job.run)
+        e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job)
     }
     config = yaml.safe_load((run_dir(out, job) / "config.yaml").read_text())
     result = {

@@ -32,15 +32,18 @@ import yaml
 @dataclass(frozen=True)
 class Evaluation:
     """One evaluation of every run's last checkpoint (``eval.py`` options; ``model``: options merged into the
-    run's model config for this evaluation only, e.g. the cache switched off; ``only``: the runs it applies to)."""
+    run's model config for this evaluation only, e.g. the cache switched off; ``only``: the runs it applies to;
+    ``regimes``: the regimes it applies to, e.g. one task's test protocol when the regimes are tasks)."""
 
     name: str
     options: Mapping[str, Any]
     model: Mapping[str, Any] = field(default_factory=dict)
     only: tuple[str, ...] = ()
+    regimes: tuple[str, ...] = ()
 
-    def applies_to(self, run: str) -> bool:
-        return not self.only or run in self.only
+    def applies_to(self, job: "Job") -> bool:
+        """Whether this evaluation scores ``job`` (its run is in ``only`` and its regime in ``regimes``)."""
+        return (not self.only or job.run in self.only) and (not self.regimes or job.regime in self.regimes)
 
 
 @dataclass(frozen=True)
@@ -95,12 +98,19 @@ def load_study(path: str | Path) -> Study:
     evaluations = tuple(
         Evaluation(
             e["name"],
-            {k: v for k, v in e.items() if k not in ("name", "model", "only")},
+            {k: v for k, v in e.items() if k not in ("name", "model", "only", "regimes")},
             e.get("model") or {},
             tuple(e.get("only") or ()),
+            tuple(e.get("regimes") or ()),
         )
         for e in spec["evaluate"]
     )
+    for e in evaluations:
+        unknown = set(e.regimes) - set(regimes)
+        if unknown:
+            raise ValueError(
+                f"{path}: evaluate.{e.name}.regimes names unknown regimes {sorted(unknown)}; known: {sorted(regimes)}"
+            )
     return Study(spec["name"], tuple(jobs), evaluations, tuple(spec["runs"]), tuple(regimes))
 
 
