@@ -178,3 +178,36 @@ def test_the_long_context_docs_tables_are_the_committed_result_files() -> None:
     for evaluation in ("sequence", "sequence_nocache"):
         rows = table(grouped(results, evaluation)).splitlines()[2:]
         assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
+
+
+def test_an_evaluation_can_apply_to_some_regimes_only(tmp_path: Path) -> None:
+    """The codebook study crosses its runs with two tasks (regimes); each task's evaluation scores its own jobs."""
+    study = load_study(REPO / "conf/study/codebooks.yaml")
+    by_name = {e.name: e for e in study.evaluations}
+    mqar = next(job for job in study.jobs if job.id == "healthy--mqar--s1")
+    lm = next(job for job in study.jobs if job.id == "healthy--lm--s1")
+    assert by_name["test"].applies_to(mqar) and not by_name["test"].applies_to(lm)
+    assert by_name["sequence_nocache"].applies_to(lm) and not by_name["sequence_nocache"].applies_to(mqar)
+    assert "experiment=recall_cpu" in mqar.overrides and "model/attention/codebook=healthy" in mqar.overrides
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nregimes: {a: []}\nruns: {x: {}}\nevaluate: [{name: e, regimes: [b]}]\n")
+    with pytest.raises(ValueError, match=r"evaluate.e.regimes names unknown regimes \['b'\]"):
+        load_study(path)
+
+
+def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
+    results = []
+    for seed, (ppl, regret) in enumerate([(30.0, 1.5), (34.0, 2.5)], start=1):
+        r = _result("vq", seed, 2.0)
+        r["evaluations"]["test"]["codebook"] = {
+            f"layer{i}": {"perplexity": ppl + i, "dead_fraction": 0.25, "quant_error": 0.1, "kmeans_error": 0.05,
+                          "regret": regret, "codebook_size": 64}
+            for i in (0, 1)
+        }  # fmt: skip
+        results.append(r)
+    results.append(_result("dense", 1, 2.5))  # no codebook: no health row
+    _write(tmp_path, results)
+    report = write_report(tmp_path, "Study t").read_text()
+    assert "| vq | r | 1,2 | layer0 | 32.0000 ± 2.0000 / 64 | 0.2500 ± 0.0000 | 2.0000 ± 0.5000 |" in report
+    assert "| vq | r | 1,2 | layer1 | 33.0000 ± 2.0000 / 64 |" in report
+    assert "| dense | r | 1 | layer" not in report

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tvq_exp.plots import position_figure, save_figure
+from tvq_exp.tools.study.health import health_section
 from tvq_exp.tools.study.recall import accuracy_section, backend_label
 from tvq_exp.tools.study.results import Group, cell, grouped, load_results
 
@@ -68,6 +69,7 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
         if any("accuracy" in e for evals in groups.values() for e in evals):
             labels = {r["run"]: backend_label(r["config"]) for r in results}
             lines += accuracy_section(name, groups, labels, figures)
+        lines += health_section(groups)
         lines += [
             "Bits per token (mean over seeds ± half their range), overall and "
             "by position since the last state reset:",

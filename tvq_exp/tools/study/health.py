@@ -1,0 +1,65 @@
+"""The codebook part of a study's report (docs/codebooks.md): per run and layer, the codebook's health over the
+evaluated split's keys, from ``eval.py``'s JSON (``codebook``: per layer ``perplexity`` (usage perplexity, in
+codes), ``dead_fraction``, ``quant_error`` and ``regret`` (quantisation error relative to a fresh k-means on the
+same keys)); see :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tvq_exp.tools.study.results import Group, cell
+
+
+def layers(groups: Mapping[Group, Sequence[dict[str, Any]]]) -> list[str]:
+    """The codebook layers any evaluation reports, in layer order (``layer0``, ``layer1``, ...)."""
+    names = {name for evals in groups.values() for e in evals for name in e.get("codebook", {})}
+    return sorted(names, key=lambda name: int(name.removeprefix("layer")))
+
+
+def health_cells(evals: Sequence[dict[str, Any]], layer: str) -> tuple[str, str, str]:
+    """``(usage perplexity, dead fraction, regret)`` of ``layer`` over the seeds that report it."""
+    found = [e["codebook"][layer] for e in evals if layer in e.get("codebook", {})]
+    if not found:
+        return "", "", ""
+    return (
+        f"{cell([h['perplexity'] for h in found])} / {found[0]['codebook_size']}",
+        cell([h["dead_fraction"] for h in found]),
+        cell([h["regret"] for h in found]),
+    )
+
+
+def health_table(groups: Mapping[Group, Sequence[dict[str, Any]]]) -> str:
+    """Markdown: one row per (run, regime, layer): usage perplexity / S, dead fraction, regret ("" when no
+    evaluation reports a codebook)."""
+    names = layers(groups)
+    if not names:
+        return ""
+    header = ["run", "regime", "seeds", "layer", "usage perplexity / S", "dead fraction", "regret"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for (run, regime), evals in groups.items():
+        seeds = ",".join(str(e["seed"]) for e in evals)
+        for layer in names:
+            cells = health_cells(evals, layer)
+            if any(cells):
+                lines.append("| " + " | ".join([run, regime, seeds, layer, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def health_section(groups: Mapping[Group, Sequence[dict[str, Any]]]) -> list[str]:
+    """The report's lines on codebook health for one evaluation ([] when it reports none)."""
+    table = health_table(groups)
+    if not table:
+        return []
+    return [
+        "Codebook health over the evaluated keys, per layer (mean over seeds ± half their range): usage "
+        "perplexity (the effective number of codes used) of S, the fraction of codes no key picks, and the "
+        "regret (quantisation error / a fresh k-means' error on the same keys; 1 is as good as k-means):",
+        "",
+        table,
+        "",
+    ]
+
+
+__all__ = ["health_section", "health_table", "layers"]
