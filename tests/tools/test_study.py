@@ -38,7 +38,8 @@ def _accuracy(overall: float, buckets: dict[str, float]) -> dict[str, Any]:
         "accuracy": overall,
         "sequence_accuracy": overall,
         "buckets": [
-            {"name": k, "accuracy": v, "sequence_accuracy": v, "count": 10} for k, v in buckets.items()
+            {"name": k, "accuracy": v, "sequence_accuracy": v, "count": 10, "bpb": 2 - v}
+            for k, v in buckets.items()
         ],
     }
 
@@ -105,6 +106,8 @@ def test_accuracy_table_state_curves_and_heatmaps(tmp_path: Path) -> None:
     table = accuracy_table(groups)
     assert "| vq_s64 | r | 1,2 | 7000 | 0.7000 ± 0.1000 | 1.0000 ± 0.0000 | 0.5000 ± 0.0000 |" in table
     assert "| vq_s64_nocache | r | 1 | 15000 | 0.2000 | 1.0000 |  |" in table  # no answers there: empty
+    bits = accuracy_table(groups, "bpb")  # bits per answer token, overall and per bucket
+    assert "| vq_s64 | r | 1,2 | 7000 | 1.0000 ± 0.0000 | 1.0000 ± 0.0000 | 1.5000 ± 0.0000 |" in bits
     labels = {r["run"]: backend_label(r["config"]) for r in results}
     assert labels["vq_s64_nocache"] == "vq (no cache)"
     curves = state_curves(groups, labels)
@@ -119,6 +122,7 @@ def test_accuracy_table_state_curves_and_heatmaps(tmp_path: Path) -> None:
     assert values == [[1.0, 0.0], [0.5, 0.25]]
     report = write_report(tmp_path, "Study t").read_text()
     assert "![accuracy against state size](test-accuracy-vs-state.png)" in report
+    assert "Bits per answer token" in report and bits in report
     assert (tmp_path / "test-accuracy-vs-state.png").is_file()
 
 

@@ -1,5 +1,5 @@
 """The studies at one seed (``make test-slow``): every run of conf/study/long_context.yaml (both regimes) and of
-conf/study/recall.yaml trains, is evaluated and reported from its result files. Hours on 2 CPU cores; set
+conf/study/recall.yaml and conf/study/codebooks.yaml trains, is evaluated and reported from its result files. Hours on 2 CPU cores; set
 ``TVQ_STUDY_DIR`` to a folder to keep (and resume) the runs, e.g. ``studies``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tvq_exp.tools.study.spec import load_study
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["long_context", "recall"])
+@pytest.mark.parametrize("name", ["long_context", "recall", "codebooks"])
 def test_a_study_at_one_seed_runs_and_reports(name: str, tmp_path: Path) -> None:
     out = Path(os.environ.get("TVQ_STUDY_DIR", tmp_path)) / name
     study = REPO / "conf" / "study" / f"{name}.yaml"

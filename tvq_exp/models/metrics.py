@@ -80,11 +80,13 @@ def _ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
 
 
 class BucketAccuracy(Metric):
-    """Accuracy counted only at answer positions (``target != ignore_index``), overall and per bucket.
+    """Accuracy (and bits) counted only at answer positions (``target != ignore_index``), overall and per bucket.
 
     :meth:`update` takes ``preds`` (predicted ids), ``target`` and ``bucket`` (the batch's bucket ids, in
-    ``[0, num_buckets)`` at every answer position), all ``(B, T)`` integer tensors. Counts are int64 sums
-    (``dist_reduce_fx="sum"``), so the result is the same on one process or many.
+    ``[0, num_buckets)`` at every answer position), all ``(B, T)`` integer tensors, and ``nats`` ``(B, T)``, the
+    loss at every position, for the bits per answer token per bucket.
+    Counts are int64 sums and the nats float64 sums (``dist_reduce_fx="sum"``), so the result is the same on
+    one process or many.
 
     Sequence accuracy: a row counts as right when all its answer positions are right (rows without answer
     positions are not counted); per bucket, the unit is a (row, bucket) group, right when all the row's
@@ -107,13 +109,16 @@ class BucketAccuracy(Metric):
             self.add_state(name, default=torch.zeros(num_buckets, dtype=torch.int64), dist_reduce_fx="sum")
         for name in ("row_correct", "row_total"):
             self.add_state(name, default=torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("nats", default=torch.zeros(num_buckets, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, preds: torch.Tensor, target: torch.Tensor, bucket: torch.Tensor) -> None:
-        """Accumulate one batch: ``preds``, ``target``, ``bucket`` ``(B, T)``."""
-        if preds.shape != target.shape or bucket.shape != target.shape or target.dim() != 2:
+    def update(
+        self, preds: torch.Tensor, target: torch.Tensor, bucket: torch.Tensor, nats: torch.Tensor
+    ) -> None:
+        """Accumulate one batch: ``preds``, ``target``, ``bucket`` and ``nats`` (the loss), all ``(B, T)``."""
+        if any(x.shape != target.shape for x in (preds, bucket, nats)) or target.dim() != 2:
             raise ValueError(
-                f"preds, target and bucket must all be (B, T); got {tuple(preds.shape)}, "
-                f"{tuple(target.shape)}, {tuple(bucket.shape)}"
+                f"preds, target, bucket and nats must all be (B, T); got {tuple(preds.shape)}, "
+                f"{tuple(target.shape)}, {tuple(bucket.shape)}, {tuple(nats.shape)}"
             )
         answer = target != self.ignore_index
         buckets = bucket[answer]
@@ -122,6 +127,7 @@ class BucketAccuracy(Metric):
         right = (preds == target)[answer]
         self.total += torch.bincount(buckets, minlength=self.num_buckets)
         self.correct += torch.bincount(buckets[right], minlength=self.num_buckets)
+        self.nats += torch.bincount(buckets, nats[answer].double(), minlength=self.num_buckets)
         self._update_groups(answer, buckets, right)
 
     def _update_groups(self, answer: torch.Tensor, buckets: torch.Tensor, right: torch.Tensor) -> None:
@@ -140,13 +146,15 @@ class BucketAccuracy(Metric):
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``accuracy`` (scalar), ``bucket_accuracy`` ``(K,)``, ``bucket_count`` ``(K,)`` answers seen,
-        ``sequence_accuracy`` (scalar) and ``bucket_sequence_accuracy`` ``(K,)``; float64, NaN where empty."""
+        ``sequence_accuracy`` (scalar), ``bucket_sequence_accuracy`` ``(K,)`` and ``bucket_bpb`` ``(K,)`` (bits per
+        answer token); float64, NaN where empty."""
         return {
             "accuracy": _ratio(self.correct.sum(), self.total.sum()),
             "bucket_accuracy": _ratio(self.correct, self.total),
             "bucket_count": self.total.clone(),
             "sequence_accuracy": _ratio(self.row_correct, self.row_total),
             "bucket_sequence_accuracy": _ratio(self.group_correct, self.group_total),
+            "bucket_bpb": _ratio(self.nats, self.total) / math.log(2),
         }
 
 

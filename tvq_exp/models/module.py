@@ -170,7 +170,7 @@ class AutoregressiveLitModule(L.LightningModule):
         positions = start[:, None] + torch.arange(target.shape[1], device=target.device)
         self.eval_bits[stage].update(nats, target != IGNORE_INDEX, positions)
         if stage in self.eval_accuracy:
-            self.eval_accuracy[stage].update(out.logits.argmax(-1), target, batch["bucket"])
+            self.eval_accuracy[stage].update(out.logits.argmax(-1), target, batch["bucket"], nats)
 
     def data(self) -> DataContract | None:
         """The attached trainer's data module (:class:`~tvq_exp.batch.DataContract`), if any."""
@@ -209,8 +209,10 @@ class AutoregressiveLitModule(L.LightningModule):
                 f"{stage}/acc_seq": torch.tensor(accuracy["sequence_accuracy"]),
             }
             by_position |= {
-                f"{stage}/acc_bucket/{b['name']}": b["accuracy"] for b in accuracy["buckets"] if b["count"]
-            }
+                f"{stage}/{metric}_bucket/{b['name']}": b[key]
+                for b in accuracy["buckets"] if b["count"]
+                for metric, key in (("acc", "accuracy"), ("bpb", "bpb"))
+            }  # fmt: skip
         self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
         for logger in self.loggers:
             logger.log_metrics(
@@ -232,11 +234,11 @@ class AutoregressiveLitModule(L.LightningModule):
         self.eval_accuracy[stage].reset()
         per_bucket = [  # torchmetrics squeezes one-element results to 0-d: one bucket is still a list
             result[key].reshape(-1).tolist()
-            for key in ("bucket_accuracy", "bucket_sequence_accuracy", "bucket_count")
+            for key in ("bucket_accuracy", "bucket_sequence_accuracy", "bucket_count", "bucket_bpb")
         ]
         buckets = [
-            {"name": name, "accuracy": acc, "sequence_accuracy": seq, "count": int(count)}
-            for name, acc, seq, count in zip(self.bucket_names[stage], *per_bucket, strict=True)
+            {"name": name, "accuracy": acc, "sequence_accuracy": seq, "count": int(count), "bpb": bpb}
+            for name, acc, seq, count, bpb in zip(self.bucket_names[stage], *per_bucket, strict=True)
         ]
         return {
             "accuracy": float(result["accuracy"]),

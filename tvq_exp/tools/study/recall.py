@@ -28,26 +28,29 @@ def backend_label(config: Mapping[str, Any]) -> str:
     return f"{label} (no cache)" if attention.get("use_cache") is False else label
 
 
-def bucket_accuracy(evals: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Bucket name -> its accuracy in every seed that has answers there."""
+def bucket_accuracy(evals: Sequence[dict[str, Any]], key: str = "accuracy") -> dict[str, list[float]]:
+    """Bucket name -> its ``key`` (``accuracy``, or ``bpb``: bits per answer token) in every seed that has
+    answers there (and reports ``key``)."""
     found: dict[str, list[float]] = {}
     for e in evals:
         for b in e["accuracy"]["buckets"]:
-            if b["count"]:
-                found.setdefault(b["name"], []).append(b["accuracy"])
+            if b["count"] and key in b:
+                found.setdefault(b["name"], []).append(b[key])
     return found
 
 
-def accuracy_table(groups: Mapping[Group, Sequence[dict[str, Any]]]) -> str:
-    """Markdown: one row per (run, regime): seeds, state floats per layer, accuracy, accuracy per bucket."""
-    buckets = list(dict.fromkeys(name for evals in groups.values() for name in bucket_accuracy(evals)))
-    header = ["run", "regime", "seeds", "state floats", "accuracy", *buckets]
+def accuracy_table(groups: Mapping[Group, Sequence[dict[str, Any]]], key: str = "accuracy") -> str:
+    """Markdown: one row per (run, regime): seeds, state floats per layer, the overall accuracy (or bits per
+    answer token, ``key="bpb"``), the same per bucket."""
+    buckets = list(dict.fromkeys(name for evals in groups.values() for name in bucket_accuracy(evals, key)))
+    overall = {"accuracy": lambda e: e["accuracy"]["accuracy"], "bpb": lambda e: e["bpb"]}[key]
+    header = ["run", "regime", "seeds", "state floats", key, *buckets]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for (run, regime), evals in groups.items():
-        per_bucket = bucket_accuracy(evals)
+        per_bucket = bucket_accuracy(evals, key)
         row = [
             run, regime, ",".join(str(e["seed"]) for e in evals), str(evals[0].get("state_floats_per_layer", "")),
-            cell([e["accuracy"]["accuracy"] for e in evals]),
+            cell([overall(e) for e in evals]),
             *(cell(per_bucket[name]) if name in per_bucket else "" for name in buckets),
         ]  # fmt: skip
         lines.append("| " + " | ".join(row) + " |")
@@ -99,6 +102,13 @@ def accuracy_section(
         accuracy_table(groups),
         "",
     ]
+    if any(bucket_accuracy(evals, "bpb") for evals in groups.values()):
+        lines += [
+            "Bits per answer token (mean over seeds ± half their range), overall and per answer bucket:",
+            "",
+            accuracy_table(groups, "bpb"),
+            "",
+        ]
     curves = state_curves(groups, labels)
     if curves:
         path = Path(save_figure(state_figure(curves), str(figures / f"{name}-accuracy-vs-state.png")))
