@@ -41,7 +41,7 @@ class Evaluation:
     only: tuple[str, ...] = ()
     regimes: tuple[str, ...] = ()
 
-    def applies_to(self, job: "Job") -> bool:
+    def applies_to(self, job: Job) -> bool:
         """Whether this evaluation scores ``job`` (its run is in ``only`` and its regime in ``regimes``)."""
         return (not self.only or job.run in self.only) and (not self.regimes or job.regime in self.regimes)
 
