@@ -26,6 +26,10 @@ from tvq_exp.quantize.sync import all_reduce_sum
 
 DEAD_SHARE = 0.01  # a code used under 1% of its fair share N/S is dead
 REGRET_ITERS = 15  # Lloyd iterations of the reference k-means
+# The reference error's floor: keys that (nearly) are S points (e.g. layer 0 of a byte model, whose keys are a
+# function of the byte) give k-means an error of ~0, and the ratio would measure round-off; below 0.1% of the
+# keys' energy the reference counts as 0.1%.
+REGRET_FLOOR = 1e-3
 
 
 class Regret(NamedTuple):
@@ -83,7 +87,8 @@ def codebook_regret(
     """The codebook's relative error on ``keys (H, N, d)``, a fresh k-means' (``S`` codes, ``iters`` Lloyd
     steps, k-means++ seeds drawn with the CPU ``generator``) on the same keys, and their ratio.
 
-    ``0/0`` counts as regret 1, ``x/0`` as infinity (at most ``S`` distinct keys). Collective under DDP: every
+    The ratio's denominator is at least :data:`REGRET_FLOOR` (k-means is then all but exact: at most about ``S``
+    distinct keys), and a codebook at least as good as k-means has regret 1 at most. Collective under DDP: every
     rank calls it with its own keys; k-means and the sums then run over the union of them (NaN everywhere if
     any rank has none, rather than a rank waiting for the others).
     """
@@ -94,11 +99,7 @@ def codebook_regret(
         return Regret(float("nan"), float("nan"), float("nan"))
     quant = relative_error(keys, codebook)
     reference = relative_error(keys, kmeans(keys.float(), codebook.shape[1], iters, generator))
-    if reference > 0:
-        ratio = quant / reference
-    else:
-        ratio = 1.0 if quant == 0 else float("inf")
-    return Regret(quant, reference, ratio)
+    return Regret(quant, reference, quant / max(reference, REGRET_FLOOR))
 
 
 __all__ = [
