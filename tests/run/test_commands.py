@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tests.helpers.config import compose_config
 from tests.helpers.images import drawn_fraction
-from tests.helpers.paths import CONF
 from tests.helpers.paths import REPO as ROOT
 from tvq_exp.models.generation import filter_logits, generate, sample_next
 from tvq_exp.run.evaluate import evaluate
@@ -31,11 +30,6 @@ needs_data = pytest.mark.skipif(
     not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "tinyshakespeare.txt").is_file(),
     reason="set TVQ_DATA_DIR to the shared datasets folder",
 )
-
-
-def compose_config(name: str, overrides: list[str]) -> Any:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(name, overrides=overrides)
 
 
 @pytest.fixture(scope="module")

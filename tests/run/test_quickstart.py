@@ -9,22 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers.paths import CONF
+from tests.helpers.config import compose_config
 from tvq_exp.data.images.render import grid_shape
 from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
 
 NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3
 STEPS, VAL_EVERY = 60, 30
-
-
-def compose_config(name: str, overrides: list[str]) -> Any:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(name, overrides=overrides)
 
 
 @pytest.fixture(scope="module")
