@@ -40,8 +40,8 @@ class ImageSampler(EpochSampler):
         update_len = update_len or tokens
         if tokens % update_len:
             raise ValueError(f"update_len={update_len} must divide the image's {tokens} tokens")
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world_size, self.update_len = rank, world_size, update_len
+        super().__init__(batch_size, seed, rank, world_size)
+        self.dataset, self.update_len = dataset, update_len
         self.updates = tokens // update_len
         self.batches = len(dataset) // (batch_size * world_size)  # type: ignore[arg-type]
         if self.batches < 1:

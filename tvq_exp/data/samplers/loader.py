@@ -47,15 +47,19 @@ class TrainSampler(Protocol):
 
 
 class EpochSampler(ABC):
-    """A training sampler's resumable position: ``epoch``, and ``step``, the batches of it already yielded.
+    """A training sampler: this process's seeded share of the job (``batch_size`` rows a step for ``rank`` of
+    ``world_size``, drawn from ``seed``) and its resumable position, ``epoch`` and ``step`` (the batches of it
+    already yielded).
 
     A subclass says how many batches an epoch holds (``__len__``) and yields those of an epoch from a given
     step on (:meth:`epoch_batches`), drawing its order from its seed and the epoch alone; iterating goes on
     from the position (the next epoch once this one is done), so :meth:`state_dict` is all a resume needs.
     """
 
-    epoch: int = 0
-    step: int = 0
+    def __init__(self, batch_size: int, seed: int, rank: int, world_size: int) -> None:
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.epoch = 0
+        self.step = 0
 
     @abstractmethod
     def __len__(self) -> int: ...

@@ -40,6 +40,7 @@ class StreamSampler(EpochSampler):
         reset_every: int | None = None,
     ) -> None:
         check_split_size("train", len(data), seq_len)
+        super().__init__(batch_size, seed, rank, world_size)
         self.reset_segments = None if reset_every is None else max(1, -(-reset_every // seq_len))
         num_streams = batch_size * world_size
         self.stream_len = (len(data) - (seq_len - 1 if random_offset else 0)) // num_streams
@@ -49,12 +50,7 @@ class StreamSampler(EpochSampler):
                 f"split 'train' has {len(data)} bytes: too few for {num_streams} streams of at least "
                 f"seq_len + 1 = {seq_len + 1} bytes; lower batch_size or seq_len"
             )
-        self.data = data
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.random_offset = random_offset
+        self.data, self.seq_len, self.random_offset = data, seq_len, random_offset
         self.rng = np.random.default_rng(seed)
         self.offset: int | None = None
 

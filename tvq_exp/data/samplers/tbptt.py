@@ -64,7 +64,7 @@ class TBPTTSampler(EpochSampler):
         check_sequence_len(sequence_len, update_len)
         check_split_size("train", len(data), sequence_len + sequence_len)  # room for the offset too
         self.data, self.update_len, self.sequence_len = data, update_len, sequence_len
-        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        super().__init__(batch_size, seed, rank, world_size)
         self.updates = sequence_len // update_len
         # the same number of batches in every epoch, whatever its offset (the largest leaves the fewest)
         self.batches = self.sequences_per_epoch(sequence_len - 1) // (batch_size * world_size)

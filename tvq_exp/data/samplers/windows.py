@@ -29,13 +29,8 @@ class RandomWindowSampler(EpochSampler):
         world_size: int = 1,
     ) -> None:
         check_split_size("train", len(data), seq_len)
-        self.data = data
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.steps_per_epoch = steps_per_epoch
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
+        super().__init__(batch_size, seed, rank, world_size)
+        self.data, self.seq_len, self.steps_per_epoch = data, seq_len, steps_per_epoch
 
     def __len__(self) -> int:
         return self.steps_per_epoch

@@ -26,7 +26,7 @@ from typing import Annotated, Protocol
 import numpy as np
 import torch
 
-from tvq_exp.batch import IGNORE_INDEX, Batch, DataKind
+from tvq_exp.batch import IGNORE_INDEX, Batch
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.samplers import EpochSampler, TrainLoader
 from tvq_exp.options import AtLeast, OneOf, checked
@@ -135,11 +135,8 @@ class SyntheticTrainSampler(EpochSampler):
     def __init__(
         self, generate: ExampleFn, batch_size: int, steps_per_epoch: int, seed: int, rank: int
     ) -> None:
-        self.generate = generate
-        self.batch_size = batch_size
-        self.steps_per_epoch = steps_per_epoch
-        self.seed = seed
-        self.rank = rank
+        super().__init__(batch_size, seed, rank, world_size=1)  # ranks differ by seed, not by share
+        self.generate, self.steps_per_epoch = generate, steps_per_epoch
 
     def __len__(self) -> int:
         return self.steps_per_epoch
@@ -251,18 +248,15 @@ class SyntheticDataModule(RootedDataModule):
         test_seed: int = 2,
         kind: Annotated[str, OneOf("synthetic")] = "synthetic",
     ) -> None:
-        super().__init__(None)
         shape = {"seq_len": seq_len, "vocab_size": vocab_size}
-        self.task = task(**{name: value for name, value in shape.items() if value is not None})
-        self.seq_len, self.vocab_size = self.task.seq_len, self.task.vocab_size
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
+        built = task(**{name: value for name, value in shape.items() if value is not None})
+        super().__init__(None, kind, built.seq_len, built.vocab_size, batch_size, eval_batch_size)
+        self.task = built
         fixed = self.task.eval_examples or DEFAULT_EVAL_EXAMPLES
         self.num_examples = {"validation": num_val_examples or fixed, "test": num_test_examples or fixed}
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
         self.split_seeds = {"validation": val_seed, "test": test_seed}
-        self.kind = DataKind(kind)
         self.eval_sets: dict[str, Examples] = {}
 
     @property
