@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from tests.helpers.config import compose_config, data_preset
+from tests.helpers.config import data_preset, train_run
 from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data import DataNotFoundError, TextDataModule
@@ -84,8 +84,6 @@ def test_text_files_by_bytes_single_file(data_dir: Path) -> None:
 def test_text_files_on_one_file_splits_by_bytes_says_so_and_trains(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tvq_exp.run.train import train
-
     path = data_dir / "text/tinyshakespeare.txt"
     by_bytes = TextFilesCorpus(path=str(path), split_by="bytes").load(data_dir)
     default = TextFilesCorpus(path=str(path)).load(data_dir)  # split_by=file, the preset's default
@@ -94,8 +92,8 @@ def test_text_files_on_one_file_splits_by_bytes_says_so_and_trains(
         f"data=text_files: {path} is one file: split by bytes 90/5/5 (data.corpus.split_by=bytes)\n"
     )
     overrides = ["experiment=smoke", "data=text_files", f"data.corpus.path={path}", "trainer.max_steps=2",
-                 "trainer.val_check_interval=1000", "logger=none", "callbacks=none", f"paths.output_dir={tmp_path}"]  # fmt: skip
-    result = train(compose_config("train", overrides), overrides)
+                 "trainer.val_check_interval=1000", "logger=none", "callbacks=none"]  # fmt: skip
+    result = train_run(overrides, tmp_path)
     assert result["global_step"] == 2 and 0 < result["val"]["bpb"] < 9
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -24,4 +25,12 @@ def data_preset(name: str) -> DictConfig:
     return cfg
 
 
-__all__ = ["compose_config", "data_preset"]
+def train_run(overrides: Sequence[str], output_dir: Path) -> dict[str, Any]:
+    """``python train.py OVERRIDES`` run in this process, its run dir ``output_dir``: the training summary."""
+    from tvq_exp.run.train import train  # noqa: PLC0415 - Lightning is imported only where a test trains
+
+    overrides = [*overrides, f"paths.output_dir={output_dir}"]
+    return train(compose_config("train", overrides), overrides)
+
+
+__all__ = ["compose_config", "data_preset", "train_run"]

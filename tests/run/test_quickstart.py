@@ -12,10 +12,9 @@ import pytest
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers.config import compose_config
+from tests.helpers.config import compose_config, train_run
 from tvq_exp.data.images.render import grid_shape
 from tvq_exp.run.sample import sample
-from tvq_exp.run.train import train
 
 NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3
 STEPS, VAL_EVERY = 60, 30
@@ -25,21 +24,14 @@ STEPS, VAL_EVERY = 60, 30
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """The quickstart shortened to 60 steps, validated (and sampled) at steps 30 and 60."""
     out = tmp_path_factory.mktemp("quickstart")
-    cfg = compose_config(
-        "train",
-        [
-            "experiment=quickstart",
-            f"trainer.max_steps={STEPS}",
-            f"trainer.val_check_interval={VAL_EVERY}",
-            "trainer.enable_progress_bar=false",
-            "module.warmup_steps=10",
-            f"callbacks.image_samples.num_samples={NUM_SAMPLES}",
-            f"callbacks.image_samples.num_completions={NUM_COMPLETIONS}",
-            f"callbacks.image_samples.scale={SCALE}",
-            f"paths.output_dir={out}",
-        ],
-    )
-    return out, train(cfg)
+    samples = {"num_samples": NUM_SAMPLES, "num_completions": NUM_COMPLETIONS, "scale": SCALE}
+    overrides = [
+        f"trainer.max_steps={STEPS}",
+        f"trainer.val_check_interval={VAL_EVERY}",
+        "module.warmup_steps=10",
+    ]
+    overrides += [f"callbacks.image_samples.{key}={value}" for key, value in samples.items()]
+    return out, train_run(["experiment=quickstart", "trainer.enable_progress_bar=false", *overrides], out)
 
 
 def events(run_dir: Path) -> list[EventAccumulator]:
