@@ -1,4 +1,5 @@
-"""What every synthetic probe shares: the example arrays, gap buckets, the seeded samplers, the data module.
+"""What every synthetic probe shares: the example arrays, gap buckets and cells, the seeded samplers, the gap
+task base (:class:`GapTask`), the data module.
 
 Over 300 lines: the one data module every probe's task is composed with, and the seeding contract (below) that
 its samplers, evaluation sets and checksums implement together; split, each part would restate it.

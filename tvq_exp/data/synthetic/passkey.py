@@ -70,9 +70,10 @@ class BookPool:
 
 
 class BookTask:
-    """What the probes over Gutenberg text share (:class:`PasskeyTask`, :class:`~tvq_exp.data.text.repeat.RepeatTask`):
-    the books of each split of ``corpus_path`` (``CATALOG.tsv``) under the data root ``root`` (``None``:
-    ``$TVQ_DATA_DIR``, else ``./data``), each split's opened on first use."""
+    """What the probes over Gutenberg text share (:class:`PasskeyTask`,
+    :class:`~tvq_exp.data.text.repeat.RepeatTask`): the books of each split of ``corpus_path`` (``CATALOG.tsv``)
+    under the data root ``root`` (``None``: ``$TVQ_DATA_DIR``, else ``./data``), each split's opened on first
+    use."""
 
     def __init__(self, corpus_path: str, root: str | None) -> None:
         self.corpus = GutenbergCorpus(corpus_path)
