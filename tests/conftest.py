@@ -31,7 +31,7 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     """The shared real-data root (``TVQ_DATA_DIR``)."""
     root = Path(os.environ.get("TVQ_DATA_DIR", SHARED_DATA))

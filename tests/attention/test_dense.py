@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.agreement import grad_pairs
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
 
@@ -24,10 +25,7 @@ def test_dense_equals_reference_fp64(kv_heads: int) -> None:
     out, _, _ = attn(q, k, v)
     ref = softmax_attention(q, k, v)
     assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
-    for a, b in zip(grads, ref_grads, strict=True):
+    for a, b in grad_pairs(out, ref, (q, k, v)):
         assert torch.allclose(a, b, atol=1e-10, rtol=0)
 
 

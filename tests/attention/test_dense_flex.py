@@ -17,6 +17,7 @@ import warnings
 import pytest
 import torch
 
+from tests.helpers.agreement import grad_pairs
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.base import causal_mask
 from tvq_exp.attention.dense.flex import causal_mask_mod
@@ -67,11 +68,7 @@ def test_flex_gradients_equal_plain_path(causal: bool, past: int, device: str) -
     ref = attn.attend_plain(q, k, v, past)  # explicit logits + bias + masked softmax
     out = attn.attend_flex(q, k, v, past)  # CPU: eager flex; CUDA: compiled
     _close(out, ref)
-    g = torch.randn_like(ref)
-    ref_grads = torch.autograd.grad((ref * g).sum(), params)
-    grads = torch.autograd.grad((out * g).sum(), params)
-    for name, a, b in zip(("q", "k", "v", "u", "v_bias", "W_r"), grads, ref_grads, strict=True):
-        assert a is not None, name
+    for name, (a, b) in zip(("q", "k", "v", "u", "v_bias", "W_r"), grad_pairs(out, ref, params), strict=True):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m, name=name: f"grad {name}: {m}")
 
 
@@ -90,12 +87,7 @@ def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -
     ref = attn.attend_plain(q, k, v, past)
     out = attn.attend_flex(q, k, v, past)
     _close(out, ref)
-    g = torch.randn_like(ref)
-    for a, b in zip(
-        torch.autograd.grad((out * g).sum(), params),
-        torch.autograd.grad((ref * g).sum(), params),
-        strict=True,
-    ):
+    for a, b in grad_pairs(out, ref, params):
         _close(a, b)
 
 
@@ -124,12 +116,7 @@ def test_flex_without_bias_equals_sdpa_path() -> None:
     ref = attn.attend_plain(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
     out = attn.attend_flex(q, k, v, 6)
     _close(out, ref)
-    g = torch.randn_like(ref)
-    for a, b in zip(
-        torch.autograd.grad((out * g).sum(), (q, k, v)),
-        torch.autograd.grad((ref * g).sum(), (q, k, v)),
-        strict=True,
-    ):
+    for a, b in grad_pairs(out, ref, (q, k, v)):
         _close(a, b)
 
 

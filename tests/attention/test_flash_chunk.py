@@ -17,6 +17,7 @@ from tests.attention.test_linear import (
     rel_err,
     tiny_decoder,
 )
+from tests.helpers.agreement import attend_in_pieces
 from tvq_exp.attention import DenseAttention, FlashChunkAttention, State, build_attention
 from tvq_exp.attention.dense.naive import dense_attention as dense_reference
 from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
@@ -93,11 +94,7 @@ def test_dense_streaming_and_decoding(score: str) -> None:
     ).double()
     q, k, v = inputs(torch.float64, kv_heads=H)
     full = attn(q, k, v)[0]
-    state, parts = None, []
-    for t in range(T):
-        out, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
-        parts.append(out)
-    assert rel_err(torch.cat(parts, 2), full) < 1e-12
+    assert rel_err(attend_in_pieces(attn, q, k, v)[0], full) < 1e-12
 
 
 def test_softmax_default_paths_unchanged() -> None:

@@ -9,6 +9,7 @@ import functools
 import pytest
 import torch
 
+from tests.helpers.agreement import attend_in_pieces, check_attention_against_reference, rel_err
 from tvq_exp.attention import LinearAttention, State, build_attention
 from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
@@ -16,10 +17,6 @@ from tvq_exp.models.decoder import Decoder
 
 B, H, T, D_K, D_V = 2, 4, 23, 6, 5  # head dims deliberately not powers of two
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
 def inputs(dtype: torch.dtype, kv_heads: int, t: int = T, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -32,19 +29,7 @@ def inputs(dtype: torch.dtype, kv_heads: int, t: int = T, seed: int = 0) -> tupl
 
 def check_against_reference(attn: torch.nn.Module, reference, dtype: torch.dtype, kv_heads: int) -> None:
     """Forward and q/k/v gradients of ``attn`` in ``dtype`` against ``reference`` in float64."""
-    attn = attn.to(dtype)
-    ref_attn = copy.deepcopy(attn).double()
-    q, k, v = inputs(dtype, kv_heads)
-    out = attn(q, k, v)[0]
-    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
-    ref = reference(ref_attn, q64, k64, v64)
-    assert out.dtype == dtype and out.shape == ref.shape
-    assert rel_err(out, ref) < TOL[dtype]
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
-    for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
-        assert rel_err(g, rg) < TOL[dtype], name
+    check_attention_against_reference(attn.to(dtype), reference, *inputs(dtype, kv_heads), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -74,19 +59,12 @@ def test_backend_streaming_and_decoding(feature_map: str) -> None:
     attn = LinearAttention(D_K, D_V, H, kv_heads=1, feature_map=feature_map, chunk_size=4).double()
     q, k, v = inputs(torch.float64, kv_heads=1)
     full = attn(q, k, v)[0]
-    state, parts = None, []
-    for a, b in ((0, 6), (6, 17), (17, T)):
-        out, state, _ = attn(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], state)
-        parts.append(out)
-    assert rel_err(torch.cat(parts, 2), full) < 1e-12
+    pieces, state = attend_in_pieces(attn, q, k, v, (0, 6, 17, T))
+    assert rel_err(pieces, full) < 1e-12
     assert (
         state.position == T and state.s.shape == (B, 1, attn.d_f, D_V) and state.z.shape == (B, 1, attn.d_f)
     )
-    state, tokens = None, []
-    for t in range(T):
-        out, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
-        tokens.append(out)
-    assert rel_err(torch.cat(tokens, 2), full) < 1e-12
+    assert rel_err(attend_in_pieces(attn, q, k, v)[0], full) < 1e-12
 
 
 def test_state_and_normaliser_are_fp32_under_half_inputs() -> None:

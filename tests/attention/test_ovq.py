@@ -3,12 +3,11 @@ exactly like the parallel forward, and reports its state size and matmul FLOPs e
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.helpers.agreement import check_attention_against_reference, rel_err
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.ovq import OVQAttention, OVQState
 from tvq_exp.attention.ovq.naive import ovq_attention as ovq_reference
@@ -47,10 +46,6 @@ def inputs(
     return tuple(x.to(dtype).requires_grad_(True) for x in (q, k, v))
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
 def state_equal(a: OVQState, b: OVQState) -> bool:
     return a == b  # the same position and exactly the same tensors
 
@@ -68,18 +63,9 @@ def state_equal(a: OVQState, b: OVQState) -> bool:
 def test_equals_token_loop_reference(dtype: torch.dtype, shape: tuple, options: dict) -> None:
     t, block_len, size, scale = shape
     attn = make(dtype, block_len=block_len, num_centroids=size, growth_scale=scale, **options)
-    ref_attn = copy.deepcopy(attn).double()
     q, k, v = inputs(t, options["kv_heads"], dtype)
-    out = attn(q, k, v)[0]
-    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
-    ref = ovq_reference(ref_attn, q64, k64, v64)
-    assert out.dtype == dtype and out.shape == ref.shape == (B, H, t, D_V)
-    assert rel_err(out, ref) < TOL[dtype]
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
-    for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
-        assert rel_err(g, rg) < TOL[dtype], name
+    out = check_attention_against_reference(attn, ovq_reference, q, k, v, TOL[dtype])
+    assert out.shape == (B, H, t, D_V)
 
 
 def test_one_centroid_per_absorbed_key_is_exact_softmax_attention() -> None:

@@ -17,6 +17,7 @@ import warnings
 import pytest
 import torch
 
+from tests.helpers.agreement import attend_in_pieces
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FLEX_MIN_QUERIES, flex_support
 
@@ -158,11 +159,7 @@ def test_decoding_past_the_recompile_limit_falls_back_to_eager_flex() -> None:
     outs = []
     with torch.no_grad(), warnings.catch_warnings(), torch._dynamo.config.patch(recompile_limit=1):
         warnings.simplefilter("ignore")
-        for attn in (plain, flex):
-            state, steps = None, []
-            for t in range(q.shape[2]):  # one position at a time: rows and window widths change
-                out, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
-                steps.append(out)
-            outs.append(torch.cat(steps, dim=2))
+        for attn in (plain, flex):  # one position at a time: rows and window widths change
+            outs.append(attend_in_pieces(attn, q, k, v)[0])
     assert flex.last_kernel == "flex"
     _close(outs[1], outs[0])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
 from pathlib import Path
 
@@ -12,22 +11,12 @@ import pytest
 import torch
 import torchvision.datasets
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from tests.helpers.paths import CONF as CONF_ROOT
+from tests.helpers.config import data_preset
 from tvq_exp.data import ChecksumError, CorruptFileError, DataNotFoundError, ImageDataModule
 from tvq_exp.data.download import digest_file
 from tvq_exp.data.images import DigitsImages, IdxImages, Imagenet64Images, flatten_image, unflatten_tokens
-
-CONF = CONF_ROOT / "data"
-
-
-@pytest.fixture(scope="module")
-def shared_root() -> Path:
-    root = os.environ.get("TVQ_DATA_DIR")
-    if not root:
-        pytest.skip("TVQ_DATA_DIR is unset: point it at the shared datasets folder (make test sets it)")
-    return Path(root)
+from tvq_exp.data.samplers.images import ImageSampler
 
 
 @pytest.mark.parametrize("shape", [(4, 5, 3), (28, 28, 1), (2, 3, 2)])
@@ -53,15 +42,14 @@ def test_channels_are_interleaved_row_major() -> None:
         unflatten_tokens(tokens[:-1], (2, 3, 3))
 
 
-def test_mnist_from_shared_folder(shared_root: Path) -> None:
-    cfg = OmegaConf.load(CONF / "mnist.yaml")
-    module: ImageDataModule = instantiate(cfg)
+def test_mnist_from_shared_folder(data_dir: Path) -> None:
+    module: ImageDataModule = instantiate(data_preset("mnist"))
     module.prepare_data()
     module.setup("fit")
     sizes = {split: len(module.dataset(split)) for split in ("train", "validation", "test")}
     assert sizes == {"train": 55_000, "validation": 5_000, "test": 10_000}
     assert module.image_shape == (28, 28, 1) and module.seq_len == 784 and module.bos_id == 256
-    raw_dir = shared_root / "mnist" / "MNIST" / "raw"
+    raw_dir = data_dir / "mnist" / "MNIST" / "raw"
     for name, md5 in torchvision.datasets.MNIST.resources:
         assert digest_file(raw_dir / name) == md5
     with gzip.open(raw_dir / "train-images-idx3-ubyte.gz", "rb") as handle:
@@ -80,9 +68,9 @@ def test_mnist_from_shared_folder(shared_root: Path) -> None:
     assert module.split_tokens("test") == 10_000 * 784
 
 
-def test_corrupt_or_missing_mnist_is_refused(shared_root: Path, tmp_path: Path) -> None:
+def test_corrupt_or_missing_mnist_is_refused(data_dir: Path, tmp_path: Path) -> None:
     raw_dir = tmp_path / "mnist" / "MNIST" / "raw"
-    shutil.copytree(shared_root / "mnist" / "MNIST" / "raw", raw_dir)
+    shutil.copytree(data_dir / "mnist" / "MNIST" / "raw", raw_dir)
     target = raw_dir / "t10k-images-idx3-ubyte.gz"
     data = bytearray(target.read_bytes())
     data[1000] ^= 0xFF
@@ -98,7 +86,7 @@ def test_corrupt_or_missing_mnist_is_refused(shared_root: Path, tmp_path: Path) 
 
 
 def test_digits_levels_and_split() -> None:
-    cfg = OmegaConf.load(CONF / "digits.yaml")
+    cfg = data_preset("digits")
     module: ImageDataModule = instantiate(cfg)
     module.setup("fit")
     assert module.vocab_size == 18 and module.bos_id == 17 and module.seq_len == 64
@@ -153,3 +141,35 @@ def test_imagenet64_wrong_shape_is_refused(tmp_path: Path) -> None:
     (folder / "Imagenet64_val.npz").unlink()
     with pytest.raises(DataNotFoundError, match="Imagenet64_val.npz"):
         Imagenet64Images(val_size=2).load(tmp_path)
+
+
+def test_image_sampler_cuts_updates_and_resumes_mid_image() -> None:
+    """Whole images in ``T / update_len`` updates (reset at the first, position = offset in the image); a
+    sampler stopped mid-image and restored from its state continues with the same batches, into the next epoch."""
+    images = [{"input": torch.arange(6) + 10 * i, "target": torch.arange(6) + 10 * i + 1} for i in range(5)]
+
+    def sampler() -> ImageSampler:
+        return ImageSampler(images, tokens=6, batch_size=2, seed=3, update_len=2)  # type: ignore[arg-type]
+
+    whole = list(sampler())
+    assert len(whole) == 2 * 3  # 5 images: 2 batches of 2 (one dropped), 3 updates each
+    assert [bool(b["reset"][0]) for b in whole] == [True, False, False] * 2
+    assert [int(b["position"][0]) for b in whole] == [0, 2, 4] * 2
+    assert torch.equal(whole[1]["input"] % 10, torch.tensor([[2, 3], [2, 3]]))
+    assert torch.equal(whole[1]["target"], whole[1]["input"] + 1)
+
+    first = sampler()
+    batches = iter(first)
+    for _ in range(4):  # the middle of the second batch's image
+        next(batches)
+    resumed = sampler()
+    resumed.load_state_dict(first.state_dict())
+    rest = list(resumed)
+    assert [torch.equal(a["input"], b["input"]) for a, b in zip(whole[4:], rest, strict=True)] == [True, True]
+    next_epoch = list(resumed)
+    assert len(next_epoch) == 6 and resumed.state_dict() == {"epoch": 1, "step": 6}
+
+    def order(batches: list[dict[str, torch.Tensor]]) -> list[int]:
+        return [int(row[0]) // 10 for batch in batches[::3] for row in batch["input"]]
+
+    assert order(whole) == [4, 2, 1, 3] and order(next_epoch) == [1, 4, 0, 2]  # default_rng([seed, epoch])

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
+from tests.helpers.config import data_preset, train_run
 from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data import DataNotFoundError, TextDataModule
@@ -23,28 +21,12 @@ from tvq_exp.data.text import GutenbergCorpus, MahoneyCorpus, PG19Corpus, TextFi
 CONF = CONF_ROOT / "data"
 
 
-def preset(name: str) -> DictConfig:
-    """The data preset ``name`` as Hydra composes it (text presets take conf/data/base/text.yaml), editable."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(f"{name}.yaml")
-    OmegaConf.set_struct(cfg, False)
-    return cfg
-
-
 SEQ_LEN = 128
 
 
 @pytest.fixture(scope="module")
-def shared_root() -> Path:
-    root = os.environ.get("TVQ_DATA_DIR")
-    if not root:
-        pytest.skip("TVQ_DATA_DIR is unset: point it at the shared datasets folder (make test sets it)")
-    return Path(root)
-
-
-@pytest.fixture(scope="module")
-def gutenberg(shared_root: Path) -> TextDataModule:
-    cfg = preset("gutenberg")
+def gutenberg(data_dir: Path) -> TextDataModule:
+    cfg = data_preset("gutenberg")
     cfg.seq_len, cfg.batch_size, cfg.eval_batch_size = SEQ_LEN, 8, 8
     module = instantiate(cfg)
     module.prepare_data()
@@ -52,16 +34,16 @@ def gutenberg(shared_root: Path) -> TextDataModule:
     return module
 
 
-def catalog_rows(shared_root: Path) -> list[dict[str, str]]:
-    with open(shared_root / "text/gutenberg/CATALOG.tsv", newline="", encoding="utf-8") as handle:
+def catalog_rows(data_dir: Path) -> list[dict[str, str]]:
+    with open(data_dir / "text/gutenberg/CATALOG.tsv", newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
 # ----------------------------------------------------------------------------------------------- corpora
 
 
-def test_gutenberg_splits_match_catalog(gutenberg: TextDataModule, shared_root: Path) -> None:
-    rows = catalog_rows(shared_root)
+def test_gutenberg_splits_match_catalog(gutenberg: TextDataModule, data_dir: Path) -> None:
+    rows = catalog_rows(data_dir)
     books = {
         split: sorted(r["file"] for r in rows if r["split"] == split)
         for split in ("train", "validation", "test")
@@ -77,61 +59,55 @@ def test_gutenberg_splits_match_catalog(gutenberg: TextDataModule, shared_root: 
         assert data.dtype == np.uint8 and data.ndim == 1
         assert len(data) == sum(sizes[name] for name in names) + 2 * (len(names) - 1)
         first, second = names[0], names[1]
-        first_bytes = (shared_root / "text/gutenberg" / first).read_bytes()
-        second_bytes = (shared_root / "text/gutenberg" / second).read_bytes()
+        first_bytes = (data_dir / "text/gutenberg" / first).read_bytes()
+        second_bytes = (data_dir / "text/gutenberg" / second).read_bytes()
         assert data[: len(first_bytes)].tobytes() == first_bytes
         boundary = len(first_bytes)
         assert data[boundary : boundary + 2].tobytes() == b"\n\n"
         assert data[boundary + 2 : boundary + 2 + len(second_bytes)].tobytes() == second_bytes
 
 
-def test_text_files_by_file_reproduces_catalog_split(gutenberg: TextDataModule, shared_root: Path) -> None:
-    splits = TextFilesCorpus(path="text/gutenberg", split_by="file").load(shared_root)
+def test_text_files_by_file_reproduces_catalog_split(gutenberg: TextDataModule, data_dir: Path) -> None:
+    splits = TextFilesCorpus(path="text/gutenberg", split_by="file").load(data_dir)
     for split in ("validation", "test"):
         assert np.array_equal(splits[split], gutenberg.split(split))
     assert len(splits["train"]) == len(gutenberg.split("train"))
 
 
-def test_text_files_by_bytes_single_file(shared_root: Path) -> None:
-    splits = TextFilesCorpus(path="text/tinyshakespeare.txt", split_by="bytes").load(shared_root)
-    n = (shared_root / "text/tinyshakespeare.txt").stat().st_size
+def test_text_files_by_bytes_single_file(data_dir: Path) -> None:
+    splits = TextFilesCorpus(path="text/tinyshakespeare.txt", split_by="bytes").load(data_dir)
+    n = (data_dir / "text/tinyshakespeare.txt").stat().st_size
     assert [len(splits[s]) for s in ("train", "validation", "test")] == [n * 9 // 10, 55771, 55769]
     assert sum(len(part) for part in splits.values()) == n
 
 
 def test_text_files_on_one_file_splits_by_bytes_says_so_and_trains(
-    shared_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hydra import compose, initialize_config_dir
-
-    from tvq_exp.run.train import train
-
-    path = shared_root / "text/tinyshakespeare.txt"
-    by_bytes = TextFilesCorpus(path=str(path), split_by="bytes").load(shared_root)
-    default = TextFilesCorpus(path=str(path)).load(shared_root)  # split_by=file, the preset's default
+    path = data_dir / "text/tinyshakespeare.txt"
+    by_bytes = TextFilesCorpus(path=str(path), split_by="bytes").load(data_dir)
+    default = TextFilesCorpus(path=str(path)).load(data_dir)  # split_by=file, the preset's default
     assert all(np.array_equal(default[s], by_bytes[s]) for s in by_bytes)
     assert capsys.readouterr().out == (
         f"data=text_files: {path} is one file: split by bytes 90/5/5 (data.corpus.split_by=bytes)\n"
     )
     overrides = ["experiment=smoke", "data=text_files", f"data.corpus.path={path}", "trainer.max_steps=2",
-                 "trainer.val_check_interval=1000", "logger=none", "callbacks=none", f"paths.output_dir={tmp_path}"]  # fmt: skip
-    with initialize_config_dir(config_dir=str(CONF_ROOT), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
-    result = train(cfg, overrides)
+                 "trainer.val_check_interval=1000", "logger=none", "callbacks=none"]  # fmt: skip
+    result = train_run(overrides, tmp_path)
     assert result["global_step"] == 2 and 0 < result["val"]["bpb"] < 9
 
 
-def test_shakespeare_and_kjv(shared_root: Path) -> None:
-    shakespeare = instantiate(preset("shakespeare"))
+def test_shakespeare_and_kjv(data_dir: Path) -> None:
+    shakespeare = instantiate(data_preset("shakespeare"))
     shakespeare.setup("fit")
     assert len(shakespeare.split("train")) == 1_003_854 and len(shakespeare.split("validation")) == 111_540
     assert shakespeare.split("test") is shakespeare.split("validation")
-    kjv = instantiate(preset("kjv"))
+    kjv = instantiate(data_preset("kjv"))
     kjv.setup("fit")
     test, val, train = kjv.split("test"), kjv.split("validation"), kjv.split("train")
     assert test[:7].tobytes() == b"Jude 1\n"
     assert val[-1] == ord("\n") and len(val) == int((len(train) + len(val)) * 0.05)
-    assert len(train) + len(val) + len(test) == (shared_root / "text/kjv_bible.txt").stat().st_size
+    assert len(train) + len(val) + len(test) == (data_dir / "text/kjv_bible.txt").stat().st_size
 
 
 def test_missing_files_raise_clear_errors(tmp_path: Path) -> None:
@@ -307,7 +283,7 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
         "digits", "mnist", "fashion_mnist", "cifar10", "imagenet64",
     }  # fmt: skip
     for path in configs:
-        cfg = preset(path.stem)  # with its defaults list (text: base/text.yaml)
+        cfg = data_preset(path.stem)  # with its defaults list (text: base/text.yaml)
         assert "defaults" not in cfg and cfg.kind in ("text", "image", "synthetic"), path
         assert all(isinstance(cfg[key], int) for key in ("vocab_size", "seq_len", "batch_size")), path
         if cfg.kind == "text":
@@ -321,7 +297,7 @@ def test_every_data_config_has_the_contract_keys(tmp_path: Path) -> None:
             cfg.corpus.path = "anything"
         module = instantiate(cfg)  # cheap: no file is touched
         assert isinstance(module, L.LightningDataModule), path
-    assert preset("digits").vocab_size == 18
+    assert data_preset("digits").vocab_size == 18
 
 
 # ----------------------------------------------------------------------------------------------- Lightning
@@ -395,8 +371,8 @@ class _TargetCounter(L.LightningModule):
         self.targets += int((batch["target"] != IGNORE_INDEX).sum())
 
 
-def test_lightning_validate_sees_whole_split(shared_root: Path, tmp_path: Path) -> None:
-    cfg = preset("shakespeare")
+def test_lightning_validate_sees_whole_split(data_dir: Path, tmp_path: Path) -> None:
+    cfg = data_preset("shakespeare")
     cfg.seq_len, cfg.eval_batch_size = 512, 5
     module: TextDataModule = instantiate(cfg)
     counter = _TargetCounter()

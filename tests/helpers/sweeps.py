@@ -7,14 +7,13 @@ Tests using it carry ``pytest.mark.xdist_group("small_sweep")`` so that one xdis
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.paths import REPO
+from tvq_exp.tools import train_command
 
 GROUP = pytest.mark.xdist_group("small_sweep")
 SWEEP_VALUES = (16, 32)
@@ -36,15 +35,7 @@ _SWEEPS: dict[Path, Path] = {}
 
 def run_train(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """Run ``train.py ARGS`` in a subprocess from ``cwd``; fail the test with its output if it fails."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = train_command.run_train(args, cwd, timeout)
     if proc.returncode != 0:
         pytest.fail(
             f"train.py {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -59,3 +50,6 @@ def make_small_sweep(base: Path) -> Path:
         run_train(["-m", *SWEEP_OVERRIDES, f"hydra.sweep.dir={sweep_dir}"], cwd=base)
         _SWEEPS[base] = sweep_dir
     return _SWEEPS[base]
+
+
+__all__ = ["GROUP", "OK_JOBS", "REPO", "SWEEP_OVERRIDES", "SWEEP_VALUES", "make_small_sweep", "run_train"]

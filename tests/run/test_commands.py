@@ -11,17 +11,15 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tests.helpers.config import compose_config, train_run
 from tests.helpers.images import drawn_fraction
-from tests.helpers.paths import CONF
 from tests.helpers.paths import REPO as ROOT
 from tvq_exp.models.generation import filter_logits, generate, sample_next
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.sample import sample
-from tvq_exp.run.train import train
 from tvq_exp.run.validation import ConfigError
 
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
@@ -33,29 +31,13 @@ needs_data = pytest.mark.skipif(
 )
 
 
-def compose_config(name: str, overrides: list[str]) -> Any:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(name, overrides=overrides)
-
-
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """10 steps of the tiny VQ model on tiny Shakespeare, validated on the whole validation split."""
     out = tmp_path_factory.mktemp("smoke")
-    cfg = compose_config(
-        "train",
-        [
-            "experiment=smoke",
-            "data=shakespeare",
-            "data.seq_len=64",
-            "trainer.max_steps=10",
-            "trainer.val_check_interval=10",
-            "trainer.limit_val_batches=null",
-            *QUIET,
-            f"paths.output_dir={out}",
-        ],
-    )
-    return out, train(cfg)
+    overrides = ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=10",
+                 "trainer.val_check_interval=10", "trainer.limit_val_batches=null", *QUIET]  # fmt: skip
+    return out, train_run(overrides, out)
 
 
 def script(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

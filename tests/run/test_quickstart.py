@@ -9,43 +9,29 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers.paths import CONF
+from tests.helpers.config import compose_config, train_run
 from tvq_exp.data.images.render import grid_shape
 from tvq_exp.run.sample import sample
-from tvq_exp.run.train import train
 
 NUM_SAMPLES, NUM_COMPLETIONS, SCALE = 9, 4, 3
 STEPS, VAL_EVERY = 60, 30
-
-
-def compose_config(name: str, overrides: list[str]) -> Any:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(name, overrides=overrides)
 
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """The quickstart shortened to 60 steps, validated (and sampled) at steps 30 and 60."""
     out = tmp_path_factory.mktemp("quickstart")
-    cfg = compose_config(
-        "train",
-        [
-            "experiment=quickstart",
-            f"trainer.max_steps={STEPS}",
-            f"trainer.val_check_interval={VAL_EVERY}",
-            "trainer.enable_progress_bar=false",
-            "module.warmup_steps=10",
-            f"callbacks.image_samples.num_samples={NUM_SAMPLES}",
-            f"callbacks.image_samples.num_completions={NUM_COMPLETIONS}",
-            f"callbacks.image_samples.scale={SCALE}",
-            f"paths.output_dir={out}",
-        ],
-    )
-    return out, train(cfg)
+    samples = {"num_samples": NUM_SAMPLES, "num_completions": NUM_COMPLETIONS, "scale": SCALE}
+    overrides = [
+        f"trainer.max_steps={STEPS}",
+        f"trainer.val_check_interval={VAL_EVERY}",
+        "module.warmup_steps=10",
+    ]
+    overrides += [f"callbacks.image_samples.{key}={value}" for key, value in samples.items()]
+    return out, train_run(["experiment=quickstart", "trainer.enable_progress_bar=false", *overrides], out)
 
 
 def events(run_dir: Path) -> list[EventAccumulator]:

@@ -17,16 +17,25 @@ from tvq_exp.data.paths import data_root
 
 
 class RootedDataModule(L.LightningDataModule):
-    """Shared plumbing: the data root and the (rank, world size) of this process; the defaults of the data
-    contract (:class:`~tvq_exp.batch.DataContract`): no answer buckets, any gradient accumulation.
-    Subclasses set ``kind``, ``vocab_size``, ``seq_len``, ``batch_size``, ``eval_batch_size`` and
+    """Shared plumbing: the data root and the (rank, world size) of this process; the data contract's keys
+    (:class:`~tvq_exp.batch.DataContract`: ``kind``, ``seq_len``, ``vocab_size``, ``batch_size``,
+    ``eval_batch_size``) and its defaults: no answer buckets, any gradient accumulation. Subclasses add
     ``context_len``."""
 
-    kind: DataKind
-
-    def __init__(self, root: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None,
+        kind: str,
+        seq_len: int,
+        vocab_size: int,
+        batch_size: int,
+        eval_batch_size: int,
+    ) -> None:
         super().__init__()
         self.root_override = root
+        self.kind = DataKind(kind)
+        self.seq_len, self.vocab_size = seq_len, vocab_size
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
 
     def bucket_names(self, split: str) -> list[str]:
         """No answer buckets (the batches carry no ``bucket`` key); the probes override it."""

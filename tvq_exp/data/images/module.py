@@ -8,7 +8,6 @@ from typing import Annotated
 
 from torch.utils.data import DataLoader
 
-from tvq_exp.batch import DataKind
 from tvq_exp.data.images.sources import ImageSource
 from tvq_exp.data.images.tokens import ImageArray, ImageTokenDataset
 from tvq_exp.data.module import RootedDataModule
@@ -43,7 +42,7 @@ class ImageDataModule(RootedDataModule):
         root: str | None = None,
         update_len: Annotated[int, AtLeast(1)] | None = None,
     ) -> None:
-        super().__init__(root)
+        super().__init__(root, kind, seq_len, vocab_size, batch_size, eval_batch_size)
         shape = tuple(int(size) for size in image_shape)
         owner = type(self)
         if shape != tuple(source.shape):
@@ -65,13 +64,8 @@ class ImageDataModule(RootedDataModule):
         self.update_len = update_len
         self.source = source
         self.image_shape = shape
-        self.seq_len = seq_len
-        self.vocab_size = vocab_size
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
         self.seed = seed
-        self.kind = DataKind(kind)
         self.images: dict[str, ImageArray] | None = None
 
     def check_accumulation(self, accumulate_grad_batches: int) -> None:

@@ -11,16 +11,16 @@ resume continues exactly, mid-image too.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
 from tvq_exp.batch import Batch
+from tvq_exp.data.samplers.loader import EpochSampler
 
 
-class ImageSampler:
+class ImageSampler(EpochSampler):
     """Seeded, resumable training batches over a map-style image token dataset (see the module docstring).
 
     Batches: ``input``, ``target`` ``(B, U)`` (``U = update_len`` or the whole image), ``reset`` ``(B,)``,
@@ -40,40 +40,31 @@ class ImageSampler:
         update_len = update_len or tokens
         if tokens % update_len:
             raise ValueError(f"update_len={update_len} must divide the image's {tokens} tokens")
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world_size, self.update_len = rank, world_size, update_len
+        super().__init__(batch_size, seed, rank, world_size)
+        self.dataset, self.update_len = dataset, update_len
         self.updates = tokens // update_len
         self.batches = len(dataset) // (batch_size * world_size)  # type: ignore[arg-type]
         if self.batches < 1:
             raise ValueError(
                 f"{len(dataset)} training images are too few for batches of {batch_size * world_size}"
             )  # type: ignore[arg-type]
-        self.epoch = 0
-        self.step = 0
 
     def __len__(self) -> int:
         return self.batches * self.updates
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first update (no-op when already in it, e.g. after a resume)."""
-        if epoch != self.epoch:
-            self.epoch, self.step = epoch, 0
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's images of ``epoch``, batch after batch: ``(batches, B)``."""
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))  # type: ignore[arg-type]
         return order[self.rank :: self.world_size][: self.batches * self.batch_size].reshape(self.batches, -1)
 
-    def __iter__(self) -> Iterator[Batch]:
-        if self.step >= len(self):
-            self.set_epoch(self.epoch + 1)
-        order = self.order(self.epoch)
+    def epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """The updates of ``epoch`` from update ``start`` on (a step is one update)."""
+        order = self.order(epoch)
         whole: Batch | None = None
-        for step in range(self.step, len(self)):
+        for step in range(start, len(self)):
             batch, update = divmod(step, self.updates)
-            if whole is None or update == 0 or step == self.step:
+            if whole is None or update == 0:
                 whole = default_collate([self.dataset[int(i)] for i in order[batch]])
-            self.step = step + 1
             cut = slice(update * self.update_len, (update + 1) * self.update_len)
             yield {
                 "input": whole["input"][:, cut],
@@ -81,13 +72,6 @@ class ImageSampler:
                 "reset": torch.full((self.batch_size,), update == 0, dtype=torch.bool),
                 "position": torch.full((self.batch_size,), update * self.update_len, dtype=torch.long),
             }
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position (epoch, update); the order is re-derived from the seed."""
-        return {"epoch": self.epoch, "step": self.step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
 
 __all__ = ["ImageSampler"]

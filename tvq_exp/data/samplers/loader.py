@@ -1,4 +1,5 @@
-"""What every training sampler shares: the batch of windows, the split-size check, the loader Lightning sees.
+"""What every training sampler shares: the batch of windows, the split-size check, the resumable position, the
+loader Lightning sees.
 
 A sampler is an iterable of ready batches (:mod:`tvq_exp.batch`). Batches are built in the main process by
 numpy fancy indexing (cheap), so no DataLoader workers are needed and the sampler's position is exact when
@@ -7,6 +8,7 @@ Lightning checkpoints it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -42,6 +44,49 @@ class TrainSampler(Protocol):
     def set_epoch(self, epoch: int) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class EpochSampler(ABC):
+    """A training sampler: this process's seeded share of the job (``batch_size`` rows a step for ``rank`` of
+    ``world_size``, drawn from ``seed``) and its resumable position, ``epoch`` and ``step`` (the batches of it
+    already yielded).
+
+    A subclass says how many batches an epoch holds (``__len__``) and yields those of an epoch from a given
+    step on (:meth:`epoch_batches`), drawing its order from its seed and the epoch alone; iterating goes on
+    from the position (the next epoch once this one is done), so :meth:`state_dict` is all a resume needs.
+    """
+
+    def __init__(self, batch_size: int, seed: int, rank: int, world_size: int) -> None:
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.epoch = 0
+        self.step = 0
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """The batches of ``epoch`` from step ``start`` to its end."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first step (no-op when already in it, e.g. after a resume)."""
+        if epoch != self.epoch:
+            self.epoch, self.step = epoch, 0
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.step >= len(self):
+            self.set_epoch(self.epoch + 1)
+        start = self.step
+        for step, batch in enumerate(self.epoch_batches(self.epoch, start), start + 1):
+            self.step = step
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position (epoch, step); the order is re-derived from the seed."""
+        return {"epoch": self.epoch, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
 
 class TrainLoader:

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from tvq_exp.batch import Batch
-from tvq_exp.data.samplers.loader import check_split_size, window_batch
+from tvq_exp.data.samplers.loader import EpochSampler, check_split_size, window_batch
 
 
-class StreamSampler:
+class StreamSampler(EpochSampler):
     """Transformer-XL style contiguous streams.
 
     The training split (after a random start offset in ``[0, T)`` drawn once per epoch) is cut into
@@ -40,6 +40,7 @@ class StreamSampler:
         reset_every: int | None = None,
     ) -> None:
         check_split_size("train", len(data), seq_len)
+        super().__init__(batch_size, seed, rank, world_size)
         self.reset_segments = None if reset_every is None else max(1, -(-reset_every // seq_len))
         num_streams = batch_size * world_size
         self.stream_len = (len(data) - (seq_len - 1 if random_offset else 0)) // num_streams
@@ -49,15 +50,8 @@ class StreamSampler:
                 f"split 'train' has {len(data)} bytes: too few for {num_streams} streams of at least "
                 f"seq_len + 1 = {seq_len + 1} bytes; lower batch_size or seq_len"
             )
-        self.data = data
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.random_offset = random_offset
+        self.data, self.seq_len, self.random_offset = data, seq_len, random_offset
         self.rng = np.random.default_rng(seed)
-        self.epoch = 0
-        self.step = 0
         self.offset: int | None = None
 
     def __len__(self) -> int:
@@ -66,7 +60,8 @@ class StreamSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first step with a fresh offset (no-op when already in it)."""
         if epoch != self.epoch:
-            self.epoch, self.step, self.offset = epoch, 0, None
+            super().set_epoch(epoch)
+            self.offset = None
 
     def stream_starts(self) -> np.ndarray:
         """Start index of each stream owned by this rank, ``(B,)``, for the current epoch's offset."""
@@ -75,12 +70,10 @@ class StreamSampler:
         streams = self.rank * self.batch_size + np.arange(self.batch_size)
         return self.offset + streams * self.stream_len
 
-    def __iter__(self) -> Iterator[Batch]:
-        if self.step >= self.steps:
-            self.set_epoch(self.epoch + 1)
+    def epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """Steps ``start ..`` of the current epoch (its offset is drawn on first use, then kept)."""
         starts = self.stream_starts()
-        for step in range(self.step, self.steps):
-            self.step = step + 1
+        for step in range(start, self.steps):
             age = (
                 step if self.reset_segments is None else step % self.reset_segments
             )  # segments since a reset
@@ -95,13 +88,12 @@ class StreamSampler:
     def state_dict(self) -> dict[str, Any]:
         """Epoch, step, this epoch's offset and the offset generator (JSON, safe for ``weights_only`` loads)."""
         return {
-            "epoch": self.epoch,
-            "step": self.step,
+            **super().state_dict(),
             "offset": self.offset,
             "rng": json.dumps(self.rng.bit_generator.state),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        super().load_state_dict(state)
         self.offset = None if state["offset"] is None else int(state["offset"])
         self.rng.bit_generator.state = json.loads(state["rng"])

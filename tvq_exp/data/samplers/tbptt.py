@@ -20,12 +20,11 @@ every sequence at most once per epoch (the same number of batches every epoch: f
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 
 from tvq_exp.batch import Batch
-from tvq_exp.data.samplers.loader import check_split_size, window_batch
+from tvq_exp.data.samplers.loader import EpochSampler, check_split_size, window_batch
 from tvq_exp.options import OptionError
 
 
@@ -38,7 +37,7 @@ def check_sequence_len(sequence_len: int | None, update_len: int, owner: type | 
         raise OptionError("sequence_len", sequence_len, allowed, owner)
 
 
-class TBPTTSampler:
+class TBPTTSampler(EpochSampler):
     """TBPTT batches over a 1-D token array (see the module docstring).
 
     Args:
@@ -65,7 +64,7 @@ class TBPTTSampler:
         check_sequence_len(sequence_len, update_len)
         check_split_size("train", len(data), sequence_len + sequence_len)  # room for the offset too
         self.data, self.update_len, self.sequence_len = data, update_len, sequence_len
-        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        super().__init__(batch_size, seed, rank, world_size)
         self.updates = sequence_len // update_len
         # the same number of batches in every epoch, whatever its offset (the largest leaves the fewest)
         self.batches = self.sequences_per_epoch(sequence_len - 1) // (batch_size * world_size)
@@ -74,8 +73,6 @@ class TBPTTSampler:
                 f"split 'train' has {len(data)} bytes: too few for {batch_size * world_size} sequences of "
                 f"{sequence_len} tokens; lower batch_size or sequence_len"
             )
-        self.epoch = 0
-        self.step = 0
 
     def sequences_per_epoch(self, offset: int) -> int:
         """Whole sequences (plus one target byte) after ``offset``."""
@@ -83,11 +80,6 @@ class TBPTTSampler:
 
     def __len__(self) -> int:
         return self.batches * self.updates
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first update (no-op when already in it, e.g. after a resume)."""
-        if epoch != self.epoch:
-            self.epoch, self.step = epoch, 0
 
     def sequence_starts(self, epoch: int) -> np.ndarray:
         """Start of every sequence this rank trains on in ``epoch``, batch after batch: ``(batches, B)``."""
@@ -97,24 +89,15 @@ class TBPTTSampler:
         mine = order[self.rank :: self.world_size][: self.batches * self.batch_size]
         return (offset + mine * self.sequence_len).reshape(self.batches, self.batch_size)
 
-    def __iter__(self) -> Iterator[Batch]:
-        if self.step >= len(self):
-            self.set_epoch(self.epoch + 1)
-        starts = self.sequence_starts(self.epoch)
-        for step in range(self.step, len(self)):
+    def epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """The updates of ``epoch`` from update ``start`` on (a step is one update)."""
+        starts = self.sequence_starts(epoch)
+        for step in range(start, len(self)):
             batch, update = divmod(step, self.updates)
-            self.step = step + 1
             yield window_batch(
                 self.data, starts[batch] + update * self.update_len, self.update_len, reset=update == 0,
                 position=update * self.update_len,
             )  # fmt: skip
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position (epoch, update); the order is re-derived from the seed."""
-        return {"epoch": self.epoch, "step": self.step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
 
 __all__ = ["TBPTTSampler"]

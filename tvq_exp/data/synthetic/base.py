@@ -1,4 +1,5 @@
-"""What every synthetic probe shares: the example arrays, gap buckets, the seeded samplers, the data module.
+"""What every synthetic probe shares: the example arrays, gap buckets and cells, the seeded samplers, the gap
+task base (:class:`GapTask`), the data module.
 
 Over 300 lines: the one data module every probe's task is composed with, and the seeding contract (below) that
 its samplers, evaluation sets and checksums implement together; split, each part would restate it.
@@ -21,14 +22,14 @@ import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Protocol
 
 import numpy as np
 import torch
 
-from tvq_exp.batch import IGNORE_INDEX, Batch, DataKind
+from tvq_exp.batch import IGNORE_INDEX, Batch
 from tvq_exp.data.module import RootedDataModule
-from tvq_exp.data.samplers import TrainLoader
+from tvq_exp.data.samplers import EpochSampler, TrainLoader
 from tvq_exp.options import AtLeast, OneOf, checked
 
 EVAL_SPLITS = ("validation", "test")
@@ -112,12 +113,20 @@ def gap_bucket_names(edges: np.ndarray) -> list[str]:
     return [f"gap_{lo}_{hi}" for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True)]
 
 
+def draw_cells(rng: np.random.Generator, num_examples: int, num_cells: int, split: str) -> np.ndarray:
+    """The bucket cell of each example, ``(N,)``: uniform for training rows; ``i % num_cells`` for evaluation row
+    ``i``, so an evaluation set holds every cell equally often."""
+    if split == "train":
+        return rng.integers(num_cells, size=num_examples)
+    return np.arange(num_examples) % num_cells
+
+
 # ----------------------------------------------------------------------------------------------- samplers
 
 ExampleFn = Callable[[np.random.Generator, int], Examples]
 
 
-class SyntheticTrainSampler:
+class SyntheticTrainSampler(EpochSampler):
     """Training batches generated on the fly: batch ``j`` of rank ``r`` from ``default_rng([seed, r, j])``.
 
     ``j = epoch * steps_per_epoch + step`` counts batches over epochs, so :meth:`state_dict` (epoch and step)
@@ -127,41 +136,20 @@ class SyntheticTrainSampler:
     def __init__(
         self, generate: ExampleFn, batch_size: int, steps_per_epoch: int, seed: int, rank: int
     ) -> None:
-        self.generate = generate
-        self.batch_size = batch_size
-        self.steps_per_epoch = steps_per_epoch
-        self.seed = seed
-        self.rank = rank
-        self.epoch = 0
-        self.step = 0
+        super().__init__(batch_size, seed, rank, world_size=1)  # ranks differ by seed, not by share
+        self.generate, self.steps_per_epoch = generate, steps_per_epoch
 
     def __len__(self) -> int:
         return self.steps_per_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first step (no-op when already in it, e.g. after a resume)."""
-        if epoch != self.epoch:
-            self.epoch, self.step = epoch, 0
 
     def batch(self, index: int) -> Batch:
         """Batch number ``index`` (counted over epochs) of this rank."""
         rng = np.random.default_rng([self.seed, self.rank, index])
         return self.generate(rng, self.batch_size).to_batch()
 
-    def __iter__(self) -> Iterator[Batch]:
-        if self.step >= self.steps_per_epoch:
-            self.set_epoch(self.epoch + 1)
-        for step in range(self.step, self.steps_per_epoch):
-            batch = self.batch(self.epoch * self.steps_per_epoch + step)
-            self.step = step + 1
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position (epoch, step); the generator is re-derived from the seed."""
-        return {"epoch": self.epoch, "step": self.step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+    def epoch_batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        for step in range(start, self.steps_per_epoch):
+            yield self.batch(epoch * self.steps_per_epoch + step)
 
 
 class SyntheticEvalLoader:
@@ -188,7 +176,7 @@ class SyntheticEvalLoader:
             yield self.examples.rows(slice(start, start + self.batch_size)).to_batch()
 
 
-# ----------------------------------------------------------------------------------------------- data module
+# ----------------------------------------------------------------------------------------------- tasks
 
 
 class SyntheticTask(Protocol):
@@ -208,6 +196,23 @@ class SyntheticTask(Protocol):
         """The name of each bucket id of ``split``."""
         ...
 
+
+class GapTask:
+    """What the probes bucketed by distance share (:mod:`.induction`, :mod:`.selective_copy`, :mod:`.mqar`): the
+    row shape, log-spaced gap buckets (:func:`gap_edges` from ``first_gap``, the same for every split), and
+    evaluation sets sized by the data module. A subclass checks its options and generates the examples."""
+
+    eval_examples: int | None = None
+
+    def __init__(self, seq_len: int, vocab_size: int, first_gap: int) -> None:
+        self.seq_len, self.vocab_size = seq_len, vocab_size
+        self.edges = gap_edges(seq_len, first_gap)
+
+    def bucket_names(self, split: str) -> list[str]:
+        return gap_bucket_names(self.edges)
+
+
+# ----------------------------------------------------------------------------------------------- data module
 
 DEFAULT_EVAL_EXAMPLES = 1000
 
@@ -244,18 +249,15 @@ class SyntheticDataModule(RootedDataModule):
         test_seed: int = 2,
         kind: Annotated[str, OneOf("synthetic")] = "synthetic",
     ) -> None:
-        super().__init__(None)
         shape = {"seq_len": seq_len, "vocab_size": vocab_size}
-        self.task = task(**{name: value for name, value in shape.items() if value is not None})
-        self.seq_len, self.vocab_size = self.task.seq_len, self.task.vocab_size
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
+        built = task(**{name: value for name, value in shape.items() if value is not None})
+        super().__init__(None, kind, built.seq_len, built.vocab_size, batch_size, eval_batch_size)
+        self.task = built
         fixed = self.task.eval_examples or DEFAULT_EVAL_EXAMPLES
         self.num_examples = {"validation": num_val_examples or fixed, "test": num_test_examples or fixed}
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
         self.split_seeds = {"validation": val_seed, "test": test_seed}
-        self.kind = DataKind(kind)
         self.eval_sets: dict[str, Examples] = {}
 
     @property

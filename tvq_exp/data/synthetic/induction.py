@@ -22,13 +22,7 @@ from typing import Annotated
 
 import numpy as np
 
-from tvq_exp.data.synthetic.base import (
-    DEFAULT_FIRST_GAP,
-    Examples,
-    gap_bucket,
-    gap_bucket_names,
-    gap_edges,
-)
+from tvq_exp.data.synthetic.base import DEFAULT_FIRST_GAP, Examples, GapTask, gap_bucket
 from tvq_exp.options import AtLeast, checked
 
 
@@ -49,15 +43,13 @@ def induction_examples(
     return examples
 
 
-class InductionTask:
+class InductionTask(GapTask):
     """The induction-heads probe (module docstring for the layout), a task of
     :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
     Options: ``seq_len``, ``vocab_size`` (random tokens ``0 .. V-2``, trigger ``V-1``), ``first_gap`` (upper
     edge of the first gap bucket). Examples: ``(N, seq_len)`` arrays.
     """
-
-    eval_examples = None
 
     @checked
     def __init__(
@@ -66,11 +58,7 @@ class InductionTask:
         vocab_size: Annotated[int, AtLeast(2)] = 16,
         first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
     ) -> None:
-        self.seq_len, self.vocab_size = seq_len, vocab_size
-        self.edges = gap_edges(seq_len, first_gap)
+        super().__init__(seq_len, vocab_size, first_gap)
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
         return induction_examples(rng, num_examples, self.seq_len, self.vocab_size, self.edges)
-
-    def bucket_names(self, split: str) -> list[str]:
-        return gap_bucket_names(self.edges)

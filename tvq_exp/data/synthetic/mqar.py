@@ -51,10 +51,9 @@ from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data.synthetic.base import (
     DEFAULT_FIRST_GAP,
     Examples,
+    GapTask,
     SyntheticDataModule,
     gap_bucket,
-    gap_bucket_names,
-    gap_edges,
 )
 from tvq_exp.options import Above, AtLeast, OptionError, checked
 
@@ -121,7 +120,7 @@ def mqar_examples(
     return examples
 
 
-class MQARTask:
+class MQARTask(GapTask):
     """Zoology's Multi-Query Associative Recall (module docstring for the layout), a task of
     :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
@@ -130,8 +129,6 @@ class MQARTask:
     ``num_queries`` (``None`` = every pair, as Zoology), ``first_gap`` (upper edge of the first gap bucket).
     Examples: ``(N, seq_len)`` arrays.
     """
-
-    eval_examples = None
 
     @checked
     def __init__(
@@ -155,11 +152,11 @@ class MQARTask:
             )
         if num_queries is not None and num_queries > num_kv_pairs:
             raise OptionError("num_queries", num_queries, f"must be <= num_kv_pairs = {num_kv_pairs}", owner)
-        self.seq_len, self.vocab_size, self.num_kv_pairs = seq_len, vocab_size, num_kv_pairs
+        super().__init__(seq_len, vocab_size, first_gap)
+        self.num_kv_pairs = num_kv_pairs
         self.power_a = float(power_a)
         self.random_non_queries = random_non_queries
         self.num_queries = num_kv_pairs if num_queries is None else num_queries
-        self.edges = gap_edges(seq_len, first_gap)
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
         return mqar_examples(
@@ -173,9 +170,6 @@ class MQARTask:
             self.random_non_queries,
             self.edges,
         )
-
-    def bucket_names(self, split: str) -> list[str]:
-        return gap_bucket_names(self.edges)
 
 
 def mqar_preset(name: str, **options: Any) -> SyntheticDataModule:

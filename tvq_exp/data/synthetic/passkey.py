@@ -36,7 +36,7 @@ from typing import Annotated
 import numpy as np
 
 from tvq_exp.data.paths import data_root
-from tvq_exp.data.synthetic.base import Examples
+from tvq_exp.data.synthetic.base import Examples, draw_cells
 from tvq_exp.data.text.files import read_bytes
 from tvq_exp.data.text.gutenberg import GutenbergCorpus
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
@@ -67,6 +67,24 @@ class BookPool:
             text = bytes(self.books[book][offset : offset + length])
             if BANNED not in text.lower():
                 return text
+
+
+class BookTask:
+    """What the probes over Gutenberg text share (:class:`PasskeyTask`,
+    :class:`~tvq_exp.data.text.repeat.RepeatTask`): the books of each split of ``corpus_path`` (``CATALOG.tsv``)
+    under the data root ``root`` (``None``: ``$TVQ_DATA_DIR``, else ``./data``), each split's opened on first
+    use."""
+
+    def __init__(self, corpus_path: str, root: str | None) -> None:
+        self.corpus = GutenbergCorpus(corpus_path)
+        self.root = root
+        self.pools: dict[str, BookPool] = {}
+
+    def pool(self, split: str) -> BookPool:
+        """The books of ``split`` (``"train"``, ``"validation"`` or ``"test"``), opened on first use."""
+        if split not in self.pools:
+            self.pools[split] = BookPool(self.corpus.split_files(data_root(self.root))[split])
+        return self.pools[split]
 
 
 def needle(key: str) -> bytes:
@@ -104,7 +122,7 @@ def random_key(rng: np.random.Generator, digits: int) -> str:
     return str(first) + "".join(str(int(d)) for d in rng.integers(0, 10, size=digits - 1))
 
 
-class PasskeyTask:
+class PasskeyTask(BookTask):
     """Passkey retrieval over the Gutenberg books (module docstring for the example layout), a task of
     :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
@@ -127,6 +145,7 @@ class PasskeyTask:
         vocab_size: Annotated[int, OneOf(BYTE_VOCAB_SIZE)] = BYTE_VOCAB_SIZE,
         root: str | None = None,
     ) -> None:
+        super().__init__(corpus_path, root)
         self.lengths = tuple(int(length) for length in lengths)
         self.depths = tuple(float(depth) for depth in depths)
         self.key_digits = key_digits
@@ -138,9 +157,6 @@ class PasskeyTask:
             )
         self.seq_len, self.vocab_size = seq_len, vocab_size
         self.eval_examples = eval_examples_per_cell * len(self.lengths) * len(self.depths)
-        self.corpus = GutenbergCorpus(corpus_path)
-        self.root = root
-        self.pools: dict[str, BookPool] = {}
 
     def check_cells(self) -> None:
         """Raise :class:`OptionError` for bad ``lengths`` or ``depths``."""
@@ -159,19 +175,8 @@ class PasskeyTask:
     def bucket_names(self, split: str) -> list[str]:
         return [f"len_{length}_depth_{depth:.2f}" for length in self.lengths for depth in self.depths]
 
-    def pool(self, split: str) -> BookPool:
-        """The books of ``split`` (``"train"``, ``"validation"`` or ``"test"``), opened on first use."""
-        if split not in self.pools:
-            self.pools[split] = BookPool(self.corpus.split_files(data_root(self.root))[split])
-        return self.pools[split]
-
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
-        num_cells = len(self.lengths) * len(self.depths)
-        cells = (
-            rng.integers(num_cells, size=num_examples)
-            if split == "train"
-            else np.arange(num_examples) % num_cells
-        )
+        cells = draw_cells(rng, num_examples, len(self.lengths) * len(self.depths), split)
         examples = Examples.empty(num_examples, self.seq_len)
         for row, cell in enumerate(cells.tolist()):
             length, depth = self.lengths[cell // len(self.depths)], self.depths[cell % len(self.depths)]

@@ -24,13 +24,7 @@ from typing import Annotated
 
 import numpy as np
 
-from tvq_exp.data.synthetic.base import (
-    DEFAULT_FIRST_GAP,
-    Examples,
-    gap_bucket,
-    gap_bucket_names,
-    gap_edges,
-)
+from tvq_exp.data.synthetic.base import DEFAULT_FIRST_GAP, Examples, GapTask, gap_bucket
 from tvq_exp.options import AtLeast, OptionError, checked
 
 
@@ -57,7 +51,7 @@ def selective_copy_examples(
     return examples
 
 
-class SelectiveCopyTask:
+class SelectiveCopyTask(GapTask):
     """Mamba's Selective Copying (module docstring for the layout), a task of
     :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
@@ -65,8 +59,6 @@ class SelectiveCopyTask:
     data ``1 .. V-2``, marker ``V-1``), ``first_gap`` (upper edge of the first gap bucket). Examples:
     ``(N, seq_len)`` arrays.
     """
-
-    eval_examples = None
 
     @checked
     def __init__(
@@ -79,13 +71,10 @@ class SelectiveCopyTask:
         if 2 * num_tokens_to_copy > seq_len:
             allowed = f"must be <= seq_len / 2 = {seq_len // 2} (data tokens plus as many markers)"
             raise OptionError("num_tokens_to_copy", num_tokens_to_copy, allowed, type(self))
-        self.seq_len, self.vocab_size, self.num_tokens_to_copy = seq_len, vocab_size, num_tokens_to_copy
-        self.edges = gap_edges(seq_len, first_gap)
+        super().__init__(seq_len, vocab_size, first_gap)
+        self.num_tokens_to_copy = num_tokens_to_copy
 
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
         return selective_copy_examples(
             rng, num_examples, self.seq_len, self.vocab_size, self.num_tokens_to_copy, self.edges
         )
-
-    def bucket_names(self, split: str) -> list[str]:
-        return gap_bucket_names(self.edges)

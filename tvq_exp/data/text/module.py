@@ -6,7 +6,6 @@ from typing import Annotated
 
 import numpy as np
 
-from tvq_exp.batch import DataKind
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.paths import CorruptFileError, resolve
 from tvq_exp.data.samplers import (
@@ -65,20 +64,15 @@ class TextDataModule(RootedDataModule):
         reset_every: Annotated[int, AtLeast(1)] | None = None,
         eval_protocol: Annotated[str, OneOf(*PROTOCOLS)] = "segment",
     ) -> None:
-        super().__init__(root)
+        super().__init__(root, kind, seq_len, vocab_size, batch_size, eval_batch_size)
         if sampler == "tbptt" or eval_protocol == "sequence":
             check_sequence_len(sequence_len, seq_len, type(self))
         self.sequence_len, self.reset_every, self.eval_protocol = sequence_len, reset_every, eval_protocol
         self.corpus = corpus
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
         self.sampler = sampler
         self.seed = seed
         self.steps_per_epoch = steps_per_epoch
         self.random_offset = random_offset
-        self.vocab_size = vocab_size
-        self.kind = DataKind(kind)
         self.splits: dict[str, np.ndarray] | None = None
 
     def check_accumulation(self, accumulate_grad_batches: int) -> None:

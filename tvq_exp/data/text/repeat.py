@@ -29,10 +29,8 @@ from typing import Annotated
 
 import numpy as np
 
-from tvq_exp.data.paths import data_root
-from tvq_exp.data.synthetic.base import Examples
-from tvq_exp.data.synthetic.passkey import BYTE_VOCAB_SIZE, BookPool
-from tvq_exp.data.text.gutenberg import GutenbergCorpus
+from tvq_exp.data.synthetic.base import Examples, draw_cells
+from tvq_exp.data.synthetic.passkey import BYTE_VOCAB_SIZE, BookTask
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 
 
@@ -49,7 +47,7 @@ def scored_targets(start: int, distance: int, span: int) -> slice:
     return slice(start + distance, start + distance + span - 1)
 
 
-class RepeatTask:
+class RepeatTask(BookTask):
     """Gutenberg windows with a passage repeated at a known distance (module docstring for the layout), a task of
     :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
@@ -72,6 +70,7 @@ class RepeatTask:
         vocab_size: Annotated[int, OneOf(BYTE_VOCAB_SIZE)] = BYTE_VOCAB_SIZE,
         root: str | None = None,
     ) -> None:
+        super().__init__(corpus_path, root)
         self.distances = tuple(int(d) for d in distances)
         self.span, self.train_targets = span, train_targets
         if not self.distances or len(set(self.distances)) != len(self.distances):
@@ -84,24 +83,12 @@ class RepeatTask:
                 type(self),
             )  # fmt: skip
         self.seq_len, self.vocab_size = seq_len, vocab_size
-        self.corpus = GutenbergCorpus(corpus_path)
-        self.root = root
-        self.pools: dict[str, BookPool] = {}
 
     def bucket_names(self, split: str) -> list[str]:
         return [f"dist_{d}" for d in self.distances]
 
-    def pool(self, split: str) -> BookPool:
-        """The books of ``split`` (``"train"``, ``"validation"`` or ``"test"``), opened on first use."""
-        if split not in self.pools:
-            self.pools[split] = BookPool(self.corpus.split_files(data_root(self.root))[split])
-        return self.pools[split]
-
     def generate(self, rng: np.random.Generator, num_examples: int, split: str) -> Examples:
-        n_dist = len(self.distances)
-        which = (
-            rng.integers(n_dist, size=num_examples) if split == "train" else np.arange(num_examples) % n_dist
-        )
+        which = draw_cells(rng, num_examples, len(self.distances), split)
         examples = Examples.empty(num_examples, self.seq_len)
         score_all = split == "train" and self.train_targets == "all"
         for row, index in enumerate(which.tolist()):

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from tvq_exp.tools.train_command import run_train
+
 REPO = Path(__file__).resolve().parents[3]
 LENGTHS = (8192, 16384, 32768, 65536, 131072)
 BACKENDS = ("dense_flex", "vq", "vq_flex")
@@ -104,14 +106,7 @@ def training_section(shape: Sequence[str], seconds: float, batch_sizes: Sequence
             limit = time.strftime("%H:%M:%S", time.gmtime(seconds))
             args = [*shape, f"data.batch_size={batch}", f"++trainer.max_time=00:{limit}", f"paths.log_dir={scratch}",
                     "run_name=bench_gpu"]  # fmt: skip
-            env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-            done = subprocess.run(
-                [sys.executable, str(REPO / "train.py"), *args],
-                cwd=REPO,
-                env=env,
-                capture_output=True,
-                text=True,
-            )
+            done = run_train(args)
             metrics = Path(scratch) / "runs" / "bench_gpu" / "csv" / "metrics.csv"
             if done.returncode == 0 and metrics.is_file():
                 return {"command": "python train.py " + " ".join(args[:-2]), "batch_size": batch,
