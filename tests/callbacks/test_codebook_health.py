@@ -158,7 +158,7 @@ COLLAPSED_RUN = [
     f"callbacks.codebook_health.patience={PATIENCE}",
     # codes of norm ~1000·sqrt(d): the smallest-norm code is nearest to every key, and with EMA decay 0.99 the
     # others keep their place (their sums and counts decay together): a collapsed codebook all run long
-    "model.attention.codebook.init_std=1000",
+    "codebook.init_std=1000",
     *QUIET,
 ]
 

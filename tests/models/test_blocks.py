@@ -93,6 +93,7 @@ def test_talking_heads_refused_when_the_config_is_composed(backend: str) -> None
                 "+data.vocab_size=256",
                 "+block_len=16",
                 "+codebook_size=32",
+                "+codebook=ema",
                 f"model/attention={backend}",
             ]
         )
@@ -228,6 +229,7 @@ def corpus_windows(batch: int, length: int, generator: torch.Generator) -> torch
 def test_preset_composes_and_trains(preset: str) -> None:
     overrides = [
         f"+model={preset}",
+        "+codebook=ema",
         "+data.vocab_size=256",
         "model.d_model=64",
         "model.n_layers=2",

@@ -1,4 +1,4 @@
-"""Every preset of ``model/attention/codebook`` composes, validates and keeps the VQ attention invariants:
+"""Every preset of ``codebook`` composes, validates and keeps the VQ attention invariants:
 VQ attention equals dense softmax over the quantised keys (forward and gradients), streaming in segments and
 token-by-token decoding equal one forward, and it is causal. Each preset first trains a few steps (k-means
 init, EMA updates, re-seeding), so the codebook it is checked with is one its rules produced."""
@@ -21,18 +21,16 @@ from tvq_exp.attention import VQAttention, build_attention
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.run.validation import validate
 
-PRESETS = sorted(p.stem for p in Path(CONF, "model", "attention", "codebook").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in Path(CONF, "codebook").glob("*.yaml"))
 T, L = 14, 3
 
 
 @functools.cache
 def preset(name: str) -> dict[str, Any]:
-    """The codebook options of ``model/attention/codebook=<name>`` (composed and validated)."""
+    """The codebook options of ``codebook=<name>`` (composed and validated)."""
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(
-            "train", overrides=["experiment=smoke", "model=gau_vq", f"model/attention/codebook={name}"]
-        )
+        cfg = compose("train", overrides=["experiment=smoke", "model=gau_vq", f"codebook={name}"])
     validate(cfg)
     return OmegaConf.to_container(cfg.model.attention.codebook)
 

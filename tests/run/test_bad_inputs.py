@@ -30,7 +30,7 @@ def _compose(name: str, overrides: list[str]) -> DictConfig:
         ("module.lr=inf", "module.lr", "must be > 0, and finite (not inf or nan)"),
         ("module.lr=nan", "module.lr", "must be > 0, and finite (not inf or nan)"),
         ("module.warmup_steps=inf", "module.warmup_steps", "must be of type int"),
-        ("model.attention.codebook.decay=nan", "model.attention.codebook.decay", "finite"),
+        ("codebook.decay=nan", "codebook.decay", "finite"),
         ("trainer.gradient_clip_val=1.0", "trainer.gradient_clip_val", "set module.grad_clip instead"),
         ("+trainer.gradient_clip_algorithm=value", "trainer.gradient_clip_algorithm", "module.grad_clip"),
         ("trainer.precision=16", "trainer.precision", "fp16 needs a GPU"),

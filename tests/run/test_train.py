@@ -214,7 +214,7 @@ def _module(strategy: str = "ema", **options: Any) -> LanguageModel:
             overrides=[
                 "model=gau_vq",
                 *TINY_VQ,
-                f"model/attention/codebook={strategy}",
+                f"codebook={strategy}",
                 "paths.output_dir=/tmp/x",
             ],
         )

@@ -40,9 +40,9 @@ BAD_OVERRIDES: list[tuple[list[str], str]] = [
     (["model.block.dropout=-0.1"], "model.block.dropout"),
     (["model.block.position=alibi"], "model.block.position"),
     (["model.d_model=abc"], "model.d_model"),
-    (["model.attention.codebook.decay=1.5"], "model.attention.codebook.decay"),
-    (["model.attention.codebook.update=adam"], "model.attention.codebook.update"),
-    (["model.attention.codebook.commit_weight=-1"], "model.attention.codebook.commit_weight"),
+    (["codebook.decay=1.5"], "codebook.decay"),
+    (["codebook.update=adam"], "codebook.update"),
+    (["codebook.commit_weight=-1"], "codebook.commit_weight"),
     (["model=mha_talking_heads", "model/attention=vq"], "talking_heads"),
     (["model=mha_dense", "model.block.heads=0"], "model.block.heads"),
     (["model=mha_dense", "model.block.kv_heads=3"], "model.block.kv_heads"),
@@ -120,6 +120,17 @@ def test_bad_override_names_the_key(overrides: list[str], key: str) -> None:
     message = str(error.value)
     assert key in message, message
     assert "\n" not in message
+
+
+def test_a_bad_codebook_option_is_named_as_typed() -> None:
+    """The VQ attention reads the top-level codebook group (``model.attention.codebook: ${codebook}``): a bad value
+    is named by the key the user sets, ``codebook.<option>``."""
+    with pytest.raises(ConfigError) as error:
+        validate(compose_train(["model=gau_vq", "codebook.decay=1.5"]))
+    assert str(error.value) == "codebook.decay=1.5: must be in (0, 1)"
+    validate(
+        compose_train(["model=gau_dense", "codebook=healthy"])
+    )  # other backends have no codebook to check
 
 
 def run_script(script: str, *overrides: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -81,6 +81,9 @@ def test_model_preset_is_composed_at_bench_width() -> None:
     cfg = compose_model("gau_vq", MODEL_SETTINGS)
     assert cfg.model.d_model == 256 and cfg.model.n_layers == 4
     assert cfg.model.attention.codebook_size == 512 and cfg.model.attention.block_len == 512
+    assert cfg.model.attention.codebook.init == "random"  # the official codebook unless one is named
+    healthy = compose_model("gau_vq@healthy", MODEL_SETTINGS).model.attention.codebook
+    assert (healthy.init, healthy.reseed_fraction, healthy.decay_warmup) == ("kmeans", 0.1, 200)
 
 
 def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None:
@@ -153,6 +156,7 @@ def test_model_bench_times_inference_and_training_and_records_the_kernel(tmp_pat
             "error: --backends=dense,nope: unknown nope; choose from",
         ),
         (["model", "--models", "no_such_preset"], "error: --models=no_such_preset: unknown no_such_preset"),
+        (["model", "--models", "gau_vq@nope"], "error: --models=gau_vq@nope: unknown gau_vq@nope"),
         (["attention", "--mode", "train"], "error: --mode=train: must be fwd and/or fwdbwd"),
     ],
 )

@@ -192,7 +192,7 @@ def test_an_evaluation_can_apply_to_some_regimes_only(tmp_path: Path) -> None:
     lm = next(job for job in study.jobs if job.id == "healthy--lm--s1")
     assert by_name["test"].applies_to(mqar) and not by_name["test"].applies_to(lm)
     assert by_name["sequence_nocache"].applies_to(lm) and not by_name["sequence_nocache"].applies_to(mqar)
-    assert "experiment=recall_cpu" in mqar.overrides and "model/attention/codebook=healthy" in mqar.overrides
+    assert "experiment=recall_cpu" in mqar.overrides and "codebook=healthy" in mqar.overrides
     path = tmp_path / "s.yaml"
     path.write_text("name: s\nregimes: {a: []}\nruns: {x: {}}\nevaluate: [{name: e, regimes: [b]}]\n")
     with pytest.raises(ValueError, match=r"evaluate.e.regimes names unknown regimes \['b'\]"):

@@ -302,7 +302,19 @@ class Command(enum.Enum):
     SAMPLE = "sample"  # sample.py: its options (the model comes from the checkpoint)
 
 
-TRAIN_NODES = {"model", "data", "module", "guard", "trainer", "logger", "callbacks", "paths", "hydra"}
+TRAIN_NODES = {
+    "model",
+    "codebook",
+    "data",
+    "module",
+    "guard",
+    "trainer",
+    "logger",
+    "callbacks",
+    "paths",
+    "hydra",
+}
+# (codebook: the top-level codebook group, checked where the VQ attention reads it, model.attention.codebook)
 COMMAND_OPTIONS = {
     Command.TRAIN: (schema.train_options, TRAIN_NODES),
     Command.EVAL: (schema.eval_options, {"paths", "hydra", "model_options"}),
@@ -361,17 +373,27 @@ def check(cfg: DictConfig, command: Command) -> None:
 
 
 def blamed_on_source(cfg: DictConfig, error: ConfigError) -> ConfigError:
-    """``error`` on the key its value comes from, when the bad value is an interpolation of exactly one other
-    key (``block_len: ${tvq.min:512,${data.seq_len}}`` with ``data.seq_len=0`` names ``data.seq_len``)."""
-    parent, _, name = error.key.rpartition(".")
+    """``error`` on the key its value comes from, when the bad value (or a node above it) is an interpolation of
+    exactly one other key (``block_len: ${tvq.min:512,${data.seq_len}}`` with ``data.seq_len=0`` names
+    ``data.seq_len``; ``model.attention.codebook: ${codebook}`` with ``codebook.decay=2`` names ``codebook.decay``)."""
+    parts = error.key.split(".")
+    for depth in range(len(parts), 0, -1):
+        source = single_source(cfg, ".".join(parts[: depth - 1]), parts[depth - 1])
+        if source is None:
+            continue
+        if depth == len(parts):
+            value = OmegaConf.select(cfg, source, throw_on_resolution_failure=False)
+            return ConfigError(source, value, f"{error.allowed} (it sets {error.key})")
+        return ConfigError(".".join([source, *parts[depth:]]), error.value, error.allowed)
+    return error
+
+
+def single_source(cfg: DictConfig, parent: str, name: str) -> str | None:
+    """The one key that ``parent.name``'s raw value interpolates (``None``: not an interpolation of one key)."""
     node = OmegaConf.select(cfg, parent) if parent else cfg
     raw = node._get_node(name)._value() if isinstance(node, DictConfig) and name in node else None
     sources = set(re.findall(r"\$\{([A-Za-z_][\w.]*)\}", raw)) if isinstance(raw, str) else set()
-    if len(sources) != 1:
-        return error
-    source = sources.pop()
-    value = OmegaConf.select(cfg, source, throw_on_resolution_failure=False)
-    return ConfigError(source, value, f"{error.allowed} (it sets {error.key})")
+    return sources.pop() if len(sources) == 1 else None
 
 
 def check_train_nodes(cfg: DictConfig) -> None:

@@ -80,19 +80,29 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
     return call, attn.flops(t, b, backward=train)
 
 
+def split_codebook(name: str) -> tuple[str, str]:
+    """``"gau_vq@healthy"`` -> ``("gau_vq", "healthy")``: a model name with the ``conf/codebook`` preset its VQ
+    attention uses (``ema``, the official settings, when none is named)."""
+    model, _, codebook = name.partition("@")
+    return model, codebook or "ema"
+
+
 def compose_model(name: str, settings: dict[str, Any]) -> Any:
     """The Hydra preset ``conf/model/<name>.yaml`` at the benchmark's width and depth, with the
     ``settings["overrides"]`` (``key=value`` below ``model.``) applied (a DictConfig); a :data:`MODEL_VARIANTS`
-    name is its preset with the variant's attention kernel."""
+    name is its preset with the variant's attention kernel; ``<name>@<codebook>`` picks the codebook preset."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
+    name, codebook = split_codebook(name)
     name, kernel = MODEL_VARIANTS.get(name, (name, None))
     if not (CONF_DIR / "model" / f"{name}.yaml").is_file():
         raise LookupError(f"unknown model preset {name!r}: no conf/model/{name}.yaml yet")
     overrides = [*([f"attention.kernel={kernel}"] if kernel else []), *settings.get("overrides", ())]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(overrides=[f"+model={name}", *(f"model.{item}" for item in overrides)])
+        cfg = compose(
+            overrides=[f"+model={name}", f"+codebook={codebook}", *(f"model.{item}" for item in overrides)]
+        )
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
         cfg.block_len, cfg.codebook_size = settings["block_len"], settings["codebook_size"]  # the one route

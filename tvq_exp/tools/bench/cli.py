@@ -63,16 +63,23 @@ def lengths(text: str) -> list[int]:
 
 def check_names(args: argparse.Namespace) -> None:
     """``--backends`` / ``--models`` name what exists: an attention backend, a ``conf/model`` preset (or
-    variant); ``--mode`` one the command runs. :class:`SystemExit` with one ``error:`` line otherwise."""
+    variant, optionally ``@<conf/codebook preset>``); ``--mode`` one the command runs. :class:`SystemExit` with
+    one ``error:`` line otherwise."""
     from tvq_exp.attention.registry import BACKENDS
-    from tvq_exp.tools.bench.cases import CONF_DIR, KERNEL_VARIANTS, MODEL_VARIANTS
+    from tvq_exp.tools.bench.cases import CONF_DIR, KERNEL_VARIANTS, MODEL_VARIANTS, split_codebook
 
     if args.command == "attention":
         known, given, option = set(BACKENDS) | set(KERNEL_VARIANTS), args.backends, "--backends"
+        unknown = [name for name in given if name not in known]
     else:
         presets = {p.stem for p in (CONF_DIR / "model").glob("*.yaml")}
+        codebooks = {p.stem for p in (CONF_DIR / "codebook").glob("*.yaml")}
         known, given, option = presets | set(MODEL_VARIANTS), args.models, "--models"
-    unknown = [name for name in given if name not in known]
+        unknown = [
+            name for name in given
+            if split_codebook(name)[0] not in known or split_codebook(name)[1] not in codebooks
+        ]  # fmt: skip
+        known |= {f"<model>@{c}" for c in codebooks}
     if unknown or not given:
         raise SystemExit(f"error: {option}={','.join(given)}: unknown {', '.join(unknown) or '(none given)'}; "
                          f"choose from {', '.join(sorted(known))}")  # fmt: skip
