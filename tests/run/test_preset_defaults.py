@@ -52,11 +52,6 @@ KEPT: dict[str, dict[str, tuple[str, ...]]] = {
         "trainer/fsdp.yaml": ("strategy.param_dtype", "strategy.reduce_dtype", "strategy.activation_checkpointing"),
     },
     "the file's comment ties the distances to longctx_cpu's L = 128": {"data/repeat.yaml": ("task.distances",)},
-    "pending: the lead's file at the time of this test (issue 25); remove the keys and this entry": {
-        "experiment/quickstart.yaml": (
-            "callbacks.image_samples.every_n_validations", "callbacks.image_samples.scale",
-        ),
-    },
 }  # fmt: skip
 ALLOWED = {(name, key) for files in KEPT.values() for name, keys in files.items() for key in keys}
 
