@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.paths import REPO
+from tvq_exp.tools.study.health import health_table
 from tvq_exp.tools.study.recall import accuracy_table, backend_label, grid, state_curves
 from tvq_exp.tools.study.report import table, write_report
 from tvq_exp.tools.study.results import cell, grouped, load_results
@@ -204,14 +205,42 @@ def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
     for seed, (ppl, regret) in enumerate([(30.0, 1.5), (34.0, 2.5)], start=1):
         r = _result("vq", seed, 2.0)
         r["evaluations"]["test"]["codebook"] = {
-            f"layer{i}": {"perplexity": ppl + i, "dead_fraction": 0.25, "quant_error": 0.1, "kmeans_error": 0.05,
-                          "regret": regret, "codebook_size": 64}
+            f"layer{i}": {"perplexity": ppl + i, "dead_fraction": 0.25, "quant_error": 0.1 * regret,
+                          "kmeans_error": 0.1, "regret": regret, "codebook_size": 64}
             for i in (0, 1)
         }  # fmt: skip
         results.append(r)
-    results.append(_result("dense", 1, 2.5))  # no codebook: no health row
+    old = _result("vq", 3, 2.0)  # a file from before the regret's floor: the ratio is recomputed with it
+    old["evaluations"]["test"]["codebook"] = {
+        "layer0": {
+            "perplexity": 19.0,
+            "dead_fraction": 0.5,
+            "quant_error": 0.03,
+            "kmeans_error": 1e-9,
+            "regret": 3e7,
+            "codebook_size": 256,
+        }
+    }
+    old["run"], old["id"] = "old", "old--r--s3"
+    results += [old, _result("dense", 1, 2.5)]  # dense: no codebook, no health row
     _write(tmp_path, results)
     report = write_report(tmp_path, "Study t").read_text()
     assert "| vq | r | 1,2 | layer0 | 32.0000 ± 2.0000 / 64 | 0.2500 ± 0.0000 | 2.0000 ± 0.5000 |" in report
     assert "| vq | r | 1,2 | layer1 | 33.0000 ± 2.0000 / 64 |" in report
     assert "| dense | r | 1 | layer" not in report
+    assert "| old | r | 3 | layer0 | 19.0000 / 256 | 0.5000 | 30.0000 |" in report
+
+
+def test_the_codebooks_docs_tables_are_the_committed_result_files() -> None:
+    """docs/codebooks.md holds the tables generated from ``studies/codebooks/results/`` (kept in git): bits,
+    accuracy, and every layer's codebook health; regenerate the page's tables with the report command."""
+    results = load_results(REPO / "studies" / "codebooks")
+    assert {r["run"] for r in results} >= {"ema", "healthy"}
+    doc = (REPO / "docs" / "codebooks.md").read_text()
+    for evaluation in ("test", "sequence", "sequence_nocache"):
+        groups = grouped(results, evaluation)
+        tables = [table(groups), health_table(groups)]
+        if evaluation == "test":
+            tables.append(accuracy_table(groups))
+        rows = [row for t in tables for row in t.splitlines()[2:]]
+        assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tvq_exp.quantize.health import REGRET_FLOOR
 from tvq_exp.tools.study.results import Group, cell
 
 
@@ -16,6 +17,12 @@ def layers(groups: Mapping[Group, Sequence[dict[str, Any]]]) -> list[str]:
     """The codebook layers any evaluation reports, in layer order (``layer0``, ``layer1``, ...)."""
     names = {name for evals in groups.values() for e in evals for name in e.get("codebook", {})}
     return sorted(names, key=lambda name: int(name.removeprefix("layer")))
+
+
+def regret(health: dict[str, Any]) -> float:
+    """The regret from a layer's stored errors, its reference floored at
+    :data:`~tvq_exp.quantize.health.REGRET_FLOOR` (result files written before the floor hold the bare ratio)."""
+    return health["quant_error"] / max(health["kmeans_error"], REGRET_FLOOR)
 
 
 def health_cells(evals: Sequence[dict[str, Any]], layer: str) -> tuple[str, str, str]:
@@ -26,7 +33,7 @@ def health_cells(evals: Sequence[dict[str, Any]], layer: str) -> tuple[str, str,
     return (
         f"{cell([h['perplexity'] for h in found])} / {found[0]['codebook_size']}",
         cell([h["dead_fraction"] for h in found]),
-        cell([h["regret"] for h in found]),
+        cell([regret(h) for h in found]),
     )
 
 
