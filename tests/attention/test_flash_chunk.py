@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.attention.backends import build
 from tests.attention.test_linear import (
     D_K,
     D_V,
@@ -17,8 +18,10 @@ from tests.attention.test_linear import (
     rel_err,
     tiny_decoder,
 )
-from tvq_exp.attention import DenseAttention, FlashChunkAttention, State, build_attention
+from tvq_exp.attention import State
+from tvq_exp.attention.dense import DenseAttention
 from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.flash_chunk import FlashChunkAttention
 from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
 
 
@@ -47,13 +50,15 @@ FLASH_OPTIONS = [
 @pytest.mark.parametrize("options", FLASH_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_chunk_equals_reference(dtype: torch.dtype, options: dict, causal: bool) -> None:
-    attn = with_random_bias(FlashChunkAttention(D_K, D_V, H, causal=causal, kv_heads=2, **options))
+    attn = with_random_bias(
+        build("flash_chunk", d_k=D_K, d_v=D_V, heads=H, causal=causal, kv_heads=2, **options)
+    )
     check_against_reference(attn, flash_chunk_reference, dtype, kv_heads=2)
 
 
 @pytest.mark.parametrize("options", FLASH_OPTIONS[:2] + FLASH_OPTIONS[4:5], ids=["plain", "bias", "softmax"])
 def test_flash_chunk_streaming_and_decoding(options: dict) -> None:
-    attn = with_random_bias(FlashChunkAttention(D_K, D_V, H, kv_heads=1, **options)).double()
+    attn = with_random_bias(build("flash_chunk", d_k=D_K, d_v=D_V, heads=H, kv_heads=1, **options)).double()
     q, k, v = inputs(torch.float64, kv_heads=1)
     full = attn(q, k, v)[0]
     for cuts in ((0, 3, 11, 12, T), tuple(range(T + 1))):
@@ -79,8 +84,16 @@ def test_flash_chunk_normaliser_never_uses_the_total_length() -> None:
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_quad_equals_reference(dtype: torch.dtype, window_bias: bool, causal: bool) -> None:
     attn = with_random_bias(
-        DenseAttention(
-            D_K, D_V, H, causal=causal, kv_heads=2, score="relu2", window_bias=window_bias, window_len=5
+        build(
+            "dense",
+            d_k=D_K,
+            d_v=D_V,
+            heads=H,
+            causal=causal,
+            kv_heads=2,
+            score="relu2",
+            window_bias=window_bias,
+            window_len=5,
         )
     )
     check_against_reference(attn, dense_reference, dtype, kv_heads=2)
@@ -89,7 +102,16 @@ def test_flash_quad_equals_reference(dtype: torch.dtype, window_bias: bool, caus
 @pytest.mark.parametrize("score", ["relu2", "softmax"])
 def test_dense_streaming_and_decoding(score: str) -> None:
     attn = with_random_bias(
-        DenseAttention(D_K, D_V, H, score=score, window_bias=True, window_len=4, talking_heads=True)
+        build(
+            "dense",
+            d_k=D_K,
+            d_v=D_V,
+            heads=H,
+            score=score,
+            window_bias=True,
+            window_len=4,
+            talking_heads=True,
+        )
     ).double()
     q, k, v = inputs(torch.float64, kv_heads=H)
     full = attn(q, k, v)[0]
@@ -136,7 +158,7 @@ def test_model_streaming_and_decoding(block: str, position: str, attention: dict
 
 
 def test_registered() -> None:
-    attn = build_attention("flash_chunk", d_k=D_K, d_v=D_V, heads=H, group_size=3)
+    attn = build("flash_chunk", d_k=D_K, d_v=D_V, heads=H, group_size=3)
     assert isinstance(attn, FlashChunkAttention)
 
 
@@ -146,7 +168,7 @@ def test_decoding_one_token_costs_its_own_row_not_a_padded_group(score: str) -> 
     from torch.utils.flop_counter import FlopCounterMode
 
     g, d = 64, 16
-    attn = build_attention("flash_chunk", d_k=d, d_v=d, group_size=g, score=score, window_bias=True)
+    attn = build("flash_chunk", d_k=d, d_v=d, group_size=g, score=score, window_bias=True)
     x = torch.randn(1, 1, 2 * g + 9, d)
     _, state, _ = attn(x, x, x)
     with FlopCounterMode(display=False) as counter:

@@ -9,7 +9,9 @@ import functools
 import pytest
 import torch
 
-from tvq_exp.attention import LinearAttention, State, build_attention
+from tests.attention.backends import build
+from tvq_exp.attention import State, build_attention
+from tvq_exp.attention.linear import LinearAttention
 from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
@@ -118,7 +120,7 @@ def test_favor_projection_is_seeded_and_redrawable() -> None:
 
 def test_xl_position_is_refused_with_a_hint() -> None:
     with pytest.raises(ValueError, match="position=rope"):
-        build_attention("linear", d_k=D_K, d_v=D_V, heads=H, window_bias=True)
+        build("linear", d_k=D_K, d_v=D_V, heads=H, window_bias=True)
     with pytest.raises(ValueError, match="position=none"):
         GAUBlock(32, functools.partial(build_attention, name="linear"), d_k=8, position="xl")
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.attention.backends import build
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.ovq import OVQAttention, OVQState
 from tvq_exp.attention.ovq.naive import ovq_attention as ovq_reference
@@ -30,7 +31,9 @@ def make(
     dtype: torch.dtype = torch.float64, window_bias: bool = True, kv_heads: int = 2, **options
 ) -> OVQAttention:
     options = {"num_centroids": 6, "block_len": 4, "growth_scale": 2.0, "window_len": 3} | options
-    attn = OVQAttention(D_K, D_V, H, window_bias=window_bias, kv_heads=kv_heads, **options).to(dtype)
+    attn = build("ovq", d_k=D_K, d_v=D_V, heads=H, window_bias=window_bias, kv_heads=kv_heads, **options).to(
+        dtype
+    )
     if window_bias:
         torch.nn.init.normal_(attn.bias.u)
         torch.nn.init.normal_(attn.bias.v)

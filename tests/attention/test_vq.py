@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tvq_exp.attention import VQAttention, build_attention
+from tests.attention.backends import build
 from tvq_exp.attention.dense.naive import softmax_attention
+from tvq_exp.attention.vq import VQAttention
 from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
@@ -15,7 +16,7 @@ from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_re
 def make_vq(
     block_len: int, window_bias: bool = False, window_len: int | None = None, dtype=torch.float64, **kw
 ) -> VQAttention:
-    attn = build_attention(
+    attn = build(
         "vq",
         d_k=6,
         d_v=5,
@@ -170,7 +171,7 @@ def test_grad_through_cache_off_keeps_forward_and_drops_cache_value_gradient() -
 
 
 def test_public_api_codebook_and_aux() -> None:
-    attn = build_attention("vq", d_k=8, d_v=16, heads=2, codebook_size=32, block_len=4, window_bias=False)
+    attn = build("vq", d_k=8, d_v=16, heads=2, codebook_size=32, block_len=4, window_bias=False)
     assert attn.codebook.shape == (2, 32, 8)
     k = torch.randn(3, 2, 10, 8, requires_grad=True)
     out, state, aux = attn(torch.randn(3, 2, 10, 8), k, torch.randn(3, 2, 10, 16))
@@ -180,7 +181,7 @@ def test_public_api_codebook_and_aux() -> None:
 
 
 def test_grouped_key_value_heads_equal_repeated_reference() -> None:
-    attn = build_attention(
+    attn = build(
         "vq", d_k=6, d_v=5, heads=4, kv_heads=2, codebook_size=7, block_len=4, window_bias=False
     ).double()
     q = torch.randn(2, 4, 13, 6, dtype=torch.float64)
@@ -191,7 +192,7 @@ def test_grouped_key_value_heads_equal_repeated_reference() -> None:
 
 
 def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
-    attn = build_attention("vq", d_k=8, d_v=8, heads=1, codebook_size=2, block_len=1, window_bias=False)
+    attn = build("vq", d_k=8, d_v=8, heads=1, codebook_size=2, block_len=1, window_bias=False)
     k = torch.ones(1, 1, 262, 8)  # every key lands on one code
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, state, _ = attn(torch.randn(1, 1, 262, 8), k, torch.randn(1, 1, 262, 8))
@@ -204,7 +205,7 @@ def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
 def test_bad_vq_options_are_refused(bad: dict) -> None:
     opts = {"d_k": 4, "d_v": 4, "heads": 1, "codebook_size": 8, "block_len": 8} | bad
     with pytest.raises(ValueError, match="|".join(bad)):
-        build_attention("vq", **opts)
+        build("vq", **opts)
 
 
 # ----------------------------------------------------------------------------- the fused kernel
@@ -294,7 +295,7 @@ def test_decoding_one_token_costs_one_row_not_a_padded_block() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     block, s, d = 64, 32, 16
-    attn = build_attention("vq", d_k=d, d_v=d, heads=1, codebook_size=s, block_len=block, window_bias=True)
+    attn = build("vq", d_k=d, d_v=d, heads=1, codebook_size=s, block_len=block, window_bias=True)
     x = torch.randn(1, 1, 3 * block + 5, d)
     _, state, _ = attn(x, x, x)
 

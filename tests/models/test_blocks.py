@@ -14,12 +14,13 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from tests.attention.backends import NAMES, backend_class, small_options
+from tests.attention.backends import NAMES, backend_class, build, small_options
 from tests.attention.test_flash_chunk import with_random_bias
 from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
 from tests.helpers.paths import CONF
-from tvq_exp.attention import DenseAttention, build_attention
+from tvq_exp.attention import build_attention
 from tvq_exp.attention.base import repeat_kv
+from tvq_exp.attention.dense import DenseAttention
 from tvq_exp.attention.dense.naive import dense_attention as dense_reference
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
@@ -62,8 +63,16 @@ def test_identity_talking_heads_block_equals_plain_block() -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("post", [False, True])
 def test_talking_heads_equal_reference(dtype: torch.dtype, post: bool) -> None:
-    attn = DenseAttention(
-        D_K, D_V, H, kv_heads=2, talking_heads=True, talking_heads_post=post, window_bias=True, window_len=5
+    attn = build(
+        "dense",
+        d_k=D_K,
+        d_v=D_V,
+        heads=H,
+        kv_heads=2,
+        talking_heads=True,
+        talking_heads_post=post,
+        window_bias=True,
+        window_len=5,
     )
     with torch.no_grad():
         for mix in (attn.mix_pre, attn.mix_post):
@@ -79,8 +88,8 @@ WITHOUT_TALKING_HEADS = [name for name in NAMES if not backend_class(name).suppo
 @pytest.mark.parametrize("flag", ["talking_heads", "talking_heads_post"])
 def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
     with pytest.raises(ValueError, match=f"{flag}.*{name}.*dense"):
-        build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: True})
-    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: False})
+        build(name, d_k=D_K, d_v=D_V, heads=H, **{flag: True})
+    attn = build(name, d_k=D_K, d_v=D_V, heads=H, **{flag: False})
     assert not isinstance(attn, DenseAttention)
 
 
@@ -117,7 +126,7 @@ def test_key_size_sets_the_parameter_shapes() -> None:
 
 GROUPED = {
     "dense": ({"window_bias": True, "window_len": 4}, dense_reference),
-    "vq": ({"codebook_size": 8, "block_len": 5, "window_len": 4}, vq_window_reference),
+    "vq": ({"codebook_size": 8, "block_len": 5, "window_bias": True, "window_len": 4}, vq_window_reference),
     "linear": ({"feature_map": "favor", "chunk_size": 4}, linear_reference),
     "flash_chunk": ({"group_size": 5, "window_bias": True, "window_len": 3}, flash_chunk_reference),
 }
@@ -128,7 +137,7 @@ GROUPED = {
 def test_grouped_kv_heads_for_every_backend(name: str, kv_heads: int) -> None:
     options, reference = GROUPED[name]
     torch.manual_seed(0)
-    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=kv_heads, **options).eval()
+    attn = build(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=kv_heads, **options).eval()
     check_against_reference(
         with_random_bias(attn) if getattr(attn, "bias", None) is not None else attn,
         reference,
@@ -140,7 +149,7 @@ def test_grouped_kv_heads_for_every_backend(name: str, kv_heads: int) -> None:
 @pytest.mark.parametrize("name", ["dense", "linear", "flash_chunk"])
 def test_grouped_kv_equals_repeated_kv(name: str) -> None:
     options = {key: value for key, value in GROUPED[name][0].items() if not key.startswith("window")}
-    grouped = build_attention(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=1, **options).double()
+    grouped = build(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=1, **options).double()
     full = copy.deepcopy(grouped)
     full.kv_heads = H
     q, k, v = inputs(torch.float64, kv_heads=1)

@@ -16,7 +16,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from tests.helpers.paths import CONF
-from tvq_exp.attention import VQAttention, build_attention
+from tvq_exp.attention import build_attention
+from tvq_exp.attention.vq import VQAttention
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.run.validation import validate
 

@@ -46,7 +46,7 @@ from hydra.utils import get_method, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.attention.base import INJECTED_ARGUMENTS
 from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.options import OptionError, check_values, constraints
 from tvq_exp.quantize.codebook import VectorQuantizer
@@ -58,7 +58,7 @@ SIMPLE_TYPES = (int, float, bool, str)
 INJECTED = {
     "model": {"block", "attention", "pos_embedding"},
     "model.block": {"d_model", "attention"},
-    "model.attention": {"codebook"},  # and what the backend's class says a block passes (injected_arguments)
+    "model.attention": {"codebook", *INJECTED_ARGUMENTS},
     "model.attention.codebook": {"heads", "codebook_size", "dim"},
     "module": {"model", "run_config"},
     "data.task": {"seq_len", "vocab_size"},  # a synthetic probe's task gets the data module's row shape
@@ -232,15 +232,7 @@ def check_nodes(nodes: list[Node]) -> None:
     }
     for n in nodes:
         nested = children[n.key] | ({"name"} if n.key == "model.attention" else set())
-        check_node(
-            n.node, n.key, n.target, skip=INJECTED.get(n.key, set()) | _injected(n.target), nested=nested
-        )
-
-
-def _injected(target: Any) -> set[str]:
-    """The arguments a block passes to an attention backend, as its class declares them (none for others)."""
-    is_backend = isinstance(target, type) and issubclass(target, AttentionBackend)
-    return set(target.injected_arguments()) if is_backend else set()
+        check_node(n.node, n.key, n.target, skip=INJECTED.get(n.key, set()), nested=nested)
 
 
 def locate(error: OptionError, nodes: list[Node]) -> str:

@@ -21,7 +21,6 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
-from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import Above, AtLeast, OneOf, checked
 
 SCORES = ("relu2", "softmax")
@@ -52,11 +51,8 @@ class FlashChunkAttention(AttentionBackend):
         norm: ``count``: ``n_i`` is the number of keys summed by the normalised terms (at least 1);
             ``fixed``: ``n_i = norm_scale``.
         norm_scale: the fixed divisor (default ``group_size``).
-        window_bias: Transformer-XL relative bias inside the group (distances ``<= window_len``;
-            encoder: ``|i - j| <= window_len``).
-        window_len: the bias window (default ``group_size``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        window_len: the window of the Transformer-XL relative bias a block hands over, inside the group
+            (distances ``<= window_len``; encoder: ``|i - j| <= window_len``; default ``group_size``).
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: :class:`FlashChunkState` (the encoder form carries none: a plain :class:`State`).
@@ -76,18 +72,12 @@ class FlashChunkAttention(AttentionBackend):
         score: Annotated[str, OneOf(*SCORES)] = "relu2",
         norm: Annotated[str, OneOf(*NORMS)] = "count",
         norm_scale: Annotated[float, Above(0)] | None = None,
-        window_bias: bool = False,
         window_len: Annotated[int, AtLeast(0)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
     ) -> None:
         super().__init__(d_k, d_v, heads, causal, kv_heads)
-        window_len = group_size if window_len is None else window_len
         self.group_size, self.score, self.norm = group_size, score, norm
         self.norm_scale = float(group_size if norm_scale is None else norm_scale)
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
+        self.window_len = group_size if window_len is None else window_len
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: FlashChunkState | None = None

@@ -58,7 +58,6 @@ from tvq_exp.attention.blocked import (
 )
 from tvq_exp.attention.vq.cache import block_stats, running_code_means
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import Above, AtLeast, OneOf, OptionError, checked
 
 SEEDINGS = ("farthest", "first")
@@ -85,10 +84,8 @@ class OVQAttention(BlockedAttention):
         num_centroids: ``S``, dictionary slots per key/value head (the plateau of the growth).
         block_len: ``L``, positions per block: the exact window spans blocks ``r-1, r`` and the
             dictionary absorbs one block at a time.
-        window_bias: Transformer-XL relative bias inside the exact window.
-        window_len: ``M``, bias window (default ``block_len``; at most ``block_len``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        window_len: ``M``, the window of the Transformer-XL relative bias a block hands over, inside the exact
+            window (default ``block_len``; at most ``block_len``).
         growth_scale: ``α`` of the growth ``n(t) = min(S, ⌈α·ln(1 + t/α)⌉)`` (default ``S / 4``:
             the dictionary fills after about ``(e^4 − 1)·α ≈ 13.6·S`` positions).
         seeding: ``farthest`` (spread-maximising) or ``first`` (the block's first keys).
@@ -110,10 +107,7 @@ class OVQAttention(BlockedAttention):
         heads: int = 1,
         num_centroids: Annotated[int, AtLeast(1)] = 512,
         block_len: Annotated[int, AtLeast(1)] = 512,
-        window_bias: bool = True,
         window_len: Annotated[int, AtLeast(0)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
         growth_scale: Annotated[float, Above(0)] | None = None,
         seeding: Annotated[str, OneOf(*SEEDINGS)] = "farthest",
         grad_through_dictionary: bool = True,
@@ -130,9 +124,6 @@ class OVQAttention(BlockedAttention):
         self.num_centroids, self.block_len, self.window_len = num_centroids, block_len, window_len
         self.growth_scale = float(num_centroids / 4 if growth_scale is None else growth_scale)
         self.seeding, self.grad_through_dictionary = seeding, grad_through_dictionary
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
 
     def active_centroids(self, blocks: int) -> int:
         """Centroids in use after absorbing ``blocks`` blocks: ``min(S, ⌈α·ln(1 + t/α)⌉)``, ``t = blocks·L``

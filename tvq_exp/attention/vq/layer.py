@@ -40,7 +40,7 @@ from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
 from tvq_exp.measure.flops import mm, padded, with_backward
-from tvq_exp.nn.position import XLRelativeBias, window_distances
+from tvq_exp.nn.position import window_distances
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
@@ -65,10 +65,8 @@ class VQAttention(BlockedAttention):
         d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
         codebook_size: ``S``, codes per key head.
         block_len: ``L``; the result does not depend on it as long as ``L >= window_len``.
-        window_bias: Transformer-XL relative bias inside the window.
-        window_len: ``M``, bias window (default ``block_len``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        window_len: ``M``, the window of the Transformer-XL relative bias a block hands over (default
+            ``block_len``).
         use_cache: False drops the compressive cache: a sliding window over the distances ``0..window_len``
             (the official ``agg_cache=0``, the paper's cache ablation).
         grad_through_cache: True: gradients flow through the cache means to the values and to the keys
@@ -103,10 +101,7 @@ class VQAttention(BlockedAttention):
         heads: int = 1,
         codebook_size: int = 512,
         block_len: Annotated[int, AtLeast(1)] = 512,
-        window_bias: bool = True,
         window_len: Annotated[int, AtLeast(0)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
         use_cache: bool = True,
         grad_through_cache: bool = True,
         cache_key_grad: bool = False,
@@ -128,9 +123,6 @@ class VQAttention(BlockedAttention):
         self.kernel = kernel
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
         self.register_buffer("dist", window_distances(block_len), persistent=False)
 
     @property

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, State
+from tvq_exp.attention.base import AttentionBackend, State, with_position_bias
 from tvq_exp.nn.position import apply_rope
 
 AttentionFactory = Callable[..., AttentionBackend]
@@ -35,10 +35,11 @@ def build_block_attention(
     sinusoid_dropout: float = 0.0,
     **extra: Any,
 ) -> AttentionBackend:
-    """Call the attention factory; the XL window bias is on exactly when ``position == 'xl'``, its sinusoids
-    ``sinusoid_dim`` wide (the blocks pass ``d_model``, as the official code) with ``sinusoid_dropout``."""
-    bias = {"sinusoid_dim": sinusoid_dim, "sinusoid_dropout": sinusoid_dropout} if position == "xl" else {}
-    return attention(d_k=d_k, d_v=d_v, heads=heads, window_bias=position == "xl", **bias, **extra)
+    """Call the attention factory; with ``position == 'xl'`` build the XL relative bias over the backend's window
+    (its sinusoids ``sinusoid_dim`` wide, the blocks pass ``d_model`` as the official code, with
+    ``sinusoid_dropout``) and hand it over. A backend without the bias is refused then, with the reason."""
+    attn = attention(d_k=d_k, d_v=d_v, heads=heads, **extra)
+    return with_position_bias(attn, sinusoid_dim, sinusoid_dropout) if position == "xl" else attn
 
 
 def rotate(q: Tensor, k: Tensor, t0: int, position: str) -> tuple[Tensor, Tensor]:
