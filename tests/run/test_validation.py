@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from tests.helpers.paths import CONF, REPO
+from tvq_exp.attention.registry import BACKENDS
 from tvq_exp.run.schema import LIGHTNING_PRECISIONS
 from tvq_exp.run.validation import Command, ConfigError, build_run, check, validate
 
@@ -88,6 +89,7 @@ def test_the_smoke_preset_itself_is_valid() -> None:
 
 MODEL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+ATTENTION_PRESETS = sorted(p.stem for p in (CONF / "model" / "attention").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("model", MODEL_PRESETS)
@@ -95,6 +97,20 @@ def test_every_model_preset_passes_validation(model: str) -> None:
     """Validation must accept every shipped preset: `python train.py model=NAME` may not be refused."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         assert_accepted(compose("train", overrides=[f"model={model}"]))
+
+
+@pytest.mark.parametrize("attention", ATTENTION_PRESETS)
+def test_every_attention_preset_passes_validation_in_both_blocks(attention: str) -> None:
+    """Every ``conf/model/attention`` preset (a new backend's YAML included) makes a valid model with either block,
+    with the XL bias where its class takes one (else RoPE)."""
+    name = OmegaConf.load(CONF / "model" / "attention" / f"{attention}.yaml").name
+    position = "xl" if BACKENDS[name].supports_position_bias else "rope"
+    for model in ("gau_dense", "mha_dense"):
+        assert_accepted(
+            compose_train(
+                [f"model={model}", f"model/attention={attention}", f"model.block.position={position}"]
+            )
+        )
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
