@@ -179,12 +179,25 @@ def test_eval_script_refuses_a_missing_checkpoint_in_one_line(tmp_path: Path) ->
 # guard value before it. The script runs the real entry point and reports what was imported when it exited.
 REFUSAL = """
 import runpy, sys
-sys.argv = ["train.py", *sys.argv[1:]]
+script = sys.argv[1]
+sys.argv = [script, *sys.argv[2:]]
 try:
-    runpy.run_path("train.py", run_name="__main__")
+    runpy.run_path(script, run_name="__main__")
 except SystemExit as stop:
-    print(stop.code, "lightning" in sys.modules, "tvq_exp.run.fit" in sys.modules)
+    print(stop.code, "lightning" in sys.modules, "tvq_exp.run.build" in sys.modules)
 """
+
+
+def refusal(script: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """Run the entry point ``script`` with ``overrides`` as a user would; stdout says what was imported."""
+    return subprocess.run(
+        [sys.executable, "-c", REFUSAL, script, *overrides],
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize(
@@ -199,16 +212,27 @@ except SystemExit as stop:
     ],
 )
 def test_train_refuses_a_bad_value_before_importing_lightning(override: str, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", REFUSAL, "experiment=smoke", override, f"paths.log_dir={tmp_path}"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = refusal("train.py", "experiment=smoke", override, f"paths.log_dir={tmp_path}")
     assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    "script,override,key",
+    [
+        ("eval.py", "split=train", "split"),
+        ("eval.py", "limit_batches=0", "limit_batches"),
+        ("sample.py", "num_samples=0", "num_samples"),
+        ("sample.py", "top_p=1.5", "top_p"),
+    ],
+)
+def test_eval_and_sample_refuse_a_bad_value_before_importing_lightning(
+    script: str, override: str, key: str, tmp_path: Path
+) -> None:
+    result = refusal(script, f"ckpt_path={tmp_path / 'none.ckpt'}", override)
+    assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}="), result.stderr
 
 
 def test_lightning_precisions_are_written_out_as_lightning_has_them() -> None:

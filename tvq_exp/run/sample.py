@@ -11,12 +11,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from tvq_exp.console import quiet, say
-from tvq_exp.data.images.render import image_grid, levels_to_uint8, save_png
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.generation import generate, sample_images
-from tvq_exp.run.build import load_checkpoint, set_torch_threads
-from tvq_exp.run.validation import Command, ConfigError, validate
+from tvq_exp.run.validation import Command, ConfigError, check
 
 TEXT_VOCAB = 256
 
@@ -28,8 +25,12 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     ``cfg.num_samples`` sampled images as one PNG grid instead (:func:`sample_checkpoint_grid`)
     and returns its path.
     """
+    check(cfg, Command.SAMPLE)
+    # Lightning and what imports it only for a config that passed (fast refusal)
+    from tvq_exp.console import quiet, say  # noqa: PLC0415
+    from tvq_exp.run.build import load_checkpoint, set_torch_threads  # noqa: PLC0415
+
     quiet()
-    validate(cfg, Command.SAMPLE)
     set_torch_threads(cfg)
     module, config, _ = load_checkpoint(cfg.ckpt_path)
     if module.kind == "image":
@@ -102,6 +103,9 @@ def sample_grid_png(
 ) -> Path:
     """Sample ``num_samples`` images of the run's data (``data_config``: ``image_shape``, ``vocab_size``)
     and write them as one PNG grid at ``path`` -> the path."""
+    # the data package imports Lightning: only once the config passed (fast refusal)
+    from tvq_exp.data.images.render import image_grid, levels_to_uint8, save_png  # noqa: PLC0415
+
     image_shape = [int(size) for size in data_config["image_shape"]]
     levels = int(data_config["vocab_size"]) - 1
     images = sample_images(model, num_samples, image_shape, levels, temperature, top_k, top_p, generator)
