@@ -8,7 +8,13 @@ import torch
 from tests.attention.backends import build
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.vq import VQAttention
-from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
+from tvq_exp.attention.vq.kernel import (
+    CodeCache,
+    WindowBias,
+    WindowInputs,
+    window_cache_attention,
+    window_index,
+)
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
 
@@ -236,14 +242,14 @@ def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int
     return inputs
 
 
-def grouped(inputs: dict) -> dict:
-    """The kernels' arguments from :func:`kernel_inputs`' flat tensors: the bias and cache as their groups."""
-    out = {key: inputs[key] for key in ("q", "kb", "vb", "index")}
-    if "rel" in inputs:
-        out["bias"] = WindowBias(inputs["bias_q"], inputs["rel"])
-    if "mu" in inputs:
-        out["cache"] = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"])
-    return out
+def grouped(inputs: dict) -> WindowInputs:
+    """The kernels' inputs from :func:`kernel_inputs`' flat tensors (the bias and cache as their groups; item 0
+    without a previous block)."""
+    bias = WindowBias(inputs["bias_q"], inputs["rel"]) if "rel" in inputs else None
+    cache = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]) if "mu" in inputs else None
+    return WindowInputs(
+        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], bias, cache, prev_masked=True
+    )
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -252,11 +258,11 @@ def grouped(inputs: dict) -> dict:
 def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cache: bool, rows: int) -> None:
     inputs = kernel_inputs(bias, cache, rows)
     wrt = [x for x in inputs.values() if x.requires_grad]
-    ref = window_cache_reference(**grouped(inputs), prev_masked=True)
+    ref = window_cache_reference(grouped(inputs))
     g = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * g).sum(), wrt)
     for chunk in (1, 2, 3, 5, 8):
-        out = window_cache_attention(**grouped(inputs), prev_masked=True, chunk=chunk)
+        out = window_cache_attention(grouped(inputs), chunk=chunk)
         assert torch.allclose(out, ref, atol=1e-12, rtol=0)
         grads = torch.autograd.grad((out * g).sum(), wrt)
         for name, got, want in zip(
@@ -272,9 +278,7 @@ def test_kernel_passes_gradcheck() -> None:
         k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"
     } | {"index": inputs["index"]}
     names = [k for k, v in inputs.items() if v.requires_grad]
-    fn = lambda *xs: window_cache_attention(
-        **grouped(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2
-    )
+    fn = lambda *xs: window_cache_attention(grouped(inputs | dict(zip(names, xs, strict=True))), chunk=2)
     assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])
 
 
@@ -282,10 +286,10 @@ def test_kernel_under_bf16_autocast_tracks_fp32() -> None:
     inputs = {
         k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()
     }
-    ref = window_cache_reference(**grouped(inputs), prev_masked=True)
+    ref = window_cache_reference(grouped(inputs))
     low = {k: v.bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = window_cache_attention(**grouped(low), prev_masked=True)
+        out = window_cache_attention(grouped(low))
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), ref, atol=0.05, rtol=0.05)
 

@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 
 from tests.attention.backends import NAMES, backend_class, build, small_options
 from tests.attention.test_flash_chunk import with_random_bias
-from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
+from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err, sized
 from tests.helpers.paths import CONF
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.base import repeat_kv
@@ -35,9 +35,9 @@ CORPUS = Path("/work/shared/datasets/text/tinyshakespeare.txt")
 def test_identity_talking_heads_equal_plain_multi_head_attention() -> None:
     q, k, v = inputs(torch.float64, kv_heads=2)
     for score in ("softmax", "relu2"):
-        plain = DenseAttention(D_K, D_V, H, kv_heads=2, score=score).double()
-        talking = DenseAttention(
-            D_K, D_V, H, kv_heads=2, score=score, talking_heads=True, talking_heads_post=True
+        plain = sized("dense", kv_heads=2, score=score).double()
+        talking = sized(
+            "dense", kv_heads=2, score=score, talking_heads=True, talking_heads_post=True
         ).double()
         assert torch.equal(talking.mix_pre, torch.eye(H, dtype=torch.float64))
         assert rel_err(talking(q, k, v)[0], plain(q, k, v)[0]) < 1e-12
@@ -47,11 +47,14 @@ def test_identity_talking_heads_equal_plain_multi_head_attention() -> None:
 def test_identity_talking_heads_block_equals_plain_block() -> None:
     torch.manual_seed(0)
     plain = MHABlock(
-        24, functools.partial(build_attention, name="dense", window_len=8), heads=4, position="xl"
+        d_model=24,
+        attention=functools.partial(build_attention, name="dense", window_len=8),
+        heads=4,
+        position="xl",
     ).double()
     talking = MHABlock(
-        24,
-        functools.partial(build_attention, name="dense", window_len=8, talking_heads=True),
+        d_model=24,
+        attention=functools.partial(build_attention, name="dense", window_len=8, talking_heads=True),
         heads=4,
         position="xl",
     ).double()
@@ -63,11 +66,8 @@ def test_identity_talking_heads_block_equals_plain_block() -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("post", [False, True])
 def test_talking_heads_equal_reference(dtype: torch.dtype, post: bool) -> None:
-    attn = build(
+    attn = sized(
         "dense",
-        d_k=D_K,
-        d_v=D_V,
-        heads=H,
         kv_heads=2,
         talking_heads=True,
         talking_heads_post=post,
@@ -112,13 +112,13 @@ def test_talking_heads_refused_when_the_config_is_composed(backend: str) -> None
 # ---------------------------------------------------------------- key_size / kv_heads
 def test_key_size_sets_the_parameter_shapes() -> None:
     attn = functools.partial(build_attention, name="dense", window_len=8)
-    blk = MHABlock(32, attn, heads=4, head_size=10, key_size=6, kv_heads=2, position="xl")
+    blk = MHABlock(d_model=32, attention=attn, heads=4, head_size=10, key_size=6, kv_heads=2, position="xl")
     assert blk.w_q.weight.shape == (4 * 6, 32)
     assert blk.w_kv.weight.shape == (2 * (6 + 10), 32)
     assert blk.w_o.weight.shape == (32, 4 * 10)
     assert (blk.attn.d_k, blk.attn.d_v, blk.attn.kv_heads) == (6, 10, 2)
     assert blk.attn.bias.u.shape == (4, 6)
-    default = MHABlock(32, attn, heads=4, position="xl")
+    default = MHABlock(d_model=32, attention=attn, heads=4, position="xl")
     assert default.w_q.weight.shape == (32, 32) and default.w_kv.weight.shape == (2 * 32, 32)
     out, _, _ = blk(torch.randn(2, 7, 32))
     assert out.shape == (2, 7, 32)
@@ -157,7 +157,7 @@ def test_grouped_kv_equals_repeated_kv(name: str) -> None:
 
 
 def test_mqa_softmax_equals_plain_reference() -> None:
-    attn = DenseAttention(D_K, D_V, H, kv_heads=1).double()
+    attn = sized("dense", kv_heads=1).double()
     q, k, v = inputs(torch.float64, kv_heads=1)
     assert rel_err(attn(q, k, v)[0], softmax_attention(q, k, v)) < 1e-12
 
@@ -184,8 +184,12 @@ def build_block(kind: str, backend: str) -> torch.nn.Module:
     attn = functools.partial(build_attention, **options)
     torch.manual_seed(0)
     if kind == "gau":
-        return GAUBlock(16, attn, d_k=6, heads=2, position=position).double().eval()
-    return MHABlock(16, attn, heads=4, key_size=6, kv_heads=2, position=position).double().eval()
+        return GAUBlock(d_model=16, attention=attn, d_k=6, heads=2, position=position).double().eval()
+    return (
+        MHABlock(d_model=16, attention=attn, heads=4, key_size=6, kv_heads=2, position=position)
+        .double()
+        .eval()
+    )
 
 
 @pytest.mark.parametrize("kind", ["gau", "mha"])

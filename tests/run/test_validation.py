@@ -18,8 +18,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from tests.helpers.paths import CONF, REPO
 from tvq_exp.attention.registry import BACKENDS
+from tvq_exp.attention.vq import VQAttention
+from tvq_exp.models.blocks import GAUBlock
+from tvq_exp.options import constraints
 from tvq_exp.run.schema import LIGHTNING_PRECISIONS
-from tvq_exp.run.validation import Command, ConfigError, build_run, check, validate
+from tvq_exp.run.validation import Command, ConfigError, build_run, check, schema_for, validate
 
 TINY = ["experiment=smoke"]
 
@@ -32,6 +35,8 @@ BAD_OVERRIDES: list[tuple[list[str], str]] = [
     (["model.attention.codebook_size=0"], "model.attention.codebook_size"),
     (["model.attention.window_len=64"], "model.attention.window_len"),  # > block_len=32
     (["model.attention.name=nope"], "model.attention.name"),
+    (["+model.attention.causal=abc"], "model.attention.causal"),  # declared by the base class
+    (["+model.block.layerdrop=1.5"], "model.block.layerdrop"),  # likewise for the blocks
     (["+model.attention.codebok_size=8"], "model.attention.codebok_size"),
     (["model.d_model=0"], "model.d_model"),
     (["model.n_layers=0"], "model.n_layers"),
@@ -97,6 +102,26 @@ def test_every_model_preset_passes_validation(model: str) -> None:
     """Validation must accept every shipped preset: `python train.py model=NAME` may not be refused."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         assert_accepted(compose("train", overrides=[f"model={model}"]))
+
+
+def test_schemas_follow_the_shared_options_to_the_base_class() -> None:
+    """A backend or block hands its shared options on (``**shape``, ``**options``): its schema and rules are its own
+    options and its base's, never the ``**`` parameter itself."""
+    for target, own, shared in [
+        (
+            VQAttention,
+            {"codebook_size", "block_len", "window_len"},
+            {"d_k", "d_v", "heads", "causal", "kv_heads"},
+        ),
+        (
+            GAUBlock,
+            {"d_k", "expansion", "heads"},
+            {"d_model", "attention", "position", "dropout", "layerdrop"},
+        ),
+    ]:
+        fields = set(schema_for(target).__dataclass_fields__)
+        assert own | shared <= fields and not fields & {"shape", "options"}, target
+    assert {"d_k", "block_len"} <= set(constraints(VQAttention)) and "layerdrop" in constraints(GAUBlock)
 
 
 @pytest.mark.parametrize("attention", ATTENTION_PRESETS)

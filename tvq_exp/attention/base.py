@@ -21,7 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, ClassVar, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Required, Self, TypedDict, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,17 @@ Aux = dict[str, Tensor]
 INJECTED_ARGUMENTS = frozenset({"d_k", "d_v", "heads", "kv_heads"})
 TALKING_HEADS_ARGUMENTS = ("talking_heads", "talking_heads_post")
 BackendT = TypeVar("BackendT", bound="AttentionBackend")
+
+
+class Shape(TypedDict, total=False):
+    """The options every backend takes and hands on to :class:`AttentionBackend`'s constructor (a subclass declares
+    ``**shape: Unpack[Shape]`` after its own, keyword-only, options; config validation follows it there)."""
+
+    d_k: Required[int]
+    d_v: Required[int]
+    heads: int
+    causal: bool
+    kv_heads: int | None
 
 
 @dataclasses.dataclass(eq=False)
@@ -104,8 +115,16 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class AttentionBackend(nn.Module, abc.ABC):
-    """Base class: shape checks, the shared fields ``d_k, d_v, heads, causal`` and the capabilities a backend
-    declares (class attributes, read by the registry, config validation, the benchmarks and the tests)."""
+    """Base class: shape checks, the shared options (:class:`Shape`) and the capabilities a backend declares (class
+    attributes, read by the registry, config validation, the benchmarks and the tests).
+
+    Args:
+        d_k, d_v: per-head key and value sizes.
+        heads: query heads.
+        causal: decoder (True) or encoder (False) attention; False only where ``supports_encoder``.
+        kv_heads: key/value heads (divides ``heads``; 1 = multi-query; default ``heads``), where
+            ``supports_kv_groups``.
+    """
 
     supports_kv_groups: ClassVar[bool] = True  # keys/values may have fewer heads (``kv_heads``) than queries
     supports_position_bias: ClassVar[bool] = (
@@ -135,6 +154,8 @@ class AttentionBackend(nn.Module, abc.ABC):
             raise OptionError("kv_heads", kv_heads, f"must divide heads={heads}", type(self))
         if kv_heads != heads and not self.supports_kv_groups:
             raise OptionError("kv_heads", kv_heads, "grouped key/value heads are not supported", type(self))
+        if not causal and not self.supports_encoder:
+            raise OptionError("causal", causal, "must be True: this backend has no encoder form", type(self))
         self.d_k, self.d_v, self.heads, self.kv_heads, self.causal = d_k, d_v, heads, kv_heads, causal
         self.bias: XLRelativeBias | None = None  # the XL relative bias, when a block hands one over
         self.window_len: int | None = (

@@ -13,13 +13,13 @@ the current total length: streaming and token-by-token decoding equal the parall
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
 from tvq_exp.options import Above, AtLeast, OneOf, checked
 
@@ -42,9 +42,7 @@ class FlashChunkAttention(AttentionBackend):
     """FLASH mixed chunk attention.
 
     Args:
-        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
-        causal: decoder (True) or encoder (False).
-        kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`).
         group_size: ``G``, positions per group.
         score: ``relu2``: ``o_i = (Σ_quad relu(s_ij)² v_j + Σ_lin (q_i·k_j) v_j) / n_i``;
             ``softmax``: ``o_i = softmax_quad(s_i)·v + Σ_lin (q_i·k_j) v_j / n_i``.
@@ -63,18 +61,15 @@ class FlashChunkAttention(AttentionBackend):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
-        causal: bool = True,
-        kv_heads: int | None = None,
+        *,
         group_size: Annotated[int, AtLeast(1)] = 256,
         score: Annotated[str, OneOf(*SCORES)] = "relu2",
         norm: Annotated[str, OneOf(*NORMS)] = "count",
         norm_scale: Annotated[float, Above(0)] | None = None,
         window_len: Annotated[int, AtLeast(0)] | None = None,
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
+        super().__init__(**shape)
         self.group_size, self.score, self.norm = group_size, score, norm
         self.norm_scale = float(group_size if norm_scale is None else norm_scale)
         self.window_len = group_size if window_len is None else window_len

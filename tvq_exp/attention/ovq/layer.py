@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype
 from tvq_exp.attention.blocked import (
     BlockedAttention,
     BlockLayout,
@@ -80,7 +80,8 @@ class OVQAttention(BlockedAttention):
     """OVQ-attention backend (decoder only).
 
     Args:
-        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`);
+            ``causal`` must be True (the dictionary is learned online, left to right); one dictionary per kv head.
         num_centroids: ``S``, dictionary slots per key/value head (the plateau of the growth).
         block_len: ``L``, positions per block: the exact window spans blocks ``r-1, r`` and the
             dictionary absorbs one block at a time.
@@ -90,8 +91,6 @@ class OVQAttention(BlockedAttention):
             the dictionary fills after about ``(e^4 − 1)·α ≈ 13.6·S`` positions).
         seeding: ``farthest`` (spread-maximising) or ``first`` (the block's first keys).
         grad_through_dictionary: gradients reach the keys and values through the dictionary.
-        causal: must be True (the dictionary is learned online, left to right).
-        kv_heads: key/value heads (divides ``heads``; 1 = multi-query); one dictionary per kv head.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: :class:`OVQState`: the positions ``max(0, (t//L − 1)·L) .. t−1`` and the dictionary.
@@ -102,22 +101,16 @@ class OVQAttention(BlockedAttention):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
+        *,
         num_centroids: Annotated[int, AtLeast(1)] = 512,
         block_len: Annotated[int, AtLeast(1)] = 512,
         window_len: Annotated[int, AtLeast(0)] | None = None,
         growth_scale: Annotated[float, Above(0)] | None = None,
         seeding: Annotated[str, OneOf(*SEEDINGS)] = "farthest",
         grad_through_dictionary: bool = True,
-        causal: bool = True,
-        kv_heads: int | None = None,
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if not causal:
-            allowed = "must be True: the dictionary is learned online, left to right (decoder only)"
-            raise OptionError("causal", causal, allowed, type(self))
+        super().__init__(**shape)
         window_len = resolve_window(window_len, block_len, type(self))
         if growth_scale is not None and not math.isfinite(growth_scale):
             raise OptionError("growth_scale", growth_scale, "must be finite (a number > 0)", type(self))
