@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.attention.backends import build
+from tests.attention.test_linear import check_against_reference, sized
 from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
 
 
@@ -19,16 +20,9 @@ def _qkv(b=2, h=2, t=11, dk=5, dv=3, hk=None, dtype=torch.float64):
 
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_dense_equals_reference_fp64(kv_heads: int) -> None:
-    attn = build("dense", d_k=5, d_v=3, heads=2, kv_heads=kv_heads).double()
-    q, k, v = _qkv(hk=kv_heads)
-    out, _, _ = attn(q, k, v)
-    ref = softmax_attention(q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
-    for a, b in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(a, b, atol=1e-10, rtol=0)
+    """Forward and gradients against plain masked softmax (keys and values shared by ``H / kv_heads`` heads)."""
+    reference = lambda _, q, k, v: softmax_attention(q, k, v)  # noqa: E731
+    check_against_reference(sized("dense", kv_heads=kv_heads), reference, torch.float64, kv_heads)
 
 
 def test_dense_with_window_bias_equals_reference() -> None:

@@ -52,8 +52,18 @@ def _qkv(t_q: int, past: int, device: str):
     return q, k, v
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+def _close(out: torch.Tensor, ref: torch.Tensor, params: tuple[torch.Tensor, ...] = ()) -> None:
+    """``out`` equals ``ref`` (flex's tolerance), and so do their gradients to ``params`` (by position in a
+    failure's message)."""
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
+    if not params:
+        return
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * g).sum(), params)
+    ref_grads = torch.autograd.grad((ref * g).sum(), params)
+    for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert a is not None, f"no gradient to parameter {i}"
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m, i=i: f"gradient {i}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -64,13 +74,7 @@ def test_flex_gradients_equal_plain_path(causal: bool, past: int, device: str) -
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
     ref = attn.attend_plain(q, k, v, past)  # explicit logits + bias + masked softmax
     out = attn.attend_flex(q, k, v, past)  # CPU: eager flex; CUDA: compiled
-    _close(out, ref)
-    g = torch.randn_like(ref)
-    ref_grads = torch.autograd.grad((ref * g).sum(), params)
-    grads = torch.autograd.grad((out * g).sum(), params)
-    for name, a, b in zip(("q", "k", "v", "u", "v_bias", "W_r"), grads, ref_grads, strict=True):
-        assert a is not None, name
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m, name=name: f"grad {name}: {m}")
+    _close(out, ref, params)  # q, k, v, u, v (bias), W_r
 
 
 @pytest.mark.parametrize(("causal", "past"), CASES)
@@ -87,14 +91,7 @@ def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
     ref = attn.attend_plain(q, k, v, past)
     out = attn.attend_flex(q, k, v, past)
-    _close(out, ref)
-    g = torch.randn_like(ref)
-    for a, b in zip(
-        torch.autograd.grad((out * g).sum(), params),
-        torch.autograd.grad((ref * g).sum(), params),
-        strict=True,
-    ):
-        _close(a, b)
+    _close(out, ref, params)
 
 
 def test_flex_equals_explicit_bias_matrix() -> None:
@@ -105,15 +102,7 @@ def test_flex_equals_explicit_bias_matrix() -> None:
         attn.bias.content_query(q), k, v, causal=True, bias=window_bias_matrix(attn.bias, q, causal=True)
     )
     out = attn.attend_flex(q, k, v)
-    _close(out, ref)
-    g = torch.randn_like(ref)
-    params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
-    for a, b in zip(
-        torch.autograd.grad((out * g).sum(), params),
-        torch.autograd.grad((ref * g).sum(), params),
-        strict=True,
-    ):
-        _close(a, b)
+    _close(out, ref, (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight))
 
 
 def test_flex_without_bias_equals_sdpa_path() -> None:
@@ -121,14 +110,7 @@ def test_flex_without_bias_equals_sdpa_path() -> None:
     q, k, v = _qkv(13, 6, "cpu")
     ref = attn.attend_plain(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
     out = attn.attend_flex(q, k, v, 6)
-    _close(out, ref)
-    g = torch.randn_like(ref)
-    for a, b in zip(
-        torch.autograd.grad((out * g).sum(), (q, k, v)),
-        torch.autograd.grad((ref * g).sum(), (q, k, v)),
-        strict=True,
-    ):
-        _close(a, b)
+    _close(out, ref, (q, k, v))
 
 
 def _compiled_forward(causal: bool, past: int) -> None:

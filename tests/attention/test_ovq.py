@@ -3,20 +3,18 @@ exactly like the parallel forward, and reports its state size and matmul FLOPs e
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tests.attention.backends import build
+from tests.attention.test_linear import check_against_reference, rel_err
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.ovq import OVQAttention, OVQState
 from tvq_exp.attention.ovq.naive import ovq_attention as ovq_reference
 from tvq_exp.options import OptionError
 
 B, H, D_K, D_V = 2, 4, 6, 5  # head dims deliberately not powers of two
-TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 # (T, block_len, num_centroids, growth_scale): the dictionary fills up and stays full / grows slowly /
 # every absorbed key gets its own centroid
 SHAPES = [(23, 4, 6, 2.0), (26, 3, 40, 3.0), (19, 5, 30, 1e9)]
@@ -50,10 +48,6 @@ def inputs(
     return tuple(x.to(dtype).requires_grad_(True) for x in (q, k, v))
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
 def state_equal(a: OVQState, b: OVQState) -> bool:
     return a == b  # the same position and exactly the same tensors
 
@@ -71,18 +65,8 @@ def state_equal(a: OVQState, b: OVQState) -> bool:
 def test_equals_token_loop_reference(dtype: torch.dtype, shape: tuple, options: dict) -> None:
     t, block_len, size, scale = shape
     attn = make(dtype, block_len=block_len, num_centroids=size, growth_scale=scale, **options)
-    ref_attn = copy.deepcopy(attn).double()
-    q, k, v = inputs(t, options["kv_heads"], dtype)
-    out = attn(q, k, v)[0]
-    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
-    ref = ovq_reference(ref_attn, q64, k64, v64)
-    assert out.dtype == dtype and out.shape == ref.shape == (B, H, t, D_V)
-    assert rel_err(out, ref) < TOL[dtype]
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
-    for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
-        assert rel_err(g, rg) < TOL[dtype], name
+    qkv = inputs(t, options["kv_heads"], dtype)
+    check_against_reference(attn, ovq_reference, dtype, options["kv_heads"], qkv)
 
 
 def test_one_centroid_per_absorbed_key_is_exact_softmax_attention() -> None:
@@ -199,7 +183,7 @@ def test_bf16_autocast_keeps_the_state_in_fp32() -> None:
 
 
 def test_growth_plateaus_and_adds_at_most_a_block() -> None:
-    attn = OVQAttention(D_K, D_V, num_centroids=50, block_len=8)  # default growth_scale: S / 4
+    attn = OVQAttention(d_k=D_K, d_v=D_V, num_centroids=50, block_len=8)  # default growth_scale: S / 4
     counts = [attn.active_centroids(b) for b in range(200)]
     steps = [b - a for a, b in zip(counts[:-1], counts[1:], strict=True)]
     assert counts[0] == 0 and counts[-1] == 50 and all(0 <= s <= 8 for s in steps)

@@ -27,10 +27,13 @@ def make(block: str, attention: str) -> Decoder:
     return Decoder(256, 32, 2, BLOCKS[block], ATTENTION[attention]).double().eval()
 
 
-@pytest.mark.parametrize("attention", list(ATTENTION))
-@pytest.mark.parametrize("block", list(BLOCKS))
-def test_segments_and_decoding_equal_one_shot(block: str, attention: str) -> None:
-    model = make(block, attention)
+@pytest.fixture(params=[(b, a) for b in BLOCKS for a in ATTENTION], ids=lambda p: "-".join(p))
+def model(request: pytest.FixtureRequest) -> Decoder:
+    """A small decoder of every block with every attention (fp64, eval mode)."""
+    return make(*request.param)
+
+
+def test_segments_and_decoding_equal_one_shot(model: Decoder) -> None:
     x = torch.randint(0, 256, (2, 23))
     full = model(x).logits
     a = model(x[:, :9])
@@ -44,10 +47,7 @@ def test_segments_and_decoding_equal_one_shot(block: str, attention: str) -> Non
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-10)
 
 
-@pytest.mark.parametrize("attention", list(ATTENTION))
-@pytest.mark.parametrize("block", list(BLOCKS))
-def test_changing_token_t_never_changes_earlier_outputs(block: str, attention: str) -> None:
-    model = make(block, attention)
+def test_changing_token_t_never_changes_earlier_outputs(model: Decoder) -> None:
     x = torch.randint(0, 256, (1, 20))
     base = model(x).logits
     for t in (0, 7, 13, 19):
