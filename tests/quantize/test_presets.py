@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from tests.attention.backends import build
 from tests.helpers.paths import CONF
-from tvq_exp.attention import build_attention
 from tvq_exp.attention.vq import VQAttention
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.run.validation import validate
@@ -67,8 +67,16 @@ def trained(name: str) -> VQAttention:
     """A small fp64 VQ attention with the preset's codebook after three training steps, in eval mode."""
     torch.manual_seed(0)
     options = preset(name) | {"sample_keys": 64}
-    attn = build_attention(
-        "vq", d_k=4, d_v=3, heads=2, codebook_size=6, block_len=L, window_len=2, codebook=options
+    attn = build(
+        "vq",
+        d_k=4,
+        d_v=3,
+        heads=2,
+        codebook_size=6,
+        block_len=L,
+        window_len=2,
+        codebook=options,
+        window_bias=True,
     ).double()
     torch.nn.init.normal_(attn.bias.u)
     torch.nn.init.normal_(attn.bias.v)
