@@ -96,14 +96,17 @@ def readme_table() -> dict[str, str]:
     return dict(rows)
 
 
-@pytest.mark.parametrize("group", ["experiment", "model", "model/attention", "sweep"])
-def test_every_preset_is_named_in_the_readme_table(group: str) -> None:
+# model/attention's row names examples (one preset per backend: a new backend's recipe does not edit the README)
+@pytest.mark.parametrize(
+    ("group", "every"), [("experiment", True), ("model", True), ("model/attention", False), ("sweep", True)]
+)
+def test_every_preset_is_named_in_the_readme_table(group: str, every: bool) -> None:
     table = readme_table()
     assert group in table, f"README's config-group table has no row for `{group}`"
-    named = set(re.findall(r"`([\w.-]+)`", table[group]))
+    named = set(re.findall(r"`([\w.-]+)`", table[group])) - {"BACKENDS"}
     presets = {p.stem for p in (CONF / group).glob("*.yaml")}
     assert presets, f"conf/{group} has no presets"
-    assert not presets - named, f"README's `{group}` row lacks {sorted(presets - named)}"
+    assert not (every and presets - named), f"README's `{group}` row lacks {sorted(presets - named)}"
     assert not named - presets, f"README's `{group}` row names {sorted(named - presets)}, not in conf/{group}"
 
 

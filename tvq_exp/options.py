@@ -151,15 +151,31 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def constraints(fn: Callable[..., Any]) -> dict[str, Constraint]:
-    """The :class:`Constraint` of every annotated parameter of ``fn`` (a function or a class's ``__init__``)."""
-    fn = getattr(fn, "__init__", fn) if inspect.isclass(fn) else fn
-    hints = typing.get_type_hints(inspect.unwrap(fn), include_extras=True)
-    found = {}
-    for name, hint in hints.items():
-        for meta in _annotated_metadata(hint):
-            if isinstance(meta, Constraint):
-                found[name] = meta
+def option_functions(target: Callable[..., Any]) -> list[Callable[..., Any]]:
+    """The (undecorated) functions whose parameters are ``target``'s options: a function itself; for a class its
+    constructor and, while a constructor hands its ``**options`` on to its base class's, that one too (an attention
+    backend takes its own options and passes the shared ones, ``d_k, d_v, heads, ...``, to its base)."""
+    if not inspect.isclass(target):
+        return [inspect.unwrap(target)]
+    found = []
+    for cls in target.__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        found.append(inspect.unwrap(vars(cls)["__init__"]))
+        if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(found[-1]).parameters.values()):
+            break
+    return found
+
+
+def constraints(target: Callable[..., Any]) -> dict[str, Constraint]:
+    """The :class:`Constraint` of every annotated option of ``target`` (a function, a class's ``__init__``, or a
+    class: its options as :func:`option_functions` finds them)."""
+    found: dict[str, Constraint] = {}
+    for fn in reversed(option_functions(target)):  # a constructor's own rule overrides its base's
+        for name, hint in typing.get_type_hints(fn, include_extras=True).items():
+            for meta in _annotated_metadata(hint):
+                if isinstance(meta, Constraint):
+                    found[name] = meta
     return found
 
 
@@ -209,4 +225,5 @@ __all__ = [
     "check_values",
     "checked",
     "constraints",
+    "option_functions",
 ]

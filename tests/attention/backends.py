@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tvq_exp.attention.base import AttentionBackend
-from tvq_exp.attention.registry import BACKENDS
+from tvq_exp.attention.base import AttentionBackend, with_position_bias
+from tvq_exp.attention.registry import BACKENDS, build_attention
 
 ROWS: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "dense": lambda length, codes: {"window_len": length},
@@ -24,8 +24,8 @@ NAMES = sorted(BACKENDS)
 
 
 def small_options(name: str, length: int = 4, codes: int = 5, position_bias: bool = True) -> dict[str, Any]:
-    """``build_attention`` options of backend ``name`` (without ``d_k, d_v, heads``): its row, and the XL bias
-    on where its class takes one and ``position_bias`` asks for it."""
+    """Options of backend ``name`` for :func:`build` (without ``d_k, d_v, heads``): its row, and the XL bias on where
+    its class takes one and ``position_bias`` asks for it."""
     options = ROWS[name](length, codes)
     if position_bias and BACKENDS[name].supports_position_bias:
         options["window_bias"] = True
@@ -35,3 +35,10 @@ def small_options(name: str, length: int = 4, codes: int = 5, position_bias: boo
 def backend_class(name: str) -> type[AttentionBackend]:
     """The class of backend ``name`` (its capabilities)."""
     return BACKENDS[name]
+
+
+def build(name: str, window_bias: bool = False, **options: Any) -> AttentionBackend:
+    """``build_attention(name, **options)``; with ``window_bias``, given the XL bias over its window that a block
+    with ``position=xl`` builds (:func:`~tvq_exp.attention.base.with_position_bias`)."""
+    attn = build_attention(name, **options)
+    return with_position_bias(attn) if window_bias else attn

@@ -6,18 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.attention.backends import build
 from tests.attention.test_flash_chunk import with_random_bias
-from tests.attention.test_linear import D_K, D_V, H, T, check_against_reference, inputs, rel_err
-from tvq_exp.attention import DenseAttention, State, VQAttention, build_attention
+from tests.attention.test_linear import D_K, D_V, H, T, check_against_reference, inputs, rel_err, sized
+from tvq_exp.attention import State
 from tvq_exp.attention.dense.naive import dense_attention as dense_reference
 from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention.vq import VQAttention
 from tvq_exp.attention.vq.naive import vq_attention as vq_window_reference
 
 
 def vq_attention(causal: bool = False, **options) -> VQAttention:
     torch.manual_seed(0)
     options = {"codebook_size": 8, "block_len": 5, "window_len": 4, **options}
-    return with_random_bias(VQAttention(D_K, D_V, H, causal=causal, kv_heads=2, **options)).eval()
+    return with_random_bias(sized("vq", causal=causal, kv_heads=2, **{"window_bias": True, **options})).eval()
 
 
 VQ_OPTIONS = [
@@ -59,7 +61,7 @@ def test_vq_encoder_is_independent_of_block_len() -> None:
 def test_vq_encoder_equals_dense_encoder_over_quantised_keys() -> None:
     """Same bias parameters in a dense encoder fed the quantised keys: the same values."""
     vq = vq_attention().double()
-    dense = DenseAttention(D_K, D_V, H, causal=False, kv_heads=2, window_bias=True, window_len=4).double()
+    dense = sized("dense", causal=False, kv_heads=2, window_bias=True, window_len=4).double()
     dense.bias.load_state_dict(vq.bias.state_dict())
     q, k, v = inputs(torch.float64, kv_heads=2)
     k_hat = vq.quantizer(k)[0]
@@ -89,9 +91,7 @@ def test_encoder_bias_is_two_sided_and_extends_the_causal_bias() -> None:
 )
 def test_every_backend_has_a_non_causal_form(name: str, options: dict) -> None:
     """Encoder outputs depend on future inputs (and equal the references in the other test files)."""
-    attn = with_random_bias_any(
-        build_attention(name, d_k=D_K, d_v=D_V, heads=H, causal=False, **options)
-    ).double()
+    attn = with_random_bias_any(build(name, d_k=D_K, d_v=D_V, heads=H, causal=False, **options)).double()
     q, k, v = inputs(torch.float64, kv_heads=H)
     out = attn(q, k, v)[0]
     k2, v2 = k.detach().clone(), v.detach().clone()
@@ -106,14 +106,12 @@ def with_random_bias_any(attn: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_dense_encoder_bias_equals_reference(dtype: torch.dtype) -> None:
-    attn = with_random_bias(
-        DenseAttention(D_K, D_V, H, causal=False, kv_heads=2, window_bias=True, window_len=4)
-    )
+    attn = with_random_bias(sized("dense", causal=False, kv_heads=2, window_bias=True, window_len=4))
     check_against_reference(attn, dense_reference, dtype, kv_heads=2)
 
 
 def test_dense_encoder_without_bias_is_plain_softmax() -> None:
-    attn = DenseAttention(D_K, D_V, H, causal=False).double()
+    attn = sized("dense", causal=False).double()
     q, k, v = inputs(torch.float64, kv_heads=H)
     assert rel_err(attn(q, k, v)[0], softmax_attention(q, k, v, causal=False)) < 1e-12
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.attention.backends import NAMES, ROWS, small_options
+from tests.attention.backends import NAMES, ROWS, build, small_options
 from tvq_exp.attention.base import AttentionBackend, State
-from tvq_exp.attention.registry import BACKENDS, build_attention
+from tvq_exp.attention.registry import BACKENDS
 from tvq_exp.options import OptionError
 
 B, H, D_K, D_V, L = 2, 2, 8, 6, 4
@@ -27,7 +27,7 @@ def backend(name: str) -> AttentionBackend:
     """Backend ``name`` at block/group/chunk length ``L`` (segments of L or 2L exercise the state), with the XL
     bias where it takes one."""
     torch.manual_seed(0)
-    return build_attention(name, d_k=D_K, d_v=D_V, heads=H, **small_options(name, L)).double().eval()
+    return build(name, d_k=D_K, d_v=D_V, heads=H, **small_options(name, L)).double().eval()
 
 
 def inputs(seed: int = 0, t: int = T) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -114,11 +114,7 @@ def test_gradients_are_finite(name: str) -> None:
 
 def test_vq_without_its_cache_carries_no_cache() -> None:
     """``use_cache=false`` (the cache ablation): the state is the window alone, and its size says so."""
-    attn = (
-        build_attention("vq", d_k=D_K, d_v=D_V, heads=H, use_cache=False, **small_options("vq", L))
-        .double()
-        .eval()
-    )
+    attn = build("vq", d_k=D_K, d_v=D_V, heads=H, use_cache=False, **small_options("vq", L)).double().eval()
     q, k, v = inputs()
     _, state, _ = attn(q, k, v)
     assert state.cache_n is None and elements(state) == B * attn.state_floats(T)
@@ -132,8 +128,8 @@ def test_the_declared_capabilities_hold(name: str) -> None:
     cls, options = BACKENDS[name], small_options(name, L, position_bias=False)
     q, k, v = inputs()
 
-    def build(**extra: Any) -> AttentionBackend:
-        return build_attention(name, d_k=D_K, d_v=D_V, heads=H, **options, **extra).double()
+    def make(**extra: Any) -> AttentionBackend:
+        return build(name, d_k=D_K, d_v=D_V, heads=H, **options, **extra).double()
 
     for capable, extra, check in [
         (cls.supports_encoder, {"causal": False}, lambda a: a(q, k, v)[0].shape == (B, H, T, D_V)),
@@ -142,9 +138,7 @@ def test_the_declared_capabilities_hold(name: str) -> None:
         (cls.has_codebook, {}, lambda a: hasattr(a, "quantizer")),
     ]:
         if capable:
-            assert check(build(**extra)), (name, extra)
+            assert check(make(**extra)), (name, extra)
         elif extra:
             with pytest.raises(OptionError):
-                build(**extra)
-    assert {"d_k", "d_v", "heads"} <= cls.injected_arguments()
-    assert ("window_bias" in cls.injected_arguments()) == cls.supports_position_bias
+                make(**extra)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.agreement import grad_pairs
-from tvq_exp.attention import build_attention
+from tests.attention.backends import build
+from tests.attention.test_linear import check_against_reference, sized
 from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
 
 
@@ -20,17 +20,13 @@ def _qkv(b=2, h=2, t=11, dk=5, dv=3, hk=None, dtype=torch.float64):
 
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_dense_equals_reference_fp64(kv_heads: int) -> None:
-    attn = build_attention("dense", d_k=5, d_v=3, heads=2, kv_heads=kv_heads).double()
-    q, k, v = _qkv(hk=kv_heads)
-    out, _, _ = attn(q, k, v)
-    ref = softmax_attention(q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    for a, b in grad_pairs(out, ref, (q, k, v)):
-        assert torch.allclose(a, b, atol=1e-10, rtol=0)
+    """Forward and gradients against plain masked softmax (keys and values shared by ``H / kv_heads`` heads)."""
+    reference = lambda _, q, k, v: softmax_attention(q, k, v)  # noqa: E731
+    check_against_reference(sized("dense", kv_heads=kv_heads), reference, torch.float64, kv_heads)
 
 
 def test_dense_with_window_bias_equals_reference() -> None:
-    attn = build_attention("dense", d_k=4, d_v=3, heads=2, window_bias=True, window_len=3).double()
+    attn = build("dense", d_k=4, d_v=3, heads=2, window_bias=True, window_len=3).double()
     torch.nn.init.normal_(attn.bias.u)
     torch.nn.init.normal_(attn.bias.v)
     q, k, v = _qkv(dk=4)
@@ -42,7 +38,7 @@ def test_dense_with_window_bias_equals_reference() -> None:
 
 
 def test_dense_fp32_matches_fp64_reference() -> None:
-    attn = build_attention("dense", d_k=8, d_v=8, heads=2)
+    attn = build("dense", d_k=8, d_v=8, heads=2)
     q, k, v = (x.detach() for x in _qkv(dk=8, dv=8, t=40, dtype=torch.float32))
     out, _, _ = attn(q, k, v)
     ref = softmax_attention(q.double(), k.double(), v.double())
@@ -51,7 +47,7 @@ def test_dense_fp32_matches_fp64_reference() -> None:
 
 @pytest.mark.parametrize("window_bias", [False, True])
 def test_dense_causal_by_jacobian(window_bias: bool) -> None:
-    attn = build_attention("dense", d_k=4, d_v=3, heads=1, window_bias=window_bias, window_len=4).double()
+    attn = build("dense", d_k=4, d_v=3, heads=1, window_bias=window_bias, window_len=4).double()
     t = 7
     q, k, v = (x.detach() for x in _qkv(b=1, h=1, t=t, dk=4))
 
@@ -65,7 +61,7 @@ def test_dense_causal_by_jacobian(window_bias: bool) -> None:
 
 
 def test_dense_state_continuation_and_decoding() -> None:
-    attn = build_attention("dense", d_k=4, d_v=3, heads=2, window_bias=True, window_len=3).double()
+    attn = build("dense", d_k=4, d_v=3, heads=2, window_bias=True, window_len=3).double()
     q, k, v = (x.detach() for x in _qkv(dk=4, t=12))
     full, _, _ = attn(q, k, v)
     a, st, _ = attn(q[:, :, :5], k[:, :, :5], v[:, :, :5])
@@ -80,8 +76,8 @@ def test_dense_state_continuation_and_decoding() -> None:
 
 def test_unknown_backend_and_bad_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="name='nope': unknown attention backend"):
-        build_attention("nope", d_k=4, d_v=4)
-    attn = build_attention("dense", d_k=4, d_v=3, heads=2)
+        build("nope", d_k=4, d_v=4)
+    attn = build("dense", d_k=4, d_v=3, heads=2)
     with pytest.raises(ValueError, match="expected"):
         attn(torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 3))
 
@@ -106,7 +102,7 @@ def test_explicit_logits_in_row_chunks_equal_one_chunk(monkeypatch, options: dic
     keys only) give the same outputs and gradients as one full matrix, also after a carried state."""
     from tvq_exp.attention.dense import layer as dense
 
-    attn = build_attention("dense", d_k=4, d_v=3, heads=2, **options).double()
+    attn = build("dense", d_k=4, d_v=3, heads=2, **options).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p, std=0.5)
     q, k, v = _qkv(dk=4, t=13)
@@ -132,7 +128,7 @@ def test_chunked_explicit_logits_save_nothing_quadratic_for_the_backward(monkeyp
     from tvq_exp.attention.dense import layer as dense
 
     t = 256
-    attn = build_attention("dense", d_k=8, d_v=8, heads=1, window_bias=True, window_len=16)
+    attn = build("dense", d_k=8, d_v=8, heads=1, window_bias=True, window_len=16)
     q, k, v = (torch.randn(1, 1, t, 8, requires_grad=True) for _ in range(3))
     saved: dict[int, int] = {}
 

@@ -17,8 +17,7 @@ import warnings
 import pytest
 import torch
 
-from tests.helpers.agreement import grad_pairs
-from tvq_exp.attention import build_attention
+from tests.attention.backends import build
 from tvq_exp.attention.base import causal_mask
 from tvq_exp.attention.dense.flex import causal_mask_mod
 from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
@@ -40,9 +39,7 @@ CASES = [  # (causal, past)
 
 
 def _dense(causal: bool, device: str):
-    attn = build_attention("dense", d_k=8, d_v=4, heads=2, causal=causal, window_bias=True, window_len=M).to(
-        device
-    )
+    attn = build("dense", d_k=8, d_v=4, heads=2, causal=causal, window_bias=True, window_len=M).to(device)
     torch.nn.init.normal_(attn.bias.u)  # zero at init: make the bias terms matter
     torch.nn.init.normal_(attn.bias.v)
     return attn
@@ -55,8 +52,18 @@ def _qkv(t_q: int, past: int, device: str):
     return q, k, v
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+def _close(out: torch.Tensor, ref: torch.Tensor, params: tuple[torch.Tensor, ...] = ()) -> None:
+    """``out`` equals ``ref`` (flex's tolerance), and so do their gradients to ``params`` (by position in a
+    failure's message)."""
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
+    if not params:
+        return
+    g = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * g).sum(), params)
+    ref_grads = torch.autograd.grad((ref * g).sum(), params)
+    for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
+        assert a is not None, f"no gradient to parameter {i}"
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m, i=i: f"gradient {i}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -67,15 +74,13 @@ def test_flex_gradients_equal_plain_path(causal: bool, past: int, device: str) -
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
     ref = attn.attend_plain(q, k, v, past)  # explicit logits + bias + masked softmax
     out = attn.attend_flex(q, k, v, past)  # CPU: eager flex; CUDA: compiled
-    _close(out, ref)
-    for name, (a, b) in zip(("q", "k", "v", "u", "v_bias", "W_r"), grad_pairs(out, ref, params), strict=True):
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m, name=name: f"grad {name}: {m}")
+    _close(out, ref, params)  # q, k, v, u, v (bias), W_r
 
 
 @pytest.mark.parametrize(("causal", "past"), CASES)
 def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -> None:
     try:
-        attn = build_attention(
+        attn = build(
             "dense", d_k=8, d_v=4, heads=2, causal=causal, window_bias=True, window_len=M, attention_window=4
         )
     except (TypeError, ValueError) as error:  # a DenseAttention without the sliding-window option
@@ -86,9 +91,7 @@ def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -
     params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
     ref = attn.attend_plain(q, k, v, past)
     out = attn.attend_flex(q, k, v, past)
-    _close(out, ref)
-    for a, b in grad_pairs(out, ref, params):
-        _close(a, b)
+    _close(out, ref, params)
 
 
 def test_flex_equals_explicit_bias_matrix() -> None:
@@ -99,25 +102,15 @@ def test_flex_equals_explicit_bias_matrix() -> None:
         attn.bias.content_query(q), k, v, causal=True, bias=window_bias_matrix(attn.bias, q, causal=True)
     )
     out = attn.attend_flex(q, k, v)
-    _close(out, ref)
-    g = torch.randn_like(ref)
-    params = (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight)
-    for a, b in zip(
-        torch.autograd.grad((out * g).sum(), params),
-        torch.autograd.grad((ref * g).sum(), params),
-        strict=True,
-    ):
-        _close(a, b)
+    _close(out, ref, (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight))
 
 
 def test_flex_without_bias_equals_sdpa_path() -> None:
-    attn = build_attention("dense", d_k=8, d_v=4, heads=2)
+    attn = build("dense", d_k=8, d_v=4, heads=2)
     q, k, v = _qkv(13, 6, "cpu")
     ref = attn.attend_plain(q, k, v, 6)  # scaled_dot_product_attention with a boolean mask
     out = attn.attend_flex(q, k, v, 6)
-    _close(out, ref)
-    for a, b in grad_pairs(out, ref, (q, k, v)):
-        _close(a, b)
+    _close(out, ref, (q, k, v))
 
 
 def _compiled_forward(causal: bool, past: int) -> None:
@@ -157,10 +150,10 @@ def test_mask_mod_matches_causal_mask(past: int, window: int | None, causal: boo
 
 
 def test_unsupported_options_say_why() -> None:
-    relu2 = build_attention("dense", d_k=4, d_v=4, score="relu2")
+    relu2 = build("dense", d_k=4, d_v=4, score="relu2")
     assert not relu2.flex_support("cpu")
     assert "not softmax" in relu2.flex_support("cpu").reason
-    talking = build_attention("dense", d_k=4, d_v=4, heads=2, talking_heads=True)
+    talking = build("dense", d_k=4, d_v=4, heads=2, talking_heads=True)
     assert "talking heads" in talking.flex_support("cpu").reason
     with pytest.raises(FlexUnsupported, match="not softmax"):
         relu2.attend_flex(*(torch.randn(1, 1, 4, 4) for _ in range(3)))
@@ -175,7 +168,7 @@ def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:
     gradients equal ``kernel=plain``, also streamed in two segments with the state carried; ``last_kernel`` says
     which ran; ``auto`` keeps the plain path where the compiled kernel cannot run (CPU with gradients)."""
     plain = _dense(True, "cpu")
-    flex = build_attention("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="flex")
+    flex = build("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="flex")
     flex.load_state_dict(plain.state_dict())
     q, k, v = _qkv(12, 0, "cpu")
     outs, grads = [], []
@@ -189,7 +182,7 @@ def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:
     _close(outs[1], outs[0])
     for ours, ref in zip(grads[1], grads[0], strict=True):
         _close(ours, ref)
-    auto = build_attention("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="auto")
+    auto = build("dense", d_k=8, d_v=4, heads=2, window_bias=True, window_len=M, kernel="auto")
     auto(q, k, v)
     assert auto.last_kernel == "plain"  # gradients on CPU: no compiled flex kernel
     with torch.no_grad():
@@ -198,7 +191,7 @@ def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:
 
 
 def test_the_flex_kernel_refuses_what_it_cannot_express() -> None:
-    attn = build_attention("dense", d_k=8, d_v=4, heads=2, score="relu2", kernel="flex")
+    attn = build("dense", d_k=8, d_v=4, heads=2, score="relu2", kernel="flex")
     q, k, v = _qkv(6, 0, "cpu")
     with pytest.raises(FlexUnsupported, match="not softmax"):
         attn(q, k, v)

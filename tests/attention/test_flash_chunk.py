@@ -6,20 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.attention.backends import build
 from tests.attention.test_linear import (
-    D_K,
-    D_V,
     H,
     T,
     check_against_reference,
     check_model_streaming,
+    decode_token_by_token,
     inputs,
     rel_err,
+    sized,
     tiny_decoder,
 )
-from tests.helpers.agreement import attend_in_pieces
-from tvq_exp.attention import DenseAttention, FlashChunkAttention, State, build_attention
+from tvq_exp.attention import State
 from tvq_exp.attention.dense.naive import dense_attention as dense_reference
+from tvq_exp.attention.flash_chunk import FlashChunkAttention
 from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
 
 
@@ -48,13 +49,13 @@ FLASH_OPTIONS = [
 @pytest.mark.parametrize("options", FLASH_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_chunk_equals_reference(dtype: torch.dtype, options: dict, causal: bool) -> None:
-    attn = with_random_bias(FlashChunkAttention(D_K, D_V, H, causal=causal, kv_heads=2, **options))
+    attn = with_random_bias(sized("flash_chunk", causal=causal, kv_heads=2, **options))
     check_against_reference(attn, flash_chunk_reference, dtype, kv_heads=2)
 
 
 @pytest.mark.parametrize("options", FLASH_OPTIONS[:2] + FLASH_OPTIONS[4:5], ids=["plain", "bias", "softmax"])
 def test_flash_chunk_streaming_and_decoding(options: dict) -> None:
-    attn = with_random_bias(FlashChunkAttention(D_K, D_V, H, kv_heads=1, **options)).double()
+    attn = with_random_bias(sized("flash_chunk", kv_heads=1, **options)).double()
     q, k, v = inputs(torch.float64, kv_heads=1)
     full = attn(q, k, v)[0]
     for cuts in ((0, 3, 11, 12, T), tuple(range(T + 1))):
@@ -69,7 +70,7 @@ def test_flash_chunk_streaming_and_decoding(options: dict) -> None:
 
 def test_flash_chunk_normaliser_never_uses_the_total_length() -> None:
     """A prefix of the sequence gives exactly the prefix of the outputs (no length-dependent scale)."""
-    attn = FlashChunkAttention(D_K, D_V, H, group_size=4).double()
+    attn = sized("flash_chunk", group_size=4).double()
     q, k, v = inputs(torch.float64, kv_heads=H)
     full = attn(q, k, v)[0]
     assert rel_err(attn(q[:, :, :9], k[:, :, :9], v[:, :, :9])[0], full[:, :, :9]) < 1e-14
@@ -80,8 +81,13 @@ def test_flash_chunk_normaliser_never_uses_the_total_length() -> None:
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_quad_equals_reference(dtype: torch.dtype, window_bias: bool, causal: bool) -> None:
     attn = with_random_bias(
-        DenseAttention(
-            D_K, D_V, H, causal=causal, kv_heads=2, score="relu2", window_bias=window_bias, window_len=5
+        sized(
+            "dense",
+            causal=causal,
+            kv_heads=2,
+            score="relu2",
+            window_bias=window_bias,
+            window_len=5,
         )
     )
     check_against_reference(attn, dense_reference, dtype, kv_heads=2)
@@ -90,32 +96,38 @@ def test_flash_quad_equals_reference(dtype: torch.dtype, window_bias: bool, caus
 @pytest.mark.parametrize("score", ["relu2", "softmax"])
 def test_dense_streaming_and_decoding(score: str) -> None:
     attn = with_random_bias(
-        DenseAttention(D_K, D_V, H, score=score, window_bias=True, window_len=4, talking_heads=True)
+        sized(
+            "dense",
+            score=score,
+            window_bias=True,
+            window_len=4,
+            talking_heads=True,
+        )
     ).double()
     q, k, v = inputs(torch.float64, kv_heads=H)
     full = attn(q, k, v)[0]
-    assert rel_err(attend_in_pieces(attn, q, k, v)[0], full) < 1e-12
+    assert rel_err(decode_token_by_token(attn, q, k, v), full) < 1e-12
 
 
 def test_softmax_default_paths_unchanged() -> None:
     """``score='softmax'`` without talking heads still matches plain softmax attention."""
-    attn = DenseAttention(D_K, D_V, H, kv_heads=2).double()
+    attn = sized("dense", kv_heads=2).double()
     q, k, v = inputs(torch.float64, kv_heads=2)
     assert rel_err(attn(q, k, v)[0], dense_reference(attn, q, k, v)) < 1e-12
 
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="score"):
-        DenseAttention(D_K, D_V, H, score="relu")
+        sized("dense", score="relu")
     with pytest.raises(ValueError, match="score"):
-        FlashChunkAttention(D_K, D_V, H, score="relu")
+        sized("flash_chunk", score="relu")
     with pytest.raises(ValueError, match="norm"):
-        FlashChunkAttention(D_K, D_V, H, norm="length")
+        sized("flash_chunk", norm="length")
     with pytest.raises(ValueError, match="group_size"):
-        FlashChunkAttention(D_K, D_V, H, group_size=0)
+        sized("flash_chunk", group_size=0)
     q, k, v = inputs(torch.float32, kv_heads=H)
     with pytest.raises(ValueError, match="causal"):
-        FlashChunkAttention(D_K, D_V, H, causal=False)(q, k, v, State(0))
+        sized("flash_chunk", causal=False)(q, k, v, State(0))
 
 
 @pytest.mark.parametrize("block", ["gau", "mha"])
@@ -133,7 +145,7 @@ def test_model_streaming_and_decoding(block: str, position: str, attention: dict
 
 
 def test_registered() -> None:
-    attn = build_attention("flash_chunk", d_k=D_K, d_v=D_V, heads=H, group_size=3)
+    attn = sized("flash_chunk", group_size=3)
     assert isinstance(attn, FlashChunkAttention)
 
 
@@ -143,7 +155,7 @@ def test_decoding_one_token_costs_its_own_row_not_a_padded_group(score: str) -> 
     from torch.utils.flop_counter import FlopCounterMode
 
     g, d = 64, 16
-    attn = build_attention("flash_chunk", d_k=d, d_v=d, group_size=g, score=score, window_bias=True)
+    attn = build("flash_chunk", d_k=d, d_v=d, group_size=g, score=score, window_bias=True)
     x = torch.randn(1, 1, 2 * g + 9, d)
     _, state, _ = attn(x, x, x)
     with FlopCounterMode(display=False) as counter:

@@ -9,14 +9,35 @@ import functools
 import pytest
 import torch
 
-from tests.helpers.agreement import attend_in_pieces, check_attention_against_reference, rel_err
-from tvq_exp.attention import LinearAttention, State, build_attention
+from tests.attention.backends import build
+from tvq_exp.attention import AttentionBackend, State, build_attention
 from tvq_exp.attention.linear.naive import linear_attention as linear_reference
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
 
 B, H, T, D_K, D_V = 2, 4, 23, 6, 5  # head dims deliberately not powers of two
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+
+
+def sized(name: str, **options) -> AttentionBackend:
+    """Backend ``name`` at these tests' sizes (``D_K, D_V, H``) with ``options`` (:func:`~tests.attention.backends.build`:
+    ``window_bias`` gives it the XL bias a block would)."""
+    return build(name, d_k=D_K, d_v=D_V, heads=H, **options)
+
+
+def decode_token_by_token(
+    attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """``attn``'s outputs when ``q, k, v (B, H, T, d)`` are fed one position at a time, carrying the state."""
+    state, outs = None, []
+    for t in range(q.shape[2]):
+        out, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
+        outs.append(out)
+    return torch.cat(outs, 2)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
 def inputs(dtype: torch.dtype, kv_heads: int, t: int = T, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -27,9 +48,28 @@ def inputs(dtype: torch.dtype, kv_heads: int, t: int = T, seed: int = 0) -> tupl
     return tuple(x.to(dtype).requires_grad_(True) for x in (q, k, v))
 
 
-def check_against_reference(attn: torch.nn.Module, reference, dtype: torch.dtype, kv_heads: int) -> None:
-    """Forward and q/k/v gradients of ``attn`` in ``dtype`` against ``reference`` in float64."""
-    check_attention_against_reference(attn.to(dtype), reference, *inputs(dtype, kv_heads), TOL[dtype])
+def check_against_reference(
+    attn: torch.nn.Module,
+    reference,
+    dtype: torch.dtype,
+    kv_heads: int,
+    qkv: tuple[torch.Tensor, ...] | None = None,
+) -> None:
+    """Forward and q/k/v gradients of ``attn`` in ``dtype`` against ``reference`` in float64, on ``qkv`` (in
+    ``dtype``, taking gradients; default :func:`inputs`)."""
+    attn = attn.to(dtype)
+    ref_attn = copy.deepcopy(attn).double()
+    q, k, v = inputs(dtype, kv_heads) if qkv is None else qkv
+    out = attn(q, k, v)[0]
+    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    ref = reference(ref_attn, q64, k64, v64)
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert rel_err(out, ref) < TOL[dtype]
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out)
+    for name, g, rg in zip("qkv", grads, ref_grads, strict=True):
+        assert rel_err(g, rg) < TOL[dtype], name
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -37,8 +77,13 @@ def check_against_reference(attn: torch.nn.Module, reference, dtype: torch.dtype
 @pytest.mark.parametrize("chunk_size", [1, 5, 8, 64])
 @pytest.mark.parametrize("causal", [True, False])
 def test_linear_equals_reference(dtype: torch.dtype, feature_map: str, chunk_size: int, causal: bool) -> None:
-    attn = LinearAttention(
-        D_K, D_V, H, causal=causal, kv_heads=2, feature_map=feature_map, chunk_size=chunk_size, num_features=9
+    attn = sized(
+        "linear",
+        causal=causal,
+        kv_heads=2,
+        feature_map=feature_map,
+        chunk_size=chunk_size,
+        num_features=9,
     )
     check_against_reference(attn, linear_reference, dtype, kv_heads=2)
 
@@ -48,7 +93,7 @@ def test_chunk_size_never_changes_the_result(feature_map: str) -> None:
     q, k, v = inputs(torch.float64, kv_heads=H)
     outs = []
     for c in (1, 3, 7, 16, 23, 100):
-        attn = LinearAttention(D_K, D_V, H, feature_map=feature_map, chunk_size=c).double()
+        attn = sized("linear", feature_map=feature_map, chunk_size=c).double()
         outs.append(attn(q, k, v)[0])
     for out in outs[1:]:
         assert rel_err(out, outs[0]) < 1e-12
@@ -56,19 +101,22 @@ def test_chunk_size_never_changes_the_result(feature_map: str) -> None:
 
 @pytest.mark.parametrize("feature_map", ["elu1", "favor"])
 def test_backend_streaming_and_decoding(feature_map: str) -> None:
-    attn = LinearAttention(D_K, D_V, H, kv_heads=1, feature_map=feature_map, chunk_size=4).double()
+    attn = sized("linear", kv_heads=1, feature_map=feature_map, chunk_size=4).double()
     q, k, v = inputs(torch.float64, kv_heads=1)
     full = attn(q, k, v)[0]
-    pieces, state = attend_in_pieces(attn, q, k, v, (0, 6, 17, T))
-    assert rel_err(pieces, full) < 1e-12
+    state, parts = None, []
+    for a, b in ((0, 6), (6, 17), (17, T)):
+        out, state, _ = attn(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], state)
+        parts.append(out)
+    assert rel_err(torch.cat(parts, 2), full) < 1e-12
     assert (
         state.position == T and state.s.shape == (B, 1, attn.d_f, D_V) and state.z.shape == (B, 1, attn.d_f)
     )
-    assert rel_err(attend_in_pieces(attn, q, k, v)[0], full) < 1e-12
+    assert rel_err(decode_token_by_token(attn, q, k, v), full) < 1e-12
 
 
 def test_state_and_normaliser_are_fp32_under_half_inputs() -> None:
-    attn = LinearAttention(D_K, D_V, H, chunk_size=4)
+    attn = sized("linear", chunk_size=4)
     q, k, v = (x.detach().bfloat16() for x in inputs(torch.float32, kv_heads=H))
     out, state, _ = attn(q, k, v)
     assert out.dtype == torch.bfloat16
@@ -78,11 +126,12 @@ def test_state_and_normaliser_are_fp32_under_half_inputs() -> None:
 
 
 def test_favor_projection_is_seeded_and_redrawable() -> None:
-    a, b = (LinearAttention(D_K, D_V, H, feature_map="favor", num_features=11, seed=3) for _ in range(2))
+    a, b = (sized("linear", feature_map="favor", num_features=11, seed=3) for _ in range(2))
     assert a.projection.shape == (11, D_K)
     assert torch.equal(a.projection, b.projection)
     assert not torch.equal(
-        a.projection, LinearAttention(D_K, D_V, H, feature_map="favor", num_features=11, seed=4).projection
+        a.projection,
+        sized("linear", feature_map="favor", num_features=11, seed=4).projection,
     )
     before = a.projection.clone()
     a.redraw()
@@ -91,22 +140,24 @@ def test_favor_projection_is_seeded_and_redrawable() -> None:
     assert torch.equal(a.projection, b.projection)
     assert "projection" in a.state_dict()
     with pytest.raises(ValueError, match="favor"):
-        LinearAttention(D_K, D_V, H).redraw()
+        sized("linear").redraw()
 
 
 def test_xl_position_is_refused_with_a_hint() -> None:
     with pytest.raises(ValueError, match="position=rope"):
-        build_attention("linear", d_k=D_K, d_v=D_V, heads=H, window_bias=True)
+        sized("linear", window_bias=True)
     with pytest.raises(ValueError, match="position=none"):
-        GAUBlock(32, functools.partial(build_attention, name="linear"), d_k=8, position="xl")
+        GAUBlock(
+            d_model=32, attention=functools.partial(build_attention, name="linear"), d_k=8, position="xl"
+        )
 
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="feature_map"):
-        LinearAttention(D_K, D_V, H, feature_map="softmax")
+        sized("linear", feature_map="softmax")
     with pytest.raises(ValueError, match="chunk_size"):
-        LinearAttention(D_K, D_V, H, chunk_size=0)
-    attn = LinearAttention(D_K, D_V, H, causal=False)
+        sized("linear", chunk_size=0)
+    attn = sized("linear", causal=False)
     q, k, v = inputs(torch.float32, kv_heads=H)
     with pytest.raises(ValueError, match="causal"):
         attn(q, k, v, State(0))

@@ -118,10 +118,17 @@ def mapped_block(name: str) -> GAUBlock:
     use_cache, gtc, heads, d_k = CONFIGS[name]
     p = official()
     attention = partial(
-        build_attention, "vq", codebook_size=S, block_len=L, window_bias=True, use_cache=use_cache,
+        build_attention, "vq", codebook_size=S, block_len=L, use_cache=use_cache,
         grad_through_cache=gtc,
     )  # fmt: skip
-    block = GAUBlock(D_MODEL, attention, d_k=d_k, expansion=D_V_TOTAL // D_MODEL, heads=heads, position="xl")
+    block = GAUBlock(
+        d_model=D_MODEL,
+        attention=attention,
+        d_k=d_k,
+        expansion=D_V_TOTAL // D_MODEL,
+        heads=heads,
+        position="xl",
+    )
     block = block.eval()
     t = lambda key: torch.from_numpy(p[f"param.h{heads}.{key}"].copy())  # noqa: E731
     hk = heads * d_k

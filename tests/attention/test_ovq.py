@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tests.helpers.agreement import check_attention_against_reference, rel_err
+from tests.attention.backends import build
+from tests.attention.test_linear import check_against_reference, rel_err
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.ovq import OVQAttention, OVQState
 from tvq_exp.attention.ovq.naive import ovq_attention as ovq_reference
 from tvq_exp.options import OptionError
 
 B, H, D_K, D_V = 2, 4, 6, 5  # head dims deliberately not powers of two
-TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 # (T, block_len, num_centroids, growth_scale): the dictionary fills up and stays full / grows slowly /
 # every absorbed key gets its own centroid
 SHAPES = [(23, 4, 6, 2.0), (26, 3, 40, 3.0), (19, 5, 30, 1e9)]
@@ -29,7 +29,9 @@ def make(
     dtype: torch.dtype = torch.float64, window_bias: bool = True, kv_heads: int = 2, **options
 ) -> OVQAttention:
     options = {"num_centroids": 6, "block_len": 4, "growth_scale": 2.0, "window_len": 3} | options
-    attn = OVQAttention(D_K, D_V, H, window_bias=window_bias, kv_heads=kv_heads, **options).to(dtype)
+    attn = build("ovq", d_k=D_K, d_v=D_V, heads=H, window_bias=window_bias, kv_heads=kv_heads, **options).to(
+        dtype
+    )
     if window_bias:
         torch.nn.init.normal_(attn.bias.u)
         torch.nn.init.normal_(attn.bias.v)
@@ -63,9 +65,8 @@ def state_equal(a: OVQState, b: OVQState) -> bool:
 def test_equals_token_loop_reference(dtype: torch.dtype, shape: tuple, options: dict) -> None:
     t, block_len, size, scale = shape
     attn = make(dtype, block_len=block_len, num_centroids=size, growth_scale=scale, **options)
-    q, k, v = inputs(t, options["kv_heads"], dtype)
-    out = check_attention_against_reference(attn, ovq_reference, q, k, v, TOL[dtype])
-    assert out.shape == (B, H, t, D_V)
+    qkv = inputs(t, options["kv_heads"], dtype)
+    check_against_reference(attn, ovq_reference, dtype, options["kv_heads"], qkv)
 
 
 def test_one_centroid_per_absorbed_key_is_exact_softmax_attention() -> None:
@@ -182,7 +183,7 @@ def test_bf16_autocast_keeps_the_state_in_fp32() -> None:
 
 
 def test_growth_plateaus_and_adds_at_most_a_block() -> None:
-    attn = OVQAttention(D_K, D_V, num_centroids=50, block_len=8)  # default growth_scale: S / 4
+    attn = OVQAttention(d_k=D_K, d_v=D_V, num_centroids=50, block_len=8)  # default growth_scale: S / 4
     counts = [attn.active_centroids(b) for b in range(200)]
     steps = [b - a for a, b in zip(counts[:-1], counts[1:], strict=True)]
     assert counts[0] == 0 and counts[-1] == 50 and all(0 <= s <= 8 for s in steps)

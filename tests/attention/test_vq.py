@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tvq_exp.attention import VQAttention, build_attention
+from tests.attention.backends import build
 from tvq_exp.attention.dense.naive import softmax_attention
-from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
+from tvq_exp.attention.vq import VQAttention
+from tvq_exp.attention.vq.kernel import (
+    CodeCache,
+    WindowBias,
+    WindowInputs,
+    window_cache_attention,
+    window_index,
+)
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
 
@@ -15,7 +22,7 @@ from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_re
 def make_vq(
     block_len: int, window_bias: bool = False, window_len: int | None = None, dtype=torch.float64, **kw
 ) -> VQAttention:
-    attn = build_attention(
+    attn = build(
         "vq",
         d_k=6,
         d_v=5,
@@ -170,7 +177,7 @@ def test_grad_through_cache_off_keeps_forward_and_drops_cache_value_gradient() -
 
 
 def test_public_api_codebook_and_aux() -> None:
-    attn = build_attention("vq", d_k=8, d_v=16, heads=2, codebook_size=32, block_len=4, window_bias=False)
+    attn = build("vq", d_k=8, d_v=16, heads=2, codebook_size=32, block_len=4, window_bias=False)
     assert attn.codebook.shape == (2, 32, 8)
     k = torch.randn(3, 2, 10, 8, requires_grad=True)
     out, state, aux = attn(torch.randn(3, 2, 10, 8), k, torch.randn(3, 2, 10, 16))
@@ -180,7 +187,7 @@ def test_public_api_codebook_and_aux() -> None:
 
 
 def test_grouped_key_value_heads_equal_repeated_reference() -> None:
-    attn = build_attention(
+    attn = build(
         "vq", d_k=6, d_v=5, heads=4, kv_heads=2, codebook_size=7, block_len=4, window_bias=False
     ).double()
     q = torch.randn(2, 4, 13, 6, dtype=torch.float64)
@@ -191,7 +198,7 @@ def test_grouped_key_value_heads_equal_repeated_reference() -> None:
 
 
 def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
-    attn = build_attention("vq", d_k=8, d_v=8, heads=1, codebook_size=2, block_len=1, window_bias=False)
+    attn = build("vq", d_k=8, d_v=8, heads=1, codebook_size=2, block_len=1, window_bias=False)
     k = torch.ones(1, 1, 262, 8)  # every key lands on one code
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, state, _ = attn(torch.randn(1, 1, 262, 8), k, torch.randn(1, 1, 262, 8))
@@ -204,7 +211,7 @@ def test_cache_statistics_stay_fp32_and_exact_under_bf16_autocast() -> None:
 def test_bad_vq_options_are_refused(bad: dict) -> None:
     opts = {"d_k": 4, "d_v": 4, "heads": 1, "codebook_size": 8, "block_len": 8} | bad
     with pytest.raises(ValueError, match="|".join(bad)):
-        build_attention("vq", **opts)
+        build("vq", **opts)
 
 
 # ----------------------------------------------------------------------------- the fused kernel
@@ -235,14 +242,14 @@ def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int
     return inputs
 
 
-def grouped(inputs: dict) -> dict:
-    """The kernels' arguments from :func:`kernel_inputs`' flat tensors: the bias and cache as their groups."""
-    out = {key: inputs[key] for key in ("q", "kb", "vb", "index")}
-    if "rel" in inputs:
-        out["bias"] = WindowBias(inputs["bias_q"], inputs["rel"])
-    if "mu" in inputs:
-        out["cache"] = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"])
-    return out
+def grouped(inputs: dict) -> WindowInputs:
+    """The kernels' inputs from :func:`kernel_inputs`' flat tensors (the bias and cache as their groups; item 0
+    without a previous block)."""
+    bias = WindowBias(inputs["bias_q"], inputs["rel"]) if "rel" in inputs else None
+    cache = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]) if "mu" in inputs else None
+    return WindowInputs(
+        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], bias, cache, prev_masked=True
+    )
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -251,11 +258,11 @@ def grouped(inputs: dict) -> dict:
 def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cache: bool, rows: int) -> None:
     inputs = kernel_inputs(bias, cache, rows)
     wrt = [x for x in inputs.values() if x.requires_grad]
-    ref = window_cache_reference(**grouped(inputs), prev_masked=True)
+    ref = window_cache_reference(grouped(inputs))
     g = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * g).sum(), wrt)
     for chunk in (1, 2, 3, 5, 8):
-        out = window_cache_attention(**grouped(inputs), prev_masked=True, chunk=chunk)
+        out = window_cache_attention(grouped(inputs), chunk=chunk)
         assert torch.allclose(out, ref, atol=1e-12, rtol=0)
         grads = torch.autograd.grad((out * g).sum(), wrt)
         for name, got, want in zip(
@@ -271,9 +278,7 @@ def test_kernel_passes_gradcheck() -> None:
         k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"
     } | {"index": inputs["index"]}
     names = [k for k, v in inputs.items() if v.requires_grad]
-    fn = lambda *xs: window_cache_attention(
-        **grouped(inputs | dict(zip(names, xs, strict=True))), prev_masked=True, chunk=2
-    )
+    fn = lambda *xs: window_cache_attention(grouped(inputs | dict(zip(names, xs, strict=True))), chunk=2)
     assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])
 
 
@@ -281,10 +286,10 @@ def test_kernel_under_bf16_autocast_tracks_fp32() -> None:
     inputs = {
         k: v.detach().float() if v.is_floating_point() else v for k, v in kernel_inputs(True, True).items()
     }
-    ref = window_cache_reference(**grouped(inputs), prev_masked=True)
+    ref = window_cache_reference(grouped(inputs))
     low = {k: v.bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()}
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = window_cache_attention(**grouped(low), prev_masked=True)
+        out = window_cache_attention(grouped(low))
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), ref, atol=0.05, rtol=0.05)
 
@@ -294,7 +299,7 @@ def test_decoding_one_token_costs_one_row_not_a_padded_block() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     block, s, d = 64, 32, 16
-    attn = build_attention("vq", d_k=d, d_v=d, heads=1, codebook_size=s, block_len=block, window_bias=True)
+    attn = build("vq", d_k=d, d_v=d, heads=1, codebook_size=s, block_len=block, window_bias=True)
     x = torch.randn(1, 1, 3 * block + 5, d)
     _, state, _ = attn(x, x, x)
 

@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tvq_exp.attention import build_attention
-from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
+from tests.attention.backends import build
+from tvq_exp.attention.vq.kernel import (
+    CodeCache,
+    WindowBias,
+    WindowInputs,
+    window_cache_attention,
+    window_index,
+)
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
 from tvq_exp.nn.position import window_distances
@@ -17,11 +23,11 @@ def make_pair(block_len: int, window_bias: bool = False, kv_heads: int | None = 
     """The official layer and the same layer with ``cache_key_grad``, sharing every weight (S = 3: codes
     shared by several cached keys)."""
     opts = dict(d_k=6, d_v=5, heads=2, kv_heads=kv_heads, codebook_size=3, block_len=block_len)
-    official = build_attention("vq", window_bias=window_bias, **opts).to(dtype)
+    official = build("vq", window_bias=window_bias, **opts).to(dtype)
     if window_bias:
         torch.nn.init.normal_(official.bias.u)
         torch.nn.init.normal_(official.bias.v)
-    keyed = build_attention("vq", window_bias=window_bias, cache_key_grad=True, **opts).to(dtype)
+    keyed = build("vq", window_bias=window_bias, cache_key_grad=True, **opts).to(dtype)
     keyed.load_state_dict(official.state_dict())
     return official.eval(), keyed.eval()
 
@@ -114,15 +120,16 @@ def test_kernel_per_item_codebook_gradient_equals_the_reference_for_every_chunk_
         "mu": mk(n, items, s, dv),
     }
     wrt = [x for x in inputs.values() if x.requires_grad]
-    tensors = dict(q=inputs["q"], kb=inputs["kb"], vb=inputs["vb"], index=inputs["index"],
-                   bias=WindowBias(inputs["bias_q"], inputs["rel"]),
-                   cache=CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]))  # fmt: skip
-    ref = window_cache_reference(**tensors, prev_masked=True)
+    tensors = WindowInputs(
+        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], WindowBias(inputs["bias_q"], inputs["rel"]),
+        CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]), prev_masked=True,
+    )  # fmt: skip
+    ref = window_cache_reference(tensors)
     g = torch.randn_like(ref)
     want = torch.autograd.grad((ref * g).sum(), wrt)
     assert want[-2].abs().sum() > 0  # the codebook's gradient
     for chunk in (1, 2, 5):
-        out = window_cache_attention(**tensors, prev_masked=True, chunk=chunk)
+        out = window_cache_attention(tensors, chunk=chunk)
         assert torch.allclose(out, ref, atol=1e-12, rtol=0)
         for got, exp in zip(torch.autograd.grad((out * g).sum(), wrt), want, strict=True):
             assert torch.allclose(got, exp, atol=1e-11, rtol=0)
@@ -132,4 +139,4 @@ def test_kernel_per_item_codebook_gradient_equals_the_reference_for_every_chunk_
 def test_incompatible_options_are_refused(bad: dict) -> None:
     opts = {"d_k": 4, "d_v": 4, "codebook_size": 8, "block_len": 4, "cache_key_grad": True} | bad
     with pytest.raises(ValueError, match="cache_key_grad"):
-        build_attention("vq", **opts)
+        build("vq", **opts)

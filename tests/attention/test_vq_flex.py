@@ -17,8 +17,7 @@ import warnings
 import pytest
 import torch
 
-from tests.helpers.agreement import attend_in_pieces
-from tvq_exp.attention import build_attention
+from tests.attention.backends import build
 from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FLEX_MIN_QUERIES, flex_support
 
 pytestmark = [
@@ -33,7 +32,7 @@ SEGMENTS = (3, 5, 1, 7, 4)  # uneven: partial blocks, one token, several blocks,
 def _pair(bias: bool, cache: bool, grad_through_cache: bool = True, heads: int = 2) -> tuple:
     """Two VQ layers with the same parameters and codebook: ``kernel=plain`` and ``kernel=flex``."""
     torch.manual_seed(0)
-    plain = build_attention(
+    plain = build(
         "vq", d_k=8, d_v=6, heads=heads, kv_heads=1, codebook_size=5, block_len=4, window_len=3,
         window_bias=bias, use_cache=cache, grad_through_cache=grad_through_cache,
     )  # fmt: skip
@@ -145,7 +144,7 @@ def test_compiled_flex_forward_equals_the_plain_kernel_in_every_form(bias: bool,
 
 def test_the_kernel_option_is_validated() -> None:
     with pytest.raises(ValueError, match="kernel"):
-        build_attention("vq", d_k=8, d_v=6, codebook_size=5, block_len=4, kernel="triton")
+        build("vq", d_k=8, d_v=6, codebook_size=5, block_len=4, kernel="triton")
 
 
 def test_decoding_past_the_recompile_limit_falls_back_to_eager_flex() -> None:
@@ -159,7 +158,11 @@ def test_decoding_past_the_recompile_limit_falls_back_to_eager_flex() -> None:
     outs = []
     with torch.no_grad(), warnings.catch_warnings(), torch._dynamo.config.patch(recompile_limit=1):
         warnings.simplefilter("ignore")
-        for attn in (plain, flex):  # one position at a time: rows and window widths change
-            outs.append(attend_in_pieces(attn, q, k, v)[0])
+        for attn in (plain, flex):
+            state, steps = None, []
+            for t in range(q.shape[2]):  # one position at a time: rows and window widths change
+                out, state, _ = attn(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state)
+                steps.append(out)
+            outs.append(torch.cat(steps, dim=2))
     assert flex.last_kernel == "flex"
     _close(outs[1], outs[0])

@@ -14,12 +14,13 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from tests.attention.backends import NAMES, backend_class, small_options
+from tests.attention.backends import NAMES, backend_class, build, small_options
 from tests.attention.test_flash_chunk import with_random_bias
-from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err
+from tests.attention.test_linear import D_K, D_V, H, check_against_reference, inputs, rel_err, sized
 from tests.helpers.paths import CONF
-from tvq_exp.attention import DenseAttention, build_attention
+from tvq_exp.attention import build_attention
 from tvq_exp.attention.base import repeat_kv
+from tvq_exp.attention.dense import DenseAttention
 from tvq_exp.attention.dense.naive import dense_attention as dense_reference
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.flash_chunk.naive import flash_chunk_attention as flash_chunk_reference
@@ -34,9 +35,9 @@ CORPUS = Path("/work/shared/datasets/text/tinyshakespeare.txt")
 def test_identity_talking_heads_equal_plain_multi_head_attention() -> None:
     q, k, v = inputs(torch.float64, kv_heads=2)
     for score in ("softmax", "relu2"):
-        plain = DenseAttention(D_K, D_V, H, kv_heads=2, score=score).double()
-        talking = DenseAttention(
-            D_K, D_V, H, kv_heads=2, score=score, talking_heads=True, talking_heads_post=True
+        plain = sized("dense", kv_heads=2, score=score).double()
+        talking = sized(
+            "dense", kv_heads=2, score=score, talking_heads=True, talking_heads_post=True
         ).double()
         assert torch.equal(talking.mix_pre, torch.eye(H, dtype=torch.float64))
         assert rel_err(talking(q, k, v)[0], plain(q, k, v)[0]) < 1e-12
@@ -46,11 +47,14 @@ def test_identity_talking_heads_equal_plain_multi_head_attention() -> None:
 def test_identity_talking_heads_block_equals_plain_block() -> None:
     torch.manual_seed(0)
     plain = MHABlock(
-        24, functools.partial(build_attention, name="dense", window_len=8), heads=4, position="xl"
+        d_model=24,
+        attention=functools.partial(build_attention, name="dense", window_len=8),
+        heads=4,
+        position="xl",
     ).double()
     talking = MHABlock(
-        24,
-        functools.partial(build_attention, name="dense", window_len=8, talking_heads=True),
+        d_model=24,
+        attention=functools.partial(build_attention, name="dense", window_len=8, talking_heads=True),
         heads=4,
         position="xl",
     ).double()
@@ -62,8 +66,13 @@ def test_identity_talking_heads_block_equals_plain_block() -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("post", [False, True])
 def test_talking_heads_equal_reference(dtype: torch.dtype, post: bool) -> None:
-    attn = DenseAttention(
-        D_K, D_V, H, kv_heads=2, talking_heads=True, talking_heads_post=post, window_bias=True, window_len=5
+    attn = sized(
+        "dense",
+        kv_heads=2,
+        talking_heads=True,
+        talking_heads_post=post,
+        window_bias=True,
+        window_len=5,
     )
     with torch.no_grad():
         for mix in (attn.mix_pre, attn.mix_post):
@@ -79,8 +88,8 @@ WITHOUT_TALKING_HEADS = [name for name in NAMES if not backend_class(name).suppo
 @pytest.mark.parametrize("flag", ["talking_heads", "talking_heads_post"])
 def test_talking_heads_refused_by_other_backends(name: str, flag: str) -> None:
     with pytest.raises(ValueError, match=f"{flag}.*{name}.*dense"):
-        build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: True})
-    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, **{flag: False})
+        build(name, d_k=D_K, d_v=D_V, heads=H, **{flag: True})
+    attn = build(name, d_k=D_K, d_v=D_V, heads=H, **{flag: False})
     assert not isinstance(attn, DenseAttention)
 
 
@@ -104,13 +113,13 @@ def test_talking_heads_refused_when_the_config_is_composed(backend: str) -> None
 # ---------------------------------------------------------------- key_size / kv_heads
 def test_key_size_sets_the_parameter_shapes() -> None:
     attn = functools.partial(build_attention, name="dense", window_len=8)
-    blk = MHABlock(32, attn, heads=4, head_size=10, key_size=6, kv_heads=2, position="xl")
+    blk = MHABlock(d_model=32, attention=attn, heads=4, head_size=10, key_size=6, kv_heads=2, position="xl")
     assert blk.w_q.weight.shape == (4 * 6, 32)
     assert blk.w_kv.weight.shape == (2 * (6 + 10), 32)
     assert blk.w_o.weight.shape == (32, 4 * 10)
     assert (blk.attn.d_k, blk.attn.d_v, blk.attn.kv_heads) == (6, 10, 2)
     assert blk.attn.bias.u.shape == (4, 6)
-    default = MHABlock(32, attn, heads=4, position="xl")
+    default = MHABlock(d_model=32, attention=attn, heads=4, position="xl")
     assert default.w_q.weight.shape == (32, 32) and default.w_kv.weight.shape == (2 * 32, 32)
     out, _, _ = blk(torch.randn(2, 7, 32))
     assert out.shape == (2, 7, 32)
@@ -118,7 +127,7 @@ def test_key_size_sets_the_parameter_shapes() -> None:
 
 GROUPED = {
     "dense": ({"window_bias": True, "window_len": 4}, dense_reference),
-    "vq": ({"codebook_size": 8, "block_len": 5, "window_len": 4}, vq_window_reference),
+    "vq": ({"codebook_size": 8, "block_len": 5, "window_bias": True, "window_len": 4}, vq_window_reference),
     "linear": ({"feature_map": "favor", "chunk_size": 4}, linear_reference),
     "flash_chunk": ({"group_size": 5, "window_bias": True, "window_len": 3}, flash_chunk_reference),
 }
@@ -129,7 +138,7 @@ GROUPED = {
 def test_grouped_kv_heads_for_every_backend(name: str, kv_heads: int) -> None:
     options, reference = GROUPED[name]
     torch.manual_seed(0)
-    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=kv_heads, **options).eval()
+    attn = build(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=kv_heads, **options).eval()
     check_against_reference(
         with_random_bias(attn) if getattr(attn, "bias", None) is not None else attn,
         reference,
@@ -141,7 +150,7 @@ def test_grouped_kv_heads_for_every_backend(name: str, kv_heads: int) -> None:
 @pytest.mark.parametrize("name", ["dense", "linear", "flash_chunk"])
 def test_grouped_kv_equals_repeated_kv(name: str) -> None:
     options = {key: value for key, value in GROUPED[name][0].items() if not key.startswith("window")}
-    grouped = build_attention(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=1, **options).double()
+    grouped = build(name, d_k=D_K, d_v=D_V, heads=H, kv_heads=1, **options).double()
     full = copy.deepcopy(grouped)
     full.kv_heads = H
     q, k, v = inputs(torch.float64, kv_heads=1)
@@ -149,7 +158,7 @@ def test_grouped_kv_equals_repeated_kv(name: str) -> None:
 
 
 def test_mqa_softmax_equals_plain_reference() -> None:
-    attn = DenseAttention(D_K, D_V, H, kv_heads=1).double()
+    attn = sized("dense", kv_heads=1).double()
     q, k, v = inputs(torch.float64, kv_heads=1)
     assert rel_err(attn(q, k, v)[0], softmax_attention(q, k, v)) < 1e-12
 
@@ -176,8 +185,12 @@ def build_block(kind: str, backend: str) -> torch.nn.Module:
     attn = functools.partial(build_attention, **options)
     torch.manual_seed(0)
     if kind == "gau":
-        return GAUBlock(16, attn, d_k=6, heads=2, position=position).double().eval()
-    return MHABlock(16, attn, heads=4, key_size=6, kv_heads=2, position=position).double().eval()
+        return GAUBlock(d_model=16, attention=attn, d_k=6, heads=2, position=position).double().eval()
+    return (
+        MHABlock(d_model=16, attention=attn, heads=4, key_size=6, kv_heads=2, position=position)
+        .double()
+        .eval()
+    )
 
 
 @pytest.mark.parametrize("kind", ["gau", "mha"])

@@ -27,9 +27,9 @@ def make(block: str, attention: str) -> Decoder:
     return Decoder(256, 32, 2, BLOCKS[block], ATTENTION[attention]).double().eval()
 
 
-@pytest.fixture(params=[(block, attention) for block in BLOCKS for attention in ATTENTION], ids="-".join)
+@pytest.fixture(params=[(b, a) for b in BLOCKS for a in ATTENTION], ids=lambda p: "-".join(p))
 def model(request: pytest.FixtureRequest) -> Decoder:
-    """Every block with every attention (:data:`BLOCKS` x :data:`ATTENTION`), float64, eval mode."""
+    """A small decoder of every block with every attention (fp64, eval mode)."""
     return make(*request.param)
 
 

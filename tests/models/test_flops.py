@@ -20,9 +20,10 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from tests.attention.backends import NAMES, backend_class, small_options
+from tests.attention.backends import NAMES, backend_class, build, small_options
 from tests.helpers.paths import CONF
-from tvq_exp.attention import VQAttention, build_attention
+from tvq_exp.attention import build_attention
+from tvq_exp.attention.vq import VQAttention
 from tvq_exp.callbacks.throughput import Throughput, precision_dtype
 from tvq_exp.measure.timing import matmul_peak_flops
 from tvq_exp.models.blocks import GAUBlock, MHABlock
@@ -88,7 +89,7 @@ def test_attention_flops_match_counted_matmuls(name: str, options: dict[str, Any
     opts = dict(options)
     heads = opts.pop("heads", 1)
     kv_heads = opts.get("kv_heads", heads)
-    attn = build_attention(name, d_k=D_K, d_v=D_V, heads=heads, **opts)
+    attn = build(name, d_k=D_K, d_v=D_V, heads=heads, **opts)
     q = torch.randn(BATCH, heads, T, D_K, requires_grad=True)
     k = torch.randn(BATCH, kv_heads, T, D_K, requires_grad=True)
     v = torch.randn(BATCH, kv_heads, T, D_V, requires_grad=True)
@@ -172,7 +173,7 @@ def test_model_flops_match_a_counted_training_step(preset: str) -> None:
 
 
 def test_missing_formulas_give_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    encoder = build_attention("vq", d_k=8, d_v=8, codebook_size=4, block_len=8, causal=False)
+    encoder = build("vq", d_k=8, d_v=8, codebook_size=4, block_len=8, causal=False)
     assert encoder.flops(128) is None  # the encoder form has no formula
     block = GAUBlock(
         d_model=16,
@@ -266,7 +267,7 @@ def test_chunked_dense_flops_match_counted_matmuls(monkeypatch, options: dict[st
     monkeypatch.setattr(dense, "LOGITS_BUDGET", BATCH * options.get("heads", 1) * T * 7)  # rows of 7
     test_attention_flops_match_counted_matmuls("dense", options)
     opts = {k: v for k, v in options.items() if k != "heads"}
-    attn = build_attention("dense", d_k=D_K, d_v=D_V, heads=options.get("heads", 1), **opts)
+    attn = build("dense", d_k=D_K, d_v=D_V, heads=options.get("heads", 1), **opts)
     chunked = attn.flops(T)
     monkeypatch.setattr(dense, "LOGITS_BUDGET", 1 << 24)
     whole = attn.flops(T)

@@ -20,7 +20,7 @@ STEPS = 4
 def _make(**codebook) -> torch.nn.Module:
     torch.manual_seed(0)
     return build_attention(
-        "vq", d_k=4, d_v=3, heads=2, codebook_size=16, block_len=4, window_bias=False, codebook=codebook
+        "vq", d_k=4, d_v=3, heads=2, codebook_size=16, block_len=4, codebook=codebook
     )
 
 

@@ -17,8 +17,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from tests.helpers.paths import CONF, REPO
+from tvq_exp.attention.registry import BACKENDS
+from tvq_exp.attention.vq import VQAttention
+from tvq_exp.models.blocks import GAUBlock
+from tvq_exp.options import constraints
 from tvq_exp.run.schema import LIGHTNING_PRECISIONS
-from tvq_exp.run.validation import Command, ConfigError, build_run, check, validate
+from tvq_exp.run.validation import Command, ConfigError, build_run, check, schema_for, validate
 
 TINY = ["experiment=smoke"]
 
@@ -31,6 +35,8 @@ BAD_OVERRIDES: list[tuple[list[str], str]] = [
     (["model.attention.codebook_size=0"], "model.attention.codebook_size"),
     (["model.attention.window_len=64"], "model.attention.window_len"),  # > block_len=32
     (["model.attention.name=nope"], "model.attention.name"),
+    (["+model.attention.causal=abc"], "model.attention.causal"),  # declared by the base class
+    (["+model.block.layerdrop=1.5"], "model.block.layerdrop"),  # likewise for the blocks
     (["+model.attention.codebok_size=8"], "model.attention.codebok_size"),
     (["model.d_model=0"], "model.d_model"),
     (["model.n_layers=0"], "model.n_layers"),
@@ -88,6 +94,7 @@ def test_the_smoke_preset_itself_is_valid() -> None:
 
 MODEL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+ATTENTION_PRESETS = sorted(p.stem for p in (CONF / "model" / "attention").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("model", MODEL_PRESETS)
@@ -95,6 +102,40 @@ def test_every_model_preset_passes_validation(model: str) -> None:
     """Validation must accept every shipped preset: `python train.py model=NAME` may not be refused."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         assert_accepted(compose("train", overrides=[f"model={model}"]))
+
+
+def test_schemas_follow_the_shared_options_to_the_base_class() -> None:
+    """A backend or block hands its shared options on (``**shape``, ``**options``): its schema and rules are its own
+    options and its base's, never the ``**`` parameter itself."""
+    for target, own, shared in [
+        (
+            VQAttention,
+            {"codebook_size", "block_len", "window_len"},
+            {"d_k", "d_v", "heads", "causal", "kv_heads"},
+        ),
+        (
+            GAUBlock,
+            {"d_k", "expansion", "heads"},
+            {"d_model", "attention", "position", "dropout", "layerdrop"},
+        ),
+    ]:
+        fields = set(schema_for(target).__dataclass_fields__)
+        assert own | shared <= fields and not fields & {"shape", "options"}, target
+    assert {"d_k", "block_len"} <= set(constraints(VQAttention)) and "layerdrop" in constraints(GAUBlock)
+
+
+@pytest.mark.parametrize("attention", ATTENTION_PRESETS)
+def test_every_attention_preset_passes_validation_in_both_blocks(attention: str) -> None:
+    """Every ``conf/model/attention`` preset (a new backend's YAML included) makes a valid model with either block,
+    with the XL bias where its class takes one (else RoPE)."""
+    name = OmegaConf.load(CONF / "model" / "attention" / f"{attention}.yaml").name
+    position = "xl" if BACKENDS[name].supports_position_bias else "rope"
+    for model in ("gau_dense", "mha_dense"):
+        assert_accepted(
+            compose_train(
+                [f"model={model}", f"model/attention={attention}", f"model.block.position={position}"]
+            )
+        )
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -174,12 +215,25 @@ def test_eval_script_refuses_a_missing_checkpoint_in_one_line(tmp_path: Path) ->
 # guard value before it. The script runs the real entry point and reports what was imported when it exited.
 REFUSAL = """
 import runpy, sys
-sys.argv = ["train.py", *sys.argv[1:]]
+script = sys.argv[1]
+sys.argv = [script, *sys.argv[2:]]
 try:
-    runpy.run_path("train.py", run_name="__main__")
+    runpy.run_path(script, run_name="__main__")
 except SystemExit as stop:
-    print(stop.code, "lightning" in sys.modules, "tvq_exp.run.fit" in sys.modules)
+    print(stop.code, "lightning" in sys.modules, "tvq_exp.run.build" in sys.modules)
 """
+
+
+def refusal(script: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+    """Run the entry point ``script`` with ``overrides`` as a user would; stdout says what was imported."""
+    return subprocess.run(
+        [sys.executable, "-c", REFUSAL, script, *overrides],
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize(
@@ -194,16 +248,27 @@ except SystemExit as stop:
     ],
 )
 def test_train_refuses_a_bad_value_before_importing_lightning(override: str, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", REFUSAL, "experiment=smoke", override, f"paths.log_dir={tmp_path}"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = refusal("train.py", "experiment=smoke", override, f"paths.log_dir={tmp_path}")
     assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    "script,override,key",
+    [
+        ("eval.py", "split=train", "split"),
+        ("eval.py", "limit_batches=0", "limit_batches"),
+        ("sample.py", "num_samples=0", "num_samples"),
+        ("sample.py", "top_p=1.5", "top_p"),
+    ],
+)
+def test_eval_and_sample_refuse_a_bad_value_before_importing_lightning(
+    script: str, override: str, key: str, tmp_path: Path
+) -> None:
+    result = refusal(script, f"ckpt_path={tmp_path / 'none.ckpt'}", override)
+    assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}="), result.stderr
 
 
 def test_lightning_precisions_are_written_out_as_lightning_has_them() -> None:

@@ -21,17 +21,30 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Required, Self, TypedDict, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import AtLeast, OptionError, checked
 
 Aux = dict[str, Tensor]
-# what a block passes to a backend that takes the relative position bias (``supports_position_bias``)
-POSITION_BIAS_ARGUMENTS = frozenset({"window_bias", "sinusoid_dim", "sinusoid_dropout"})
+# what a block passes to every backend's constructor (never config keys of the attention)
+INJECTED_ARGUMENTS = frozenset({"d_k", "d_v", "heads", "kv_heads"})
 TALKING_HEADS_ARGUMENTS = ("talking_heads", "talking_heads_post")
+BackendT = TypeVar("BackendT", bound="AttentionBackend")
+
+
+class Shape(TypedDict, total=False):
+    """The options every backend takes and hands on to :class:`AttentionBackend`'s constructor (a subclass declares
+    ``**shape: Unpack[Shape]`` after its own, keyword-only, options; config validation follows it there)."""
+
+    d_k: Required[int]
+    d_v: Required[int]
+    heads: int
+    causal: bool
+    kv_heads: int | None
 
 
 @dataclasses.dataclass(eq=False)
@@ -102,12 +115,20 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class AttentionBackend(nn.Module, abc.ABC):
-    """Base class: shape checks, the shared fields ``d_k, d_v, heads, causal`` and the capabilities a backend
-    declares (class attributes, read by the registry, config validation, the benchmarks and the tests)."""
+    """Base class: shape checks, the shared options (:class:`Shape`) and the capabilities a backend declares (class
+    attributes, read by the registry, config validation, the benchmarks and the tests).
+
+    Args:
+        d_k, d_v: per-head key and value sizes.
+        heads: query heads.
+        causal: decoder (True) or encoder (False) attention; False only where ``supports_encoder``.
+        kv_heads: key/value heads (divides ``heads``; 1 = multi-query; default ``heads``), where
+            ``supports_kv_groups``.
+    """
 
     supports_kv_groups: ClassVar[bool] = True  # keys/values may have fewer heads (``kv_heads``) than queries
     supports_position_bias: ClassVar[bool] = (
-        False  # takes the XL relative bias (:data:`POSITION_BIAS_ARGUMENTS`)
+        False  # takes the XL relative bias a block builds (:meth:`use_position_bias`)
     )
     supports_talking_heads: ClassVar[bool] = (
         False  # mixes logits across heads (:data:`TALKING_HEADS_ARGUMENTS`)
@@ -117,13 +138,6 @@ class AttentionBackend(nn.Module, abc.ABC):
     kernels: ClassVar[tuple[str, ...]] = (
         "plain",
     )  # the values of its ``kernel`` option (flex where it has one)
-
-    @classmethod
-    def injected_arguments(cls) -> frozenset[str]:
-        """The constructor arguments a block passes (the shapes and, where the backend takes it, the position
-        bias): never config keys of the attention."""
-        bias = POSITION_BIAS_ARGUMENTS if cls.supports_position_bias else frozenset()
-        return frozenset({"d_k", "d_v", "heads", "kv_heads"}) | bias
 
     @checked
     def __init__(
@@ -140,7 +154,37 @@ class AttentionBackend(nn.Module, abc.ABC):
             raise OptionError("kv_heads", kv_heads, f"must divide heads={heads}", type(self))
         if kv_heads != heads and not self.supports_kv_groups:
             raise OptionError("kv_heads", kv_heads, "grouped key/value heads are not supported", type(self))
+        if not causal and not self.supports_encoder:
+            raise OptionError("causal", causal, "must be True: this backend has no encoder form", type(self))
         self.d_k, self.d_v, self.heads, self.kv_heads, self.causal = d_k, d_v, heads, kv_heads, causal
+        self.bias: XLRelativeBias | None = None  # the XL relative bias, when a block hands one over
+        self.window_len: int | None = (
+            None  # the distances 0..window_len the bias covers (backends that take it)
+        )
+
+    def position_window(self) -> int:
+        """The distances ``0..M`` an XL relative bias of this backend covers (its ``window_len``), for the block
+        that builds the bias; :class:`~tvq_exp.options.OptionError` where the backend takes none."""
+        if not self.supports_position_bias:
+            raise OptionError(
+                "position", "xl", f"the {type(self).__name__} backend has no relative position bias; use "
+                "position=rope or position=none", type(self),
+            )  # fmt: skip
+        if self.window_len is None:
+            raise OptionError("window_len", None, "the window bias needs a window length >= 1", type(self))
+        return self.window_len
+
+    def use_position_bias(self, bias: XLRelativeBias) -> Self:
+        """Take the XL relative bias a block built for this backend (``heads``, ``d_k`` and
+        :meth:`position_window` distances): it becomes ``self.bias``, its parameters this backend's."""
+        expected = (self.heads, self.d_k, self.position_window())
+        if (bias.heads, bias.d_k, bias.max_distance) != expected:
+            raise ValueError(
+                f"an XL bias of (heads, d_k, max_distance)={(bias.heads, bias.d_k, bias.max_distance)} does not "
+                f"fit this backend's {expected}"
+            )
+        self.bias = bias
+        return self
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
         """Matmul FLOPs of one call on ``batch`` fresh sequences of ``seq_len`` positions (forward, or
@@ -171,6 +215,18 @@ class AttentionBackend(nn.Module, abc.ABC):
             raise ValueError(f"v has d_v={v.shape[-1]}; expected {self.d_v}")
         if k.shape[1] != self.kv_heads:
             raise ValueError(f"k has {k.shape[1]} heads; expected kv_heads={self.kv_heads}")
+
+
+def with_position_bias(
+    attn: BackendT, sinusoid_dim: int | None = None, sinusoid_dropout: float = 0.0
+) -> BackendT:
+    """``attn`` with a new XL relative bias over its window (what a block with ``position=xl`` does): sinusoids
+    ``sinusoid_dim`` wide (default ``d_k``; the blocks pass ``d_model``, as the official code) and their dropout,
+    see :class:`~tvq_exp.nn.position.XLRelativeBias`."""
+    window = attn.position_window()
+    return attn.use_position_bias(
+        XLRelativeBias(attn.heads, attn.d_k, window, sinusoid_dim, sinusoid_dropout)
+    )
 
 
 def repeat_kv(x: Tensor, heads: int) -> Tensor:

@@ -18,7 +18,6 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.measure.flops import xl_bias_flops
-from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import OptionError
 
 
@@ -114,7 +113,6 @@ class BlockedAttention(AttentionBackend):
     supports_position_bias = True
     block_len: int
     window_len: int
-    bias: XLRelativeBias | None
 
     def check_context(self, length: int) -> None:
         """A block longer than the context never reaches past the window: ``block_len <= length``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tvq_exp.attention.base import POSITION_BIAS_ARGUMENTS, TALKING_HEADS_ARGUMENTS, AttentionBackend
+from tvq_exp.attention.base import TALKING_HEADS_ARGUMENTS, AttentionBackend
 from tvq_exp.attention.dense import DenseAttention
 from tvq_exp.attention.flash_chunk import FlashChunkAttention
 from tvq_exp.attention.linear import LinearAttention
@@ -25,8 +25,9 @@ BACKENDS: dict[str, type[AttentionBackend]] = {
 def build_attention(name: str, **options: Any) -> AttentionBackend:
     """Build the attention backend called ``name`` with its keyword ``options``.
 
-    What the backend's class does not support is refused with the reason when asked for (talking heads, the
-    XL position bias) and dropped when switched off, so a block passes the same arguments to every backend.
+    Talking heads are refused with the reason when asked of a backend whose class cannot mix heads, and dropped
+    when switched off, so a preset may name them for every backend. (The XL relative bias is not an option: a
+    block builds it and hands it over, :meth:`~tvq_exp.attention.base.AttentionBackend.use_position_bias`.)
 
     Example: ``build_attention("vq", d_k=128, d_v=256, heads=1, codebook_size=512, block_len=512)``.
     """
@@ -35,23 +36,17 @@ def build_attention(name: str, **options: Any) -> AttentionBackend:
             "name", name, f"unknown attention backend; choose one of {', '.join(sorted(BACKENDS))}"
         )
     backend = BACKENDS[name]
+    if backend.supports_talking_heads:
+        return backend(**options)
     talking = [key for key in TALKING_HEADS_ARGUMENTS if options.get(key)]
-    if talking and not backend.supports_talking_heads:
+    if talking:
         able = ", ".join(n for n, b in BACKENDS.items() if b.supports_talking_heads)
         raise OptionError(
             talking[0], True, f"the {name} backend cannot mix logits across heads (talking heads need the full "
             f"T×T logits, which only {able} materialises); use model/attention={able} or turn them off",
             backend,
         )  # fmt: skip
-    if options.get("window_bias") and not backend.supports_position_bias:
-        raise OptionError(
-            "position", "xl", f"the {name} backend has no relative position bias; use position=rope or "
-            "position=none", backend,
-        )  # fmt: skip
-    unsupported = (() if backend.supports_talking_heads else TALKING_HEADS_ARGUMENTS) + (
-        () if backend.supports_position_bias else tuple(POSITION_BIAS_ARGUMENTS)
-    )
-    return backend(**{key: value for key, value in options.items() if key not in unsupported})
+    return backend(**{key: value for key, value in options.items() if key not in TALKING_HEADS_ARGUMENTS})
 
 
 __all__ = ["BACKENDS", "build_attention"]

@@ -59,8 +59,8 @@ class TextSamples(Callback):
                 model,
                 prompt,
                 self.num_bytes,
-                self.temperature,
-                self.top_k,
+                temperature=self.temperature,
+                top_k=self.top_k,
                 generator=generator,
                 vocab_limit=TEXT_VOCAB,
             )

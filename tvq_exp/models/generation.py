@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -28,6 +29,16 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -torch.inf)
     return logits
+
+
+class Sampling(TypedDict, total=False):
+    """How each token is drawn: :func:`sample_next`'s options, which :func:`generate`, :func:`sample_images` and
+    :func:`complete_images` hand on to it."""
+
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    generator: torch.Generator | None
 
 
 def sample_next(
@@ -52,13 +63,12 @@ def generate(
     model: Decoder,
     prompt_tokens: Tensor,
     n: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    *,
     vocab_limit: int | None = None,
+    **sampling: Unpack[Sampling],
 ) -> Tensor:
-    """Continue ``prompt_tokens (B, T0)`` (``T0 >= 1``) by ``n`` tokens -> ``(B, n)``.
+    """Continue ``prompt_tokens (B, T0)`` (``T0 >= 1``) by ``n`` tokens -> ``(B, n)``, each drawn with ``sampling``
+    (:func:`sample_next`).
 
     The prompt is run once; afterwards each token is fed alone with the carried state, so every step
     costs the same whatever the length so far. ``vocab_limit`` restricts sampling to ids below it (e.g.
@@ -73,7 +83,7 @@ def generate(
         logits = out.logits[:, -1]
         if vocab_limit is not None:
             logits = logits[:, :vocab_limit]
-        token = sample_next(logits, temperature, top_k, top_p, generator)
+        token = sample_next(logits, **sampling)
         tokens.append(token)
         if step + 1 < n:
             out = model(token[:, None], out.state)
@@ -86,29 +96,16 @@ def _bos_prompt(n: int, levels: int, device: torch.device) -> Tensor:
 
 
 def sample_images(
-    model: Decoder,
-    n: int,
-    image_shape: Sequence[int],
-    levels: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    model: Decoder, n: int, image_shape: Sequence[int], levels: int, **sampling: Unpack[Sampling]
 ) -> Tensor:
-    """Draw ``n`` images from the BOS prompt -> ``(n, H, W, C)`` int64 levels ``0..levels-1``.
+    """Draw ``n`` images from the BOS prompt (each level drawn with ``sampling``, :func:`sample_next`) ->
+    ``(n, H, W, C)`` int64 levels ``0..levels-1``.
 
     ``image_shape`` is ``(H, W, C)``; the BOS token is never sampled. The model is left in eval mode.
     """
     device = next(model.parameters()).device
     tokens = generate(
-        model,
-        _bos_prompt(n, levels, device),
-        math.prod(image_shape),
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        generator=generator,
-        vocab_limit=levels,
+        model, _bos_prompt(n, levels, device), math.prod(image_shape), vocab_limit=levels, **sampling
     )
     return tokens.reshape(n, *image_shape)
 
@@ -118,13 +115,11 @@ def complete_images(
     images: Tensor,
     levels: int,
     given_rows: int | None = None,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    **sampling: Unpack[Sampling],
 ) -> Tensor:
     """Keep the top ``given_rows`` (default ``H // 2``) rows of ``images (N, H, W, C)`` (levels) and sample
-    the rest -> ``(N, H, W, C)`` int64, equal to ``images`` in the given rows."""
+    the rest (with ``sampling``, :func:`sample_next`) -> ``(N, H, W, C)`` int64, equal to ``images`` in the given
+    rows."""
     n, height, width, channels = images.shape
     given_rows = height // 2 if given_rows is None else given_rows
     if not 0 <= given_rows < height:
@@ -132,14 +127,5 @@ def complete_images(
     device = next(model.parameters()).device
     known = images.reshape(n, -1).long().to(device)[:, : given_rows * width * channels]
     prompt = torch.cat([_bos_prompt(n, levels, device), known], dim=1)
-    rest = generate(
-        model,
-        prompt,
-        (height - given_rows) * width * channels,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        generator=generator,
-        vocab_limit=levels,
-    )
+    rest = generate(model, prompt, (height - given_rows) * width * channels, vocab_limit=levels, **sampling)
     return torch.cat([known, rest], dim=1).reshape(n, height, width, channels)

@@ -1,4 +1,5 @@
-"""``eval.py``: a checkpoint's bits per byte (or dim) over a whole split, written as JSON."""
+"""``eval.py``: a checkpoint's bits per byte (or dim) over a whole split, written as JSON; the command's options
+are checked before Lightning is imported (a bad value is refused fast)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from tvq_exp.callbacks.codebook_health import CodebookHealth
-from tvq_exp.callbacks.data_fingerprint import DataFingerprint
-from tvq_exp.callbacks.final_hparams import state_size
-from tvq_exp.callbacks.numerics_guard import NumericsError
-from tvq_exp.console import quiet, say
-from tvq_exp.plots import position_figure, save_figure
-from tvq_exp.run.build import load_checkpoint, set_torch_threads
-from tvq_exp.run.validation import Command, ConfigError, validate
+from tvq_exp.run.validation import Command, ConfigError, check
 
 
 def default_eval_output(
@@ -66,8 +59,19 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     {"perplexity", "dead_fraction", "quant_error", "kmeans_error", "regret", "codebook_size"}}`` over the split's
     keys (see :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`, with its default settings).
     """
+    check(cfg, Command.EVAL)
+    # Lightning and what imports it only for a config that passed (fast refusal)
+    import lightning as L  # noqa: PLC0415
+
+    from tvq_exp.callbacks.codebook_health import CodebookHealth  # noqa: PLC0415
+    from tvq_exp.callbacks.data_fingerprint import DataFingerprint  # noqa: PLC0415
+    from tvq_exp.callbacks.final_hparams import state_size  # noqa: PLC0415
+    from tvq_exp.callbacks.numerics_guard import NumericsError  # noqa: PLC0415
+    from tvq_exp.console import quiet, say  # noqa: PLC0415
+    from tvq_exp.plots import position_figure, save_figure  # noqa: PLC0415
+    from tvq_exp.run.build import load_checkpoint, set_torch_threads  # noqa: PLC0415
+
     quiet()
-    validate(cfg, Command.EVAL)
     set_torch_threads(cfg)
     if cfg.split not in ("val", "test"):
         raise ConfigError("split", cfg.split, "must be val or test")

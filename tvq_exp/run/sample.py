@@ -6,17 +6,14 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from omegaconf import DictConfig
 
-from tvq_exp.console import quiet, say
-from tvq_exp.data.images.render import image_grid, levels_to_uint8, save_png
 from tvq_exp.models.decoder import Decoder
-from tvq_exp.models.generation import generate, sample_images
-from tvq_exp.run.build import load_checkpoint, set_torch_threads
-from tvq_exp.run.validation import Command, ConfigError, validate
+from tvq_exp.models.generation import Sampling, generate, sample_images
+from tvq_exp.run.validation import Command, ConfigError, check
 
 TEXT_VOCAB = 256
 
@@ -28,8 +25,12 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     ``cfg.num_samples`` sampled images as one PNG grid instead (:func:`sample_checkpoint_grid`)
     and returns its path.
     """
+    check(cfg, Command.SAMPLE)
+    # Lightning and what imports it only for a config that passed (fast refusal)
+    from tvq_exp.console import quiet, say  # noqa: PLC0415
+    from tvq_exp.run.build import load_checkpoint, set_torch_threads  # noqa: PLC0415
+
     quiet()
-    validate(cfg, Command.SAMPLE)
     set_torch_threads(cfg)
     module, config, _ = load_checkpoint(cfg.ckpt_path)
     if module.kind == "image":
@@ -39,22 +40,11 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
     prompt = str(cfg.prompt).encode("utf-8")
     if not prompt:
         raise ConfigError("prompt", cfg.prompt, "must hold at least one byte (e.g. prompt='\\n')")
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if cfg.device == "auto" else cfg.device)
+    device, sampling = sampling_options(cfg)
     model = module.model.to(device)
     prompt_tokens = torch.tensor(list(prompt), device=device).repeat(cfg.num_samples, 1)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
     try:
-        tokens = generate(
-            model,
-            prompt_tokens,
-            cfg.num_bytes,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
-            generator=generator,
-            vocab_limit=TEXT_VOCAB,
-        )
+        tokens = generate(model, prompt_tokens, cfg.num_bytes, vocab_limit=TEXT_VOCAB, **sampling)
     except FloatingPointError as error:
         raise ConfigError(
             "ckpt_path", cfg.ckpt_path, f"{error}; use a checkpoint from before the divergence"
@@ -95,16 +85,17 @@ def sample_grid_png(
     num_samples: int = 16,
     nrow: int | None = None,
     scale: int = 1,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    **sampling: Unpack[Sampling],
 ) -> Path:
-    """Sample ``num_samples`` images of the run's data (``data_config``: ``image_shape``, ``vocab_size``)
-    and write them as one PNG grid at ``path`` -> the path."""
+    """Sample ``num_samples`` images of the run's data (``data_config``: ``image_shape``, ``vocab_size``), each
+    level drawn with ``sampling`` (:func:`~tvq_exp.models.generation.sample_next`), and write them as one PNG grid
+    at ``path`` -> the path."""
+    # the data package imports Lightning: only once the config passed (fast refusal)
+    from tvq_exp.data.images.render import image_grid, levels_to_uint8, save_png  # noqa: PLC0415
+
     image_shape = [int(size) for size in data_config["image_shape"]]
     levels = int(data_config["vocab_size"]) - 1
-    images = sample_images(model, num_samples, image_shape, levels, temperature, top_k, top_p, generator)
+    images = sample_images(model, num_samples, image_shape, levels, **sampling)
     return save_png(image_grid(levels_to_uint8(images, levels), nrow=nrow, scale=scale), path)
 
 
@@ -115,8 +106,7 @@ def sample_checkpoint_grid(model: Decoder, data_config: Mapping[str, Any], cfg: 
     (``auto`` = CUDA when available), ``image_nrow``, ``image_scale`` and ``output`` (the PNG path; default
     :func:`default_sample_path`) from ``cfg``.
     """
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if cfg["device"] == "auto" else cfg["device"])
+    device, sampling = sampling_options(cfg)
     path = cfg.get("output") or default_sample_path(cfg["ckpt_path"])
     return sample_grid_png(
         model.to(device),
@@ -125,11 +115,23 @@ def sample_checkpoint_grid(model: Decoder, data_config: Mapping[str, Any], cfg: 
         num_samples=int(cfg["num_samples"]),
         nrow=cfg.get("image_nrow"),
         scale=int(cfg.get("image_scale") or 1),
+        **sampling,
+    )
+
+
+def sampling_options(cfg: Mapping[str, Any]) -> tuple[torch.device, Sampling]:
+    """The device ``cfg`` asks for (``device``; ``auto`` = CUDA when available) and how tokens are drawn there:
+    ``temperature``, ``top_k``, ``top_p`` and a generator seeded with ``seed``."""
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if cfg["device"] == "auto" else cfg["device"])
+    generator = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
+    sampling = Sampling(
         temperature=float(cfg["temperature"]),
         top_k=cfg.get("top_k"),
         top_p=cfg.get("top_p"),
-        generator=torch.Generator(device=device).manual_seed(int(cfg["seed"])),
+        generator=generator,
     )
+    return device, sampling
 
 
 __all__ = ["default_sample_path", "sample", "sample_checkpoint_grid", "sample_grid_png"]

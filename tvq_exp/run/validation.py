@@ -8,7 +8,8 @@ config key when they refuse. The command says what it is (:class:`Command`); not
 
 1. **Types and unknown keys** (:func:`check`, nothing built). For each node with a ``_target_`` (the model,
    its block, attention and codebook, the position embedding, the data module and its corpus or image
-   source, the Lightning module), a dataclass is generated from the target's constructor signature and the
+   source, the Lightning module), a dataclass is generated from the target's constructor signature (with its
+   base class's where the constructor hands ``**options`` on: :func:`~tvq_exp.options.option_functions`) and the
    node is merged into it with OmegaConf: unknown keys (typos) and values of the wrong type are refused with
    the full key.
 2. **Single-option rules** (ranges, choices): the ``Annotated`` constraints of the same signature.
@@ -46,9 +47,9 @@ from hydra.utils import get_method, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tvq_exp.attention.base import AttentionBackend
+from tvq_exp.attention.base import INJECTED_ARGUMENTS
 from tvq_exp.attention.registry import BACKENDS, build_attention
-from tvq_exp.options import OptionError, check_values, constraints
+from tvq_exp.options import OptionError, check_values, constraints, option_functions
 from tvq_exp.quantize.codebook import VectorQuantizer
 from tvq_exp.run import schema
 
@@ -58,7 +59,7 @@ SIMPLE_TYPES = (int, float, bool, str)
 INJECTED = {
     "model": {"block", "attention", "pos_embedding"},
     "model.block": {"d_model", "attention"},
-    "model.attention": {"codebook"},  # and what the backend's class says a block passes (injected_arguments)
+    "model.attention": {"codebook", *INJECTED_ARGUMENTS},
     "model.attention.codebook": {"heads", "codebook_size", "dim"},
     "module": {"model", "run_config"},
     "data.task": {"seq_len", "vocab_size"},  # a synthetic probe's task gets the data module's row shape
@@ -94,23 +95,29 @@ def _field_type(annotation: Any) -> Any:
     return Any
 
 
-def _constructor(target: Callable[..., Any]) -> Callable[..., Any]:
-    """The function whose signature states ``target``'s options (a class's undecorated ``__init__``)."""
-    return inspect.unwrap(target.__init__ if inspect.isclass(target) else target)
+def _parameters(target: Callable[..., Any]) -> Iterator[tuple[inspect.Parameter, Any]]:
+    """Every named parameter of ``target``'s options (:func:`~tvq_exp.options.option_functions`: a class's own
+    constructor first, then what it hands on to its base) with its type hint; each name once."""
+    seen = {"self"}
+    for fn in option_functions(target):
+        hints = typing.get_type_hints(fn)
+        for name, p in inspect.signature(fn).parameters.items():
+            if name not in seen and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                seen.add(name)
+                yield p, hints.get(name, Any)
 
 
 def schema_for(target: Callable[..., Any], skip: set[str] = frozenset()) -> type:
-    """A dataclass with one field per keyword argument of ``target`` (``**kwargs`` targets: None)."""
-    fn = _constructor(target)
-    hints = typing.get_type_hints(fn)
+    """A dataclass with one field per keyword argument of ``target`` (``**kwargs`` passed to nothing: none)."""
     fields = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if name in ("self", *skip) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+    for p, hint in _parameters(target):
+        name = p.name
+        if name in skip:
             continue
         default = dataclasses.MISSING if p.default is p.empty else p.default
         if default is not dataclasses.MISSING and not isinstance(default, (*SIMPLE_TYPES, type(None))):
             default = None
-        typ = _field_type(hints.get(name, Any))
+        typ = _field_type(hint)
         fields.append(
             (name, typ, dataclasses.field(default=default))
             if default is not dataclasses.MISSING
@@ -156,7 +163,7 @@ def check_node(
         if OmegaConf.is_missing(schema, name) and name not in plain:
             raise ConfigError(_key(key, name), "???", f"required by {_name(target)}")
     try:
-        check_values(None, constraints(_constructor(target)), plain)
+        check_values(None, constraints(target), plain)
     except OptionError as err:
         raise ConfigError(_key(key, err.option), err.value, err.allowed) from None
 
@@ -232,15 +239,7 @@ def check_nodes(nodes: list[Node]) -> None:
     }
     for n in nodes:
         nested = children[n.key] | ({"name"} if n.key == "model.attention" else set())
-        check_node(
-            n.node, n.key, n.target, skip=INJECTED.get(n.key, set()) | _injected(n.target), nested=nested
-        )
-
-
-def _injected(target: Any) -> set[str]:
-    """The arguments a block passes to an attention backend, as its class declares them (none for others)."""
-    is_backend = isinstance(target, type) and issubclass(target, AttentionBackend)
-    return set(target.injected_arguments()) if is_backend else set()
+        check_node(n.node, n.key, n.target, skip=INJECTED.get(n.key, set()), nested=nested)
 
 
 def locate(error: OptionError, nodes: list[Node]) -> str:

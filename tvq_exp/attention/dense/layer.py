@@ -4,18 +4,25 @@ ReLU² scoring (FLASH-Quad) and talking-heads mixing of the logits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype, causal_mask, repeat_kv
+from tvq_exp.attention.base import (
+    AttentionBackend,
+    Aux,
+    Shape,
+    State,
+    accumulation_dtype,
+    causal_mask,
+    repeat_kv,
+)
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, FlexUnsupported, wants_flex
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
-from tvq_exp.nn.position import XLRelativeBias
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, OneOf, checked
 
 SCORES = ("softmax", "relu2")
 LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
@@ -33,17 +40,13 @@ class DenseAttention(AttentionBackend):
     """Softmax (or ReLU²) attention over all previous positions.
 
     Args:
-        d_k, d_v, heads: per-head key and value sizes and the number of query heads.
-        causal: decoder (True) or encoder (False) attention.
-        window_bias: add the Transformer-XL relative bias for distances ``0..window_len``
-            (encoder: ``|i - j| <= window_len``, see :meth:`~tvq_exp.nn.position.XLRelativeBias.encoder_bias`).
-        window_len: the bias window ``M`` (required with ``window_bias``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`).
+        window_len: the window ``M`` of the Transformer-XL relative bias a block hands over
+            (:meth:`~tvq_exp.attention.base.AttentionBackend.use_position_bias`): distances ``0..M`` (encoder:
+            ``|i - j| <= M``, see :meth:`~tvq_exp.nn.position.XLRelativeBias.encoder_bias`); required with the bias.
         memory_len: keep at most this many past keys in the carried state (None: all, exact).
         attention_window: attend only to keys at distances ``0..attention_window`` (encoder:
             ``|i - j| <=``; None: all): a sliding-window dense baseline, like Transformer-VQ without its cache.
-        kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
         score: ``softmax`` or ``relu2`` (FLASH-Quad: ``relu(s)²`` divided per query by the number of
             keys it sees, never by the total length, so streaming equals the parallel forward).
         talking_heads: mix the logits across heads with a learned ``(H, H)`` matrix before the
@@ -70,33 +73,21 @@ class DenseAttention(AttentionBackend):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
-        causal: bool = True,
-        window_bias: bool = False,
+        *,
         window_len: Annotated[int, AtLeast(1)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
         memory_len: Annotated[int, AtLeast(1)] | None = None,
         attention_window: Annotated[int, AtLeast(0)] | None = None,
-        kv_heads: int | None = None,
         score: Annotated[str, OneOf(*SCORES)] = "softmax",
         talking_heads: bool = False,
         talking_heads_post: bool = False,
         kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if window_bias and window_len is None:
-            raise OptionError(
-                "window_len", window_len, "the window bias needs a window length >= 1", type(self)
-            )
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
+        super().__init__(**shape)
+        self.window_len = window_len
         self.memory_len, self.score, self.attention_window = memory_len, score, attention_window
-        self.mix_pre = nn.Parameter(torch.eye(heads)) if talking_heads else None
-        self.mix_post = nn.Parameter(torch.eye(heads)) if talking_heads_post else None
+        self.mix_pre = nn.Parameter(torch.eye(self.heads)) if talking_heads else None
+        self.mix_post = nn.Parameter(torch.eye(self.heads)) if talking_heads_post else None
         self.kernel = kernel
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
 

@@ -13,15 +13,14 @@ the current total length: streaming and token-by-token decoding equal the parall
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
-from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import Above, AtLeast, OneOf, checked
 
 SCORES = ("relu2", "softmax")
@@ -43,20 +42,15 @@ class FlashChunkAttention(AttentionBackend):
     """FLASH mixed chunk attention.
 
     Args:
-        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
-        causal: decoder (True) or encoder (False).
-        kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`).
         group_size: ``G``, positions per group.
         score: ``relu2``: ``o_i = (Σ_quad relu(s_ij)² v_j + Σ_lin (q_i·k_j) v_j) / n_i``;
             ``softmax``: ``o_i = softmax_quad(s_i)·v + Σ_lin (q_i·k_j) v_j / n_i``.
         norm: ``count``: ``n_i`` is the number of keys summed by the normalised terms (at least 1);
             ``fixed``: ``n_i = norm_scale``.
         norm_scale: the fixed divisor (default ``group_size``).
-        window_bias: Transformer-XL relative bias inside the group (distances ``<= window_len``;
-            encoder: ``|i - j| <= window_len``).
-        window_len: the bias window (default ``group_size``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        window_len: the window of the Transformer-XL relative bias a block hands over, inside the group
+            (distances ``<= window_len``; encoder: ``|i - j| <= window_len``; default ``group_size``).
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: :class:`FlashChunkState` (the encoder form carries none: a plain :class:`State`).
@@ -67,27 +61,18 @@ class FlashChunkAttention(AttentionBackend):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
-        causal: bool = True,
-        kv_heads: int | None = None,
+        *,
         group_size: Annotated[int, AtLeast(1)] = 256,
         score: Annotated[str, OneOf(*SCORES)] = "relu2",
         norm: Annotated[str, OneOf(*NORMS)] = "count",
         norm_scale: Annotated[float, Above(0)] | None = None,
-        window_bias: bool = False,
         window_len: Annotated[int, AtLeast(0)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
-        window_len = group_size if window_len is None else window_len
+        super().__init__(**shape)
         self.group_size, self.score, self.norm = group_size, score, norm
         self.norm_scale = float(group_size if norm_scale is None else norm_scale)
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
+        self.window_len = group_size if window_len is None else window_len
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: FlashChunkState | None = None

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, State, accumulation_dtype
+from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, mm, padded, with_backward
 from tvq_exp.options import AtLeast, OneOf, checked
 
@@ -37,9 +37,7 @@ class LinearAttention(AttentionBackend):
     """Causal (or encoder) linear attention with a positive feature map.
 
     Args:
-        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
-        causal: decoder (True) or encoder (False).
-        kv_heads: key/value heads (divides ``heads``; 1 = multi-query).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`).
         feature_map: ``elu1`` (``elu(x) + 1``), ``relu`` or ``favor`` (positive orthogonal random
             features ``exp(ωᵀx - |x|²/2)/√m``; query features are rescaled per token by their max).
         chunk_size: positions per chunk of the parallel form (any value gives the same result).
@@ -56,20 +54,17 @@ class LinearAttention(AttentionBackend):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
-        causal: bool = True,
-        kv_heads: int | None = None,
+        *,
         feature_map: Annotated[str, OneOf(*FEATURE_MAPS)] = "elu1",
         chunk_size: Annotated[int, AtLeast(1)] = 64,
         eps: Annotated[float, AtLeast(0)] = 1e-6,
         num_features: Annotated[int, AtLeast(1)] | None = None,
         seed: int = 0,
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
+        super().__init__(**shape)
         self.feature_map, self.chunk_size, self.eps = feature_map, chunk_size, eps
-        self.num_features = num_features or d_k
+        self.num_features = num_features or self.d_k
         self.seed, self.draws = seed, 0
         if feature_map == "favor":
             self.register_buffer("projection", self._draw_projection())

@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype
 from tvq_exp.attention.blocked import (
     BlockedAttention,
     BlockLayout,
@@ -58,7 +58,6 @@ from tvq_exp.attention.blocked import (
 )
 from tvq_exp.attention.vq.cache import block_stats, running_code_means
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.nn.position import XLRelativeBias
 from tvq_exp.options import Above, AtLeast, OneOf, OptionError, checked
 
 SEEDINGS = ("farthest", "first")
@@ -81,20 +80,17 @@ class OVQAttention(BlockedAttention):
     """OVQ-attention backend (decoder only).
 
     Args:
-        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`);
+            ``causal`` must be True (the dictionary is learned online, left to right); one dictionary per kv head.
         num_centroids: ``S``, dictionary slots per key/value head (the plateau of the growth).
         block_len: ``L``, positions per block: the exact window spans blocks ``r-1, r`` and the
             dictionary absorbs one block at a time.
-        window_bias: Transformer-XL relative bias inside the exact window.
-        window_len: ``M``, bias window (default ``block_len``; at most ``block_len``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        window_len: ``M``, the window of the Transformer-XL relative bias a block hands over, inside the exact
+            window (default ``block_len``; at most ``block_len``).
         growth_scale: ``α`` of the growth ``n(t) = min(S, ⌈α·ln(1 + t/α)⌉)`` (default ``S / 4``:
             the dictionary fills after about ``(e^4 − 1)·α ≈ 13.6·S`` positions).
         seeding: ``farthest`` (spread-maximising) or ``first`` (the block's first keys).
         grad_through_dictionary: gradients reach the keys and values through the dictionary.
-        causal: must be True (the dictionary is learned online, left to right).
-        kv_heads: key/value heads (divides ``heads``; 1 = multi-query); one dictionary per kv head.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: :class:`OVQState`: the positions ``max(0, (t//L − 1)·L) .. t−1`` and the dictionary.
@@ -105,34 +101,22 @@ class OVQAttention(BlockedAttention):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
+        *,
         num_centroids: Annotated[int, AtLeast(1)] = 512,
         block_len: Annotated[int, AtLeast(1)] = 512,
-        window_bias: bool = True,
         window_len: Annotated[int, AtLeast(0)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
         growth_scale: Annotated[float, Above(0)] | None = None,
         seeding: Annotated[str, OneOf(*SEEDINGS)] = "farthest",
         grad_through_dictionary: bool = True,
-        causal: bool = True,
-        kv_heads: int | None = None,
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
-        if not causal:
-            allowed = "must be True: the dictionary is learned online, left to right (decoder only)"
-            raise OptionError("causal", causal, allowed, type(self))
+        super().__init__(**shape)
         window_len = resolve_window(window_len, block_len, type(self))
         if growth_scale is not None and not math.isfinite(growth_scale):
             raise OptionError("growth_scale", growth_scale, "must be finite (a number > 0)", type(self))
         self.num_centroids, self.block_len, self.window_len = num_centroids, block_len, window_len
         self.growth_scale = float(num_centroids / 4 if growth_scale is None else growth_scale)
         self.seeding, self.grad_through_dictionary = seeding, grad_through_dictionary
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
 
     def active_centroids(self, blocks: int) -> int:
         """Centroids in use after absorbing ``blocks`` blocks: ``min(S, ⌈α·ln(1 + t/α)⌉)``, ``t = blocks·L``

@@ -28,29 +28,23 @@ from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
 from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, run_flex
-from tvq_exp.attention.vq.kernel import CodeCache, WindowBias
+from tvq_exp.attention.vq.kernel import WindowInputs
 
 
 def flex_window_cache_attention(
-    q: Tensor,
-    kb: Tensor,
-    vb: Tensor,
-    index: Tensor,
-    bias: WindowBias | None = None,
-    cache: CodeCache | None = None,
-    prev_masked: bool = False,
-    prev_grad: bool = True,
-    compiled: bool | None = None,
+    inputs: WindowInputs, prev_grad: bool = True, compiled: bool | None = None
 ) -> Tensor:
     """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` through flex attention (see the module
     doc for shapes).
 
     Args:
+        inputs, prev_grad: as :func:`~tvq_exp.attention.vq.kernel.window_cache_attention`.
         compiled: the fused kernel (True), the eager implementation (False), or None: fused unless it cannot
             run here (CPU with gradients), then eager.
 
     Raises :class:`~tvq_exp.attention.flex_runtime.FlexUnsupported` with the reason when flex cannot run.
     """
+    q, kb, vb, index, bias, cache, prev_masked = inputs
     bias_q, rel = (None, None) if bias is None else bias
     codebook, log_n, mu = (None, None, None) if cache is None else cache
     n, items, rows, _ = q.shape

@@ -55,20 +55,10 @@ class CodeCache(NamedTuple):
     mu: Tensor
 
 
-def window_cache_attention(
-    q: Tensor,
-    kb: Tensor,
-    vb: Tensor,
-    index: Tensor,
-    bias: WindowBias | None = None,
-    cache: CodeCache | None = None,
-    prev_masked: bool = False,
-    chunk: int | None = None,
-    prev_grad: bool = True,
-) -> Tensor:
-    """Attention of every item's queries over its two-block window and the compressive cache.
+class WindowInputs(NamedTuple):
+    """What every window + cache kernel takes (this module's, its plain reference in ``naive.py``, flex's).
 
-    Args:
+    Fields:
         q: content queries ``(N, I, R, d_k)``; ``R = G·Lq`` rows (``G`` heads of ``Lq`` positions).
         kb, vb: key / value blocks ``(N, I + 1, L, d)``: item ``i`` sees blocks ``i`` and ``i + 1``;
             or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``.
@@ -79,6 +69,21 @@ def window_cache_attention(
             gradient) or per item ``(N, I, S, d_k)`` (its gradient is the cache scores' gradient, item by item:
             ``VQAttention(cache_key_grad=True)``).
         prev_masked: item 0 has no previous block (its first ``L`` window keys are masked).
+    """
+
+    q: Tensor
+    kb: Tensor
+    vb: Tensor
+    index: Tensor
+    bias: WindowBias | None = None
+    cache: CodeCache | None = None
+    prev_masked: bool = False
+
+
+def window_cache_attention(inputs: WindowInputs, chunk: int | None = None, prev_grad: bool = True) -> Tensor:
+    """Attention of every item's queries over its two-block window and the compressive cache (``inputs``).
+
+    Args:
         chunk: items per chunk (default: :data:`CHUNK_BYTES` of fp32 scores).
         prev_grad: False: the previous block's keys and values (in a two-block window) take no gradient
             from these queries, as the official code's stop-gradient on the carried state (no gradient
@@ -87,6 +92,7 @@ def window_cache_attention(
     Returns ``(N, I, R, d_v)``. Gradients flow to ``q, kb, vb``, the bias's queries and embeddings, the
     cache's means and a per-item codebook.
     """
+    q, kb, vb, index, bias, cache, prev_masked = inputs
     bias_q, rel = (None, None) if bias is None else bias
     codebook, log_n, mu = (None, None, None) if cache is None else cache
     if chunk is None:
@@ -269,6 +275,7 @@ __all__ = [
     "CodeCache",
     "WindowBias",
     "default_chunk",
+    "WindowInputs",
     "window_cache_attention",
     "window_index",
 ]

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Unpack
 
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import Aux, State, accumulation_dtype
+from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype
 from tvq_exp.attention.blocked import (
     BlockedAttention,
     BlockLayout,
@@ -38,9 +38,15 @@ from tvq_exp.attention.blocked import (
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
-from tvq_exp.attention.vq.kernel import CodeCache, WindowBias, window_cache_attention, window_index
+from tvq_exp.attention.vq.kernel import (
+    CodeCache,
+    WindowBias,
+    WindowInputs,
+    window_cache_attention,
+    window_index,
+)
 from tvq_exp.measure.flops import mm, padded, with_backward
-from tvq_exp.nn.position import XLRelativeBias, window_distances
+from tvq_exp.nn.position import window_distances
 from tvq_exp.options import AtLeast, OneOf, OptionError, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
@@ -62,13 +68,11 @@ class VQAttention(BlockedAttention):
     """Transformer-VQ attention backend (``causal=False``: the encoder form of :mod:`.bidirectional`).
 
     Args:
-        d_k, d_v, heads: per-head key / value sizes and query heads (keys/values may be grouped).
+        shape: ``d_k, d_v, heads, causal, kv_heads`` (see :class:`~tvq_exp.attention.base.AttentionBackend`).
         codebook_size: ``S``, codes per key head.
         block_len: ``L``; the result does not depend on it as long as ``L >= window_len``.
-        window_bias: Transformer-XL relative bias inside the window.
-        window_len: ``M``, bias window (default ``block_len``).
-        sinusoid_dim, sinusoid_dropout: width of the bias's sinusoids (default ``d_k``; the blocks pass
-            ``d_model``, as the official code) and their dropout (see :class:`~tvq_exp.nn.position.XLRelativeBias`).
+        window_len: ``M``, the window of the Transformer-XL relative bias a block hands over (default
+            ``block_len``).
         use_cache: False drops the compressive cache: a sliding window over the distances ``0..window_len``
             (the official ``agg_cache=0``, the paper's cache ablation).
         grad_through_cache: True: gradients flow through the cache means to the values and to the keys
@@ -98,28 +102,22 @@ class VQAttention(BlockedAttention):
     @checked
     def __init__(
         self,
-        d_k: int,
-        d_v: int,
-        heads: int = 1,
+        *,
         codebook_size: int = 512,
         block_len: Annotated[int, AtLeast(1)] = 512,
-        window_bias: bool = True,
         window_len: Annotated[int, AtLeast(0)] | None = None,
-        sinusoid_dim: int | None = None,
-        sinusoid_dropout: float = 0.0,
         use_cache: bool = True,
         grad_through_cache: bool = True,
         cache_key_grad: bool = False,
-        causal: bool = True,
-        kv_heads: int | None = None,
         codebook: Mapping[str, Any] | None = None,
         kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
+        **shape: Unpack[Shape],
     ) -> None:
-        super().__init__(d_k, d_v, heads, causal, kv_heads)
+        super().__init__(**shape)
         window_len = resolve_window(window_len, block_len, type(self))
         self.block_len, self.window_len = block_len, window_len
         self.use_cache, self.grad_through_cache = use_cache, grad_through_cache
-        if cache_key_grad and not (grad_through_cache and causal and kernel != "flex"):
+        if cache_key_grad and not (grad_through_cache and self.causal and kernel != "flex"):
             raise OptionError(
                 "cache_key_grad", cache_key_grad,
                 "needs grad_through_cache=True, causal attention and kernel plain or auto", type(self),
@@ -127,10 +125,7 @@ class VQAttention(BlockedAttention):
         self.cache_key_grad = cache_key_grad
         self.kernel = kernel
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
-        self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, d_k, **dict(codebook or {}))
-        self.bias = (
-            XLRelativeBias(heads, d_k, window_len, sinusoid_dim, sinusoid_dropout) if window_bias else None
-        )
+        self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, self.d_k, **dict(codebook or {}))
         self.register_buffer("dist", window_distances(block_len), persistent=False)
 
     @property
@@ -295,10 +290,10 @@ class VQAttention(BlockedAttention):
 
             attend = flex_window_cache_attention
         self.last_kernel = "flex" if flex else "plain"
-        out = attend(
-            layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache,
-            prev_masked=first == 0 and not lone, prev_grad=self.grad_through_cache,
-        )  # fmt: skip
+        inputs = WindowInputs(
+            layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache, prev_masked=first == 0 and not lone
+        )
+        out = attend(inputs, prev_grad=self.grad_through_cache)
         return layout.from_grouped_items(out, b, h)
 
     def _next_state(

@@ -11,7 +11,7 @@ from torch import Tensor
 from tvq_exp.attention.base import repeat_kv
 from tvq_exp.attention.dense.naive import window_bias_matrix
 from tvq_exp.attention.vq.cache import block_stats
-from tvq_exp.attention.vq.kernel import CodeCache, WindowBias
+from tvq_exp.attention.vq.kernel import WindowInputs
 
 
 def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -60,16 +60,10 @@ def _mean_key_scores(qc: Tensor, k_hat: Tensor, codes: Tensor, block: Tensor, si
     return scores * far
 
 
-def window_cache_attention(
-    q: Tensor,
-    kb: Tensor,
-    vb: Tensor,
-    index: Tensor,
-    bias: WindowBias | None = None,
-    cache: CodeCache | None = None,
-    prev_masked: bool = False,
-) -> Tensor:
-    """:func:`window_cache_attention` written plainly: full tensors, one softmax, autograd."""
+def window_cache_attention(inputs: WindowInputs) -> Tensor:
+    """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` written plainly: full tensors, one softmax,
+    autograd."""
+    q, kb, vb, index, bias, cache, prev_masked = inputs
     n, items, rows, _ = q.shape
     L, blocks = kb.shape[2], kb.shape[1] - items + 1
     keys = torch.cat([kb[:, j : j + items] for j in range(blocks)], dim=2)

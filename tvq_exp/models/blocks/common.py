@@ -1,16 +1,21 @@
-"""What every block shares: attention construction, positions and the carried state layout."""
+"""What every block shares: its residual branch's dropout and LayerDrop, positions, the attention (with the XL bias
+when ``position='xl'``) and the carried state layout."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Required, TypedDict
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from tvq_exp.attention.base import AttentionBackend, State
+from tvq_exp.attention.base import AttentionBackend, Aux, State, with_position_bias
+from tvq_exp.measure.flops import with_backward
+from tvq_exp.nn.dropout import StochasticDepth
 from tvq_exp.nn.position import apply_rope
+from tvq_exp.options import AtLeast, Between, OneOf, checked
 
 AttentionFactory = Callable[..., AttentionBackend]
 POSITIONS = ("xl", "rope", "none")
@@ -25,20 +30,90 @@ class BlockState(State):
     keep: Tensor | None = None
 
 
-def build_block_attention(
-    attention: AttentionFactory,
-    position: str,
-    d_k: int,
-    d_v: int,
-    heads: int,
-    sinusoid_dim: int,
-    sinusoid_dropout: float = 0.0,
-    **extra: Any,
-) -> AttentionBackend:
-    """Call the attention factory; the XL window bias is on exactly when ``position == 'xl'``, its sinusoids
-    ``sinusoid_dim`` wide (the blocks pass ``d_model``, as the official code) with ``sinusoid_dropout``."""
-    bias = {"sinusoid_dim": sinusoid_dim, "sinusoid_dropout": sinusoid_dropout} if position == "xl" else {}
-    return attention(d_k=d_k, d_v=d_v, heads=heads, window_bias=position == "xl", **bias, **extra)
+class BlockOptions(TypedDict, total=False):
+    """The options every block takes and hands on to :class:`ResidualBlock`'s constructor (a block declares
+    ``**options: Unpack[BlockOptions]`` after its own, keyword-only, options; config validation follows it
+    there)."""
+
+    d_model: Required[int]
+    attention: Required[AttentionFactory]
+    position: str
+    dropout: float
+    layerdrop: float
+    sinusoid_dropout: float
+    sinusoid_dim: int | None
+
+
+class ResidualBlock(nn.Module, abc.ABC):
+    """Base of the blocks: a pre-norm residual branch around an attention backend.
+
+    Args:
+        d_model: the model width.
+        attention: the factory of the attention backend (``build_attention`` with its options).
+        position: ``xl`` (the Transformer-XL relative bias, built here and handed to the backend), ``rope``
+            (rotary embeddings of ``q, k``) or ``none``.
+        dropout: residual dropout of the branch's output.
+        layerdrop: the probability of dropping the branch per example for the whole sequence (its mask is
+            carried in the state).
+        sinusoid_dropout, sinusoid_dim: the XL bias's sinusoids: their dropout and width (default ``d_model``, as
+            the official code).
+
+    A subclass registers its projections, then its attention (:meth:`build_attention`), and computes the branch
+    with :meth:`attend` and :meth:`residual`. Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: a
+    :class:`BlockState`.
+    """
+
+    attn: AttentionBackend
+
+    @checked
+    def __init__(
+        self,
+        d_model: Annotated[int, AtLeast(1)],
+        attention: AttentionFactory,
+        position: Annotated[str, OneOf(*POSITIONS)] = "xl",
+        dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        sinusoid_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
+        sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_model, self.position = d_model, position
+        self.attention_factory = attention
+        self.sinusoids = (sinusoid_dim or d_model, sinusoid_dropout)
+        self.dropout = nn.Dropout(dropout)
+        self.layerdrop = StochasticDepth(layerdrop)
+
+    def build_attention(self, d_k: int, d_v: int, heads: int, **extra: Any) -> AttentionBackend:
+        """The block's attention (``d_k, d_v`` per head): the factory's backend, given the XL bias over its window
+        when ``position == 'xl'`` (a backend without one refuses it with the reason)."""
+        attn = self.attention_factory(d_k=d_k, d_v=d_v, heads=heads, **extra)
+        return with_position_bias(attn, *self.sinusoids) if self.position == "xl" else attn
+
+    @abc.abstractmethod
+    def projection_flops(self, seq_len: int) -> int:
+        """Matmul FLOPs of the block's projections per sequence of ``seq_len`` positions (forward)."""
+
+    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
+        """The attention's FLOPs (``None`` when it has no formula) plus :meth:`projection_flops`."""
+        attn = self.attn.flops(seq_len, batch, backward)
+        if attn is None:
+            return None
+        return attn + with_backward(batch * self.projection_flops(seq_len), backward)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: BlockState | None) -> tuple[Tensor, State, Aux]:
+        """The attention of ``q, k, v (B, H, T, d)`` continuing ``state`` (RoPE at absolute positions with
+        ``position == 'rope'``): ``(out (B, H, T, d_v), its state, aux)``."""
+        q, k = rotate(q, k, 0 if state is None else state.position, self.position)
+        return self.attn(q, k, v, None if state is None else state.attn)
+
+    def residual(self, branch: Tensor, state: BlockState | None) -> tuple[Tensor, Tensor | None]:
+        """The branch's output after dropout and LayerDrop (its mask from ``state``, else drawn): ``(out, keep)``."""
+        return self.layerdrop(self.dropout(branch), None if state is None else state.keep)
+
+    @staticmethod
+    def next_state(state: BlockState | None, t: int, attn: State, keep: Tensor | None) -> BlockState:
+        """The carried state after ``t`` more positions."""
+        return BlockState((0 if state is None else state.position) + t, attn, keep)
 
 
 def rotate(q: Tensor, k: Tensor, t0: int, position: str) -> tuple[Tensor, Tensor]:

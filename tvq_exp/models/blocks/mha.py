@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Unpack
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tvq_exp.attention.base import Aux
-from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.models.blocks.common import (
-    POSITIONS,
-    AttentionFactory,
-    BlockState,
-    build_block_attention,
-    rotate,
-)
-from tvq_exp.nn.dropout import StochasticDepth
+from tvq_exp.measure.flops import mm
+from tvq_exp.models.blocks.common import BlockOptions, BlockState, ResidualBlock
 from tvq_exp.nn.norms import RMSNorm, rms_normalize
-from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
+from tvq_exp.options import Above, AtLeast, OptionError, checked
 
 
 def glu_hidden(d_model: int, ff_mult: float) -> int:
@@ -41,12 +34,14 @@ class GLUFeedForward(nn.Module):
         return self.w_out(self.dropout(a * F.silu(g)))
 
 
-class MHABlock(nn.Module):
+class MHABlock(ResidualBlock):
     """Pre-norm multi-head attention + GLU feed-forward.
 
     ``key_size`` (per-head ``d_k``) is independent of ``head_size`` (per-head ``d_v``); ``kv_heads``
     groups keys/values (multi-query when 1). ``q·kᵀ`` is scaled by ``key_size^-1/2``, split evenly
-    between ``q`` and ``k``; with ``qk_norm`` both are RMS-normalised first (keeps VQ codebooks stable).
+    between ``q`` and ``k``; with ``qk_norm`` both are RMS-normalised first (keeps VQ codebooks stable). Dropout
+    and LayerDrop (one mask for both branches) act on each residual branch; the options every block shares:
+    :class:`~tvq_exp.models.blocks.common.ResidualBlock`.
 
     Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: a :class:`BlockState`.
     """
@@ -54,21 +49,17 @@ class MHABlock(nn.Module):
     @checked
     def __init__(
         self,
-        d_model: Annotated[int, AtLeast(1)],
-        attention: AttentionFactory,
+        *,
         heads: Annotated[int, AtLeast(1)] = 4,
         head_size: Annotated[int, AtLeast(1)] | None = None,
         key_size: Annotated[int, AtLeast(1)] | None = None,
         kv_heads: Annotated[int, AtLeast(1)] | None = None,
         ff_mult: Annotated[float, Above(0)] = 4.0,
         qk_norm: bool = True,
-        position: Annotated[str, OneOf(*POSITIONS)] = "xl",
-        dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
-        layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
-        sinusoid_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
-        sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
+        **options: Unpack[BlockOptions],
     ) -> None:
-        super().__init__()
+        super().__init__(**options)
+        d_model = self.d_model
         if head_size is None and d_model % heads:
             raise OptionError("heads", heads, f"must divide d_model={d_model} (or set head_size)", type(self))
         head_size = head_size or d_model // heads
@@ -77,38 +68,21 @@ class MHABlock(nn.Module):
         if heads % kv_heads:
             raise OptionError("kv_heads", kv_heads, f"must divide heads={heads}", type(self))
         self.heads, self.kv_heads, self.head_size, self.key_size = heads, kv_heads, head_size, key_size
-        self.d_model, self.ff_mult = d_model, ff_mult
-        self.position, self.qk_norm = position, qk_norm
+        self.ff_mult, self.qk_norm = ff_mult, qk_norm
         self.norm1, self.norm2 = RMSNorm(d_model), RMSNorm(d_model)
         self.w_q = nn.Linear(d_model, heads * key_size, bias=False)
         self.w_kv = nn.Linear(d_model, kv_heads * (key_size + head_size), bias=False)
         self.w_o = nn.Linear(heads * head_size, d_model, bias=False)
         extra = {"kv_heads": kv_heads} if kv_heads != heads else {}
-        self.attn = build_block_attention(
-            attention,
-            position,
-            key_size,
-            head_size,
-            heads,
-            sinusoid_dim or d_model,
-            sinusoid_dropout,
-            **extra,
-        )
-        self.ff = GLUFeedForward(d_model, glu_hidden(d_model, ff_mult), dropout)
-        self.dropout = nn.Dropout(dropout)
-        self.layerdrop = StochasticDepth(layerdrop)
+        self.attn = self.build_attention(key_size, head_size, heads, **extra)
+        self.ff = GLUFeedForward(d_model, glu_hidden(d_model, ff_mult), self.dropout.p)
 
-    def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
-        """``W_q, W_kv, W_o``, the attention's and the SwiGLU ``W_in, W_out`` (``None`` when the attention
-        has no formula): with ``F`` the GLU width, ``2T·d_model·(H·d_k + H_kv·(d_k + d_v) + H·d_v + 3F)``
-        per sequence besides the attention."""
-        attn = self.attn.flops(seq_len, batch, backward)
-        if attn is None:
-            return None
+    def projection_flops(self, seq_len: int) -> int:
+        """``W_q, W_kv, W_o`` and the SwiGLU ``W_in, W_out``: with ``F`` the GLU width,
+        ``2T·d_model·(H·d_k + H_kv·(d_k + d_v) + H·d_v + 3F)``."""
         hidden = glu_hidden(self.d_model, self.ff_mult)
         heads, kv, d_k, d_v = self.heads, self.kv_heads, self.key_size, self.head_size
-        widths = heads * d_k + kv * (d_k + d_v) + heads * d_v + 3 * hidden
-        return attn + with_backward(batch * mm(seq_len, widths, self.d_model), backward)
+        return mm(seq_len, heads * d_k + kv * (d_k + d_v) + heads * d_v + 3 * hidden, self.d_model)
 
     def forward(self, x: Tensor, state: BlockState | None = None) -> tuple[Tensor, BlockState, Aux]:
         b, t, _ = x.shape
@@ -123,11 +97,8 @@ class MHABlock(nn.Module):
         if self.qk_norm:
             q, k = rms_normalize(q), rms_normalize(k)
         scale = self.key_size**-0.25
-        t0 = 0 if state is None else state.position
-        q, k = rotate(q * scale, k * scale, t0, self.position)
-        o, attn_state, aux = self.attn(q, k, v.contiguous(), None if state is None else state.attn)
-        o = self.w_o(o.transpose(1, 2).reshape(b, t, -1))
-        attended, keep = self.layerdrop(self.dropout(o), None if state is None else state.keep)
+        o, attn_state, aux = self.attend(q * scale, k * scale, v.contiguous(), state)
+        attended, keep = self.residual(self.w_o(o.transpose(1, 2).reshape(b, t, -1)), state)
         x = x + attended
         x = x + self.layerdrop(self.dropout(self.ff(self.norm2(x))), keep)[0]
-        return x, BlockState(t0 + t, attn_state, keep), aux
+        return x, self.next_state(state, t, attn_state, keep), aux

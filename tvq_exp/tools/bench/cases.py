@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tvq_exp.attention.base import with_position_bias
 from tvq_exp.attention.flex_runtime import flex_module
 from tvq_exp.attention.registry import BACKENDS, build_attention
 from tvq_exp.measure.memory import PeakMemory, limit_address_space
@@ -39,10 +40,10 @@ MODEL_VARIANTS = {
 }
 
 
-def attention_options(backend: str, settings: dict[str, Any], window_bias: bool) -> dict[str, Any]:
+def attention_options(backend: str, settings: dict[str, Any]) -> dict[str, Any]:
     """``build_attention`` options of ``backend`` (a :data:`KERNEL_VARIANTS` name included) for the benchmark
-    settings, as its class's capabilities say: a codebook of ``codebook_size`` over blocks of ``block_len``, the
-    XL bias (``window_bias``) over a window of ``block_len``."""
+    settings, as its class's capabilities say: a codebook of ``codebook_size`` over blocks of ``block_len``, an
+    XL bias window of ``block_len``."""
     name, kernel = KERNEL_VARIANTS.get(backend, (backend, None))
     cls = BACKENDS[name]
     opts: dict[str, Any] = {"d_k": settings["d_k"], "d_v": settings["d_v"], "heads": settings["heads"]}
@@ -51,7 +52,7 @@ def attention_options(backend: str, settings: dict[str, Any], window_bias: bool)
     if cls.has_codebook:
         opts.update(codebook_size=settings["codebook_size"], block_len=settings["block_len"])
     if cls.supports_position_bias:
-        opts.update(window_bias=window_bias, window_len=settings["block_len"] if window_bias else None)
+        opts["window_len"] = settings["block_len"]
     return opts
 
 
@@ -59,8 +60,11 @@ def attention_case(spec: dict[str, Any], device: torch.device) -> tuple[Callable
     """The timed call of one attention configuration and its FLOPs (the backend's ``flops()``)."""
     s, t = spec["settings"], spec["seq_len"]
     dtype = torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32
-    opts = attention_options(spec["backend"], s, spec["window_bias"])
-    attn = build_attention(KERNEL_VARIANTS.get(spec["backend"], (spec["backend"],))[0], **opts).to(device)
+    opts = attention_options(spec["backend"], s)
+    attn = build_attention(KERNEL_VARIANTS.get(spec["backend"], (spec["backend"],))[0], **opts)
+    if spec["window_bias"] and attn.supports_position_bias:
+        with_position_bias(attn)  # as a block with position=xl builds it
+    attn = attn.to(device)
     gen = torch.Generator(device="cpu").manual_seed(0)
     b, h, dk, dv = s["batch"], s["heads"], s["d_k"], s["d_v"]
     # GAU scaling: unit-RMS rows times d_k^-1/4, as the blocks feed the backends
