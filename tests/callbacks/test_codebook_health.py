@@ -134,7 +134,7 @@ def test_usage_warning_once_per_episode(capsys: pytest.CaptureFixture[str]) -> N
         health.results = {"layer1": {"perplexity": value, "codebook_size": 32}}
         health.check_usage()
         warned.append(capsys.readouterr().out)
-    expected_line = "warning: codebook layer1 uses 3.9 of 32 codes (< S/8) for 2 validations in a row; see docs/design.md §3\n"
+    expected_line = "warning: codebook layer1 uses 3.9 of 32 codes (< S/8) for 2 validations in a row; see docs/codebooks.md (codebook=healthy)\n"
     assert warned[1] == expected_line
     assert [bool(w) for w in warned] == [False, True, False, False, False, False, True, False]
     assert health.state_dict() == {"streaks": {"layer1": 0}}
@@ -200,7 +200,7 @@ def test_training_logs_validation_health_and_warns_once(
     warnings = [i for i, line in enumerate(lines) if line.startswith("warning: codebook")]
     assert [lines[i] for i in warnings] == [
         f"warning: codebook layer{n} uses 1.0 of 32 codes (< S/8) for {PATIENCE} validations in a row; "
-        "see docs/design.md §3"
+        "see docs/codebooks.md (codebook=healthy)"
         for n in (0, 1)
     ]
     summaries = [i for i, line in enumerate(lines) if line.startswith("step ")]

@@ -19,6 +19,7 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from tests.helpers.paths import CONF
+from tvq_exp.options import option_functions
 
 # Keys that repeat their target's default on purpose: why -> {file under conf/: the keys in it}. Hydra overrides
 # only keys a preset has (`key=value`; a missing one needs `+key=value`), so a key the command line sets stays.
@@ -57,9 +58,14 @@ ALLOWED = {(name, key) for files in KEPT.values() for name, keys in files.items(
 
 
 def signature_defaults(target: str) -> dict[str, Any]:
-    """The parameters of ``target`` (a class or function path) that have a default, with it."""
-    parameters = inspect.signature(get_object(target)).parameters.values()
-    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    """The parameters of ``target`` (a class or function path) that have a default, with it: its constructor's
+    and those of the base classes it hands its ``**options`` to (:func:`tvq_exp.options.option_functions`)."""
+    defaults: dict[str, Any] = {}
+    for function in reversed(option_functions(get_object(target))):
+        for p in inspect.signature(function).parameters.values():
+            if p.default is not inspect.Parameter.empty:
+                defaults[p.name] = p.default
+    return defaults
 
 
 def same(written: Any, default: Any) -> bool:

@@ -27,7 +27,7 @@ from tvq_exp.quantize.sync import all_reduce_sum
 
 SAMPLE_KEYS = 8192  # keys per head kept for the regret's k-means
 LOW_USAGE = 1 / 8  # a layer using fewer than S/8 codes (perplexity) is warned about
-ADVICE = "docs/design.md §3"
+ADVICE = "docs/codebooks.md (codebook=healthy)"
 
 
 class KeyTally:
