@@ -126,3 +126,20 @@ def test_streaming_decoding_and_causality(name: str) -> None:
     jac = torch.autograd.functional.jacobian(lambda y: attn(y[..., :4], y[..., 4:8], y[..., 8:])[0], x)
     per_pos = jac.abs().sum(dim=(0, 1, 3, 4, 5, 7))
     assert torch.all(per_pos.triu(1) == 0) and torch.all(per_pos.diagonal() > 0)
+
+
+CPU_PRESETS = ("smoke", "cpu_small", "longctx_cpu", "recall_cpu", "passkey_cpu", "quickstart", "repeat_cpu")
+PAPER_PRESETS = ("enwik8_paper", "pg19_paper", "imagenet64_paper")
+
+
+@pytest.mark.parametrize("experiment", CPU_PRESETS + PAPER_PRESETS)
+def test_cpu_presets_use_the_healthy_codebook_and_paper_presets_the_official_one(experiment: str) -> None:
+    """The codebook study's choice for the CPU presets (docs/codebooks.md), the official settings for the paper's;
+    and a CPU preset still composes with another backend (the codebook group is top-level)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={experiment}"])
+        dense = compose("train", overrides=[f"experiment={experiment}", "model=gau_dense"])
+    expected = preset("healthy") if experiment in CPU_PRESETS else preset("ema")
+    assert OmegaConf.to_container(cfg.model.attention.codebook) == expected
+    assert dense.model.attention.name == "dense" and "codebook" not in dense.model.attention
