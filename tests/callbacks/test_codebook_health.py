@@ -156,6 +156,7 @@ COLLAPSED_RUN = [
     f"trainer.max_steps={STEPS}",
     f"trainer.val_check_interval={EVERY}",
     f"callbacks.codebook_health.patience={PATIENCE}",
+    "codebook=ema",  # the official settings (smoke's healthy codebook would re-seed the dead codes)
     # codes of norm ~1000·sqrt(d): the smallest-norm code is nearest to every key, and with EMA decay 0.99 the
     # others keep their place (their sums and counts decay together): a collapsed codebook all run long
     "codebook.init_std=1000",
