@@ -1,15 +1,12 @@
 """`python train.py [key=value ...]`: see conf/train.yaml and tvq_exp.run.train."""
 
-import hydra
 from omegaconf import DictConfig
 
-from tvq_exp.run.errors import reported, run
+from tvq_exp.run.errors import run
 from tvq_exp.run.sweeps import objective
 from tvq_exp.run.train import train
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-@reported
 def main(cfg: DictConfig) -> float:
     """Train; returns the sweep objective (best val/bpb). In a multirun a failing job writes
     ``error.txt`` into its run dir and returns +inf, so the other jobs go on."""
@@ -17,4 +14,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    run(main)
+    run("train", main)

@@ -1,7 +1,7 @@
 """Running a Hydra entry point so that user errors end in one line on stderr, not a traceback.
 
-``train.py``, ``eval.py`` and ``sample.py`` decorate their task with :func:`reported` (below
-``@hydra.main``) and call it through :func:`run`. Errors a user can fix (bad config, override, data or
+``train.py``, ``eval.py`` and ``sample.py`` hand their task and config name to :func:`run`, which composes
+``conf/<name>.yaml`` with the command line (``@hydra.main``) and calls the task through :func:`reported`. Errors a user can fix (bad config, override, data or
 checkpoint) print ``error: <message>`` on one line of stderr and exit with status 2; the numerics guard
 stopping a run exits with status 1 the same way. :func:`run` turns Hydra's own reporting off
 (``HYDRA_FULL_ERROR=1``) so composition errors (unknown key, unknown group option) reach it unchanged;
@@ -22,8 +22,10 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
+import hydra
 from omegaconf import DictConfig
 
 from tvq_exp.run import schema
@@ -41,6 +43,7 @@ USAGE_ERRORS = {
 FAILURE_ERRORS = {"tvq_exp.callbacks.numerics_guard": ("NumericsError",)}
 USAGE_STATUS = 2
 FAILURE_STATUS = 1
+CONF = Path(__file__).resolve().parents[2] / "conf"
 T = TypeVar("T")
 
 
@@ -103,9 +106,12 @@ def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
     return wrapper
 
 
-def run(main: Callable[[], object]) -> None:
-    """Call ``main`` (a ``@hydra.main`` function); composition errors end as one line with status 2."""
+def run(config_name: str, task: Callable[[DictConfig], object]) -> None:
+    """Run a command: ``task`` on ``conf/<config_name>.yaml`` composed with the command line's overrides (Hydra
+    names the job after the file that defines ``task``); user errors, composition errors included, end as one
+    line with status 2."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    main = hydra.main(version_base="1.3", config_path=str(CONF), config_name=config_name)(reported(task))
     try:
         main()
     except loaded(USAGE_ERRORS) as error:
