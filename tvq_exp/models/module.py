@@ -162,7 +162,13 @@ class AutoregressiveLitModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------------ evaluation
 
-    def _eval_step(self, batch: Mapping[str, Tensor], stage: str) -> None:
+    def eval_stage(self) -> str:
+        """``test`` in the test loop, else ``val`` (validation, sanity check): the two loops run the same hooks
+        and differ only in the names of their metrics."""
+        return "test" if self.trainer.testing else "val"
+
+    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
+        stage = self.eval_stage()
         nats, out = self._step(batch, self._continue(self.eval_state, batch))
         self.eval_state = out.state
         target = batch["target"]
@@ -180,8 +186,9 @@ class AutoregressiveLitModule(L.LightningModule):
         data = self.data()
         self.answer_buckets = data is not None and bool(data.bucket_names("train"))
 
-    def _eval_start(self, stage: str) -> None:
+    def on_validation_epoch_start(self) -> None:
         """A fresh state, and accuracy counters when the data has answer buckets (the probes)."""
+        stage = self.eval_stage()
         self.eval_state = None
         data = self.data()
         names = data.bucket_names("validation" if stage == "val" else stage) if data is not None else []
@@ -189,7 +196,8 @@ class AutoregressiveLitModule(L.LightningModule):
             self.bucket_names[stage] = names
             self.eval_accuracy[stage] = BucketAccuracy(len(names)).to(self.device)
 
-    def _eval_end(self, stage: str) -> None:
+    def on_validation_epoch_end(self) -> None:
+        stage = self.eval_stage()
         result = self.eval_bits[stage].compute()
         self.eval_bits[stage].reset()
         self.eval_state = None
@@ -246,23 +254,10 @@ class AutoregressiveLitModule(L.LightningModule):
             "buckets": buckets,
         }
 
-    def on_validation_epoch_start(self) -> None:
-        self._eval_start("val")
-
-    def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "val")
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_end("val")
-
-    def on_test_epoch_start(self) -> None:
-        self._eval_start("test")
-
-    def test_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_end("test")
+    # the test loop runs the validation hooks (eval_stage names its metrics)
+    on_test_epoch_start = on_validation_epoch_start
+    test_step = validation_step
+    on_test_epoch_end = on_validation_epoch_end
 
     # ------------------------------------------------------------------------------------ optimisation
 
