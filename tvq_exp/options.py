@@ -4,9 +4,11 @@ A constructor states its options' types and allowed values with :data:`typing.An
 with :func:`checked`::
 
     @checked
-    def __init__(self, block_len: Annotated[int, AtLeast(1)] = 512, decay: Annotated[float, Between(0, 1, "()")] = 0.99,
+    def __init__(self, block_len: PositiveInt = 512, decay: Annotated[float, Between(0, 1, "()")] = 0.99,
                  strategy: Annotated[str, OneOf("ema", "gradient")] = "ema") -> None: ...
 
+The commonest rules have names: :data:`PositiveInt` (``Annotated[int, AtLeast(1)]``, a count or a size),
+:data:`NonNegativeInt`, :data:`PositiveFloat` and :data:`NonNegativeFloat`.
 Calling it with a bad value raises :class:`OptionError` naming the option, the value and what is allowed.
 Config validation (:mod:`tvq_exp.run.validation`) reads the same annotations (:func:`constraints`) to check a
 composed config before anything is built, and the fuzz tests draw bad values from them
@@ -24,7 +26,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -93,6 +95,13 @@ def AtLeast(low: float) -> Between:  # noqa: N802 (reads as a type in signatures
 def Above(low: float) -> Between:  # noqa: N802
     """``> low``."""
     return Between(low, math.inf, "(]")
+
+
+# the rules most options follow, named as pydantic names them
+PositiveInt = Annotated[int, AtLeast(1)]  # a count or a size
+NonNegativeInt = Annotated[int, AtLeast(0)]
+PositiveFloat = Annotated[float, Above(0)]
+NonNegativeFloat = Annotated[float, AtLeast(0)]
 
 
 @dataclass(frozen=True)
@@ -220,8 +229,12 @@ __all__ = [
     "Constraint",
     "OneOf",
     "NewFile",
+    "NonNegativeFloat",
+    "NonNegativeInt",
     "OptionError",
     "PlainName",
+    "PositiveFloat",
+    "PositiveInt",
     "check_values",
     "checked",
     "constraints",

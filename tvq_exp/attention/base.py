@@ -21,13 +21,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, ClassVar, Required, Self, TypedDict, TypeVar
+from typing import Any, ClassVar, Required, Self, TypedDict, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from tvq_exp.nn.position import XLRelativeBias
-from tvq_exp.options import AtLeast, OptionError, checked
+from tvq_exp.options import OptionError, PositiveInt, checked
 
 Aux = dict[str, Tensor]
 # what a block passes to every backend's constructor (never config keys of the attention)
@@ -142,11 +142,11 @@ class AttentionBackend(nn.Module, abc.ABC):
     @checked
     def __init__(
         self,
-        d_k: Annotated[int, AtLeast(1)],
-        d_v: Annotated[int, AtLeast(1)],
-        heads: Annotated[int, AtLeast(1)] = 1,
+        d_k: PositiveInt,
+        d_v: PositiveInt,
+        heads: PositiveInt = 1,
         causal: bool = True,
-        kv_heads: Annotated[int, AtLeast(1)] | None = None,
+        kv_heads: PositiveInt | None = None,
     ) -> None:
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads

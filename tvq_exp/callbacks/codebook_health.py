@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from tvq_exp.console import say
-from tvq_exp.options import AtLeast, Between, checked
+from tvq_exp.options import Between, PositiveInt, checked
 from tvq_exp.quantize.health import (
     DEAD_SHARE,
     REGRET_ITERS,
@@ -107,10 +107,10 @@ class CodebookHealth(Callback):
     @checked
     def __init__(
         self,
-        patience: Annotated[int, AtLeast(1)] = 3,
+        patience: PositiveInt = 3,
         dead_share: Annotated[float, Between(0, 1)] = DEAD_SHARE,
-        sample_keys: Annotated[int, AtLeast(1)] = SAMPLE_KEYS,
-        kmeans_iters: Annotated[int, AtLeast(1)] = REGRET_ITERS,
+        sample_keys: PositiveInt = SAMPLE_KEYS,
+        kmeans_iters: PositiveInt = REGRET_ITERS,
         seed: int = 0,
     ) -> None:
         self.patience, self.dead_share, self.sample_keys = patience, dead_share, sample_keys

@@ -13,7 +13,7 @@ updated them), stops training and records :attr:`NumericsGuard.failure`; the tra
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import lightning as L
 import torch
@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback
 
 from tvq_exp.callbacks.checkpoint import save_last
 from tvq_exp.console import say
-from tvq_exp.options import AtLeast, checked
+from tvq_exp.options import PositiveInt, checked
 
 
 def validation_diverged(trainer: L.Trainer) -> bool:
@@ -38,7 +38,7 @@ class NumericsGuard(Callback):
     """Report skipped steps and stop after ``max_bad_steps`` (>= 1) consecutive ones; see the module docstring."""
 
     @checked
-    def __init__(self, max_bad_steps: Annotated[int, AtLeast(1)] = 10) -> None:
+    def __init__(self, max_bad_steps: PositiveInt = 10) -> None:
         self.max_bad_steps = max_bad_steps
         self.failure: str | None = None
 

@@ -16,7 +16,7 @@ from tvq_exp.measure.flops import mm, with_backward
 from tvq_exp.models.blocks.common import BlockState
 from tvq_exp.models.init import official_init
 from tvq_exp.nn.norms import RMSNorm
-from tvq_exp.options import Above, AtLeast, Between, OneOf, checked
+from tvq_exp.options import AtLeast, Between, OneOf, PositiveFloat, PositiveInt, checked
 from tvq_exp.quantize.codebook import VectorQuantizer, statistics_frozen
 
 ModelState = list[BlockState]  # one per block
@@ -64,8 +64,8 @@ class Decoder(nn.Module):
     def __init__(
         self,
         vocab_size: Annotated[int, AtLeast(2)],
-        d_model: Annotated[int, AtLeast(1)],
-        n_layers: Annotated[int, AtLeast(1)],
+        d_model: PositiveInt,
+        n_layers: PositiveInt,
         block: BlockFactory,
         attention: Callable[..., AttentionBackend],
         tie_embeddings: bool = True,
@@ -73,8 +73,8 @@ class Decoder(nn.Module):
         embed_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         pos_embedding: nn.Module | None = None,
         head_bias: bool = False,
-        embed_scale: Annotated[float, Above(0)] | None = None,
-        logit_scale: Annotated[float, Above(0)] | None = None,
+        embed_scale: PositiveFloat | None = None,
+        logit_scale: PositiveFloat | None = None,
         init: Annotated[str, OneOf("official", "torch")] = "official",
     ) -> None:
         super().__init__()

@@ -8,14 +8,13 @@ processes equals the single-process one.
 from __future__ import annotations
 
 import math
-from typing import Annotated
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 from tvq_exp.batch import IGNORE_INDEX
-from tvq_exp.options import AtLeast, checked
+from tvq_exp.options import PositiveInt, checked
 
 BUCKETS = 40  # log-spaced position buckets: [0, u), [u, 2u), [2u, 4u), ... up to u·2^38
 
@@ -100,7 +99,7 @@ class BucketAccuracy(Metric):
 
     @checked
     def __init__(
-        self, num_buckets: Annotated[int, AtLeast(1)] = 1, ignore_index: int = IGNORE_INDEX, **kwargs: object
+        self, num_buckets: PositiveInt = 1, ignore_index: int = IGNORE_INDEX, **kwargs: object
     ) -> None:
         super().__init__(**kwargs)
         self.num_buckets = num_buckets

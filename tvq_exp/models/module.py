@@ -28,7 +28,16 @@ from tvq_exp.models.decoder import Decoder, ModelState, detach_state
 from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint, upgrade_train_state
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
 from tvq_exp.models.optim import all_finite, full_tensor, parameter_groups, warmup_cosine
-from tvq_exp.options import Above, AtLeast, Between, OneOf, OptionError, checked
+from tvq_exp.options import (
+    Between,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OneOf,
+    OptionError,
+    PositiveFloat,
+    PositiveInt,
+    checked,
+)
 
 EVAL_STAGES = ("val", "test")
 
@@ -69,17 +78,17 @@ class AutoregressiveLitModule(L.LightningModule):
     def __init__(
         self,
         model: Decoder,
-        lr: Annotated[float, Above(0)] = 1e-3,
-        weight_decay: Annotated[float, AtLeast(0)] = 0.0,
+        lr: PositiveFloat = 1e-3,
+        weight_decay: NonNegativeFloat = 0.0,
         weight_decay_mode: Annotated[str, OneOf("adamw", "official")] = "adamw",
         betas: Sequence[float] = (0.9, 0.98),
-        eps: Annotated[float, Above(0)] = 1e-9,
-        warmup_steps: Annotated[int, AtLeast(0)] = 0,
-        max_steps: Annotated[int, AtLeast(1)] = 1,
+        eps: PositiveFloat = 1e-9,
+        warmup_steps: NonNegativeInt = 0,
+        max_steps: PositiveInt = 1,
         min_lr_ratio: Annotated[float, Between(0, 1)] = 0.1,
-        grad_clip: Annotated[float, AtLeast(0)] = 0.0,
+        grad_clip: NonNegativeFloat = 0.0,
         kind: Annotated[str, OneOf("text", "image", "synthetic")] = "text",
-        position_bucket_len: Annotated[int, AtLeast(1)] = 128,
+        position_bucket_len: PositiveInt = 128,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from torch import Tensor, nn
 
-from tvq_exp.options import AtLeast, checked
+from tvq_exp.options import PositiveInt, checked
 
 
 class ImagePositionEmbedding(nn.Module):
@@ -22,10 +20,10 @@ class ImagePositionEmbedding(nn.Module):
     @checked
     def __init__(
         self,
-        d_model: Annotated[int, AtLeast(1)],
-        height: Annotated[int, AtLeast(1)],
-        width: Annotated[int, AtLeast(1)],
-        channels: Annotated[int, AtLeast(1)],
+        d_model: PositiveInt,
+        height: PositiveInt,
+        width: PositiveInt,
+        channels: PositiveInt,
     ) -> None:
         super().__init__()
         self.shape = (height, width, channels)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import torch
 from torch import Tensor, nn
 
-from tvq_exp.options import Above, AtLeast, checked
+from tvq_exp.options import PositiveFloat, PositiveInt, checked
 
 
 def rms_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -23,9 +21,7 @@ class RMSNorm(nn.Module):
     """
 
     @checked
-    def __init__(
-        self, dim: Annotated[int, AtLeast(1)], eps: Annotated[float, Above(0)] = 1e-6, bias: bool = True
-    ) -> None:
+    def __init__(self, dim: PositiveInt, eps: PositiveFloat = 1e-6, bias: bool = True) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))

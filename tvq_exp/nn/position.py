@@ -7,7 +7,7 @@ from typing import Annotated
 import torch
 from torch import Tensor, nn
 
-from tvq_exp.options import AtLeast, Between, checked
+from tvq_exp.options import AtLeast, Between, NonNegativeInt, PositiveInt, checked
 
 
 def sinusoid_table(n: int, dim: int, base: float = 1e5) -> Tensor:
@@ -38,9 +38,9 @@ class XLRelativeBias(nn.Module):
     @checked
     def __init__(
         self,
-        heads: Annotated[int, AtLeast(1)],
-        d_k: Annotated[int, AtLeast(1)],
-        max_distance: Annotated[int, AtLeast(0)],
+        heads: PositiveInt,
+        d_k: PositiveInt,
+        max_distance: NonNegativeInt,
         sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
         dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         base: float = 1e5,

@@ -12,7 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tvq_exp.options import Above, AtLeast, Between, OneOf, checked
+from tvq_exp.options import (
+    AtLeast,
+    Between,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OneOf,
+    PositiveFloat,
+    PositiveInt,
+    checked,
+)
 from tvq_exp.quantize.affine import AffineUpdate
 from tvq_exp.quantize.ema import EMAUpdate
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
@@ -73,24 +82,24 @@ class VectorQuantizer(nn.Module):
     @checked
     def __init__(
         self,
-        heads: Annotated[int, AtLeast(1)],
+        heads: PositiveInt,
         codebook_size: Annotated[int, AtLeast(2)],
-        dim: Annotated[int, AtLeast(1)],
+        dim: PositiveInt,
         update: Annotated[str, OneOf(*UPDATES)] = "ema",
         decay: Annotated[float, Between(0, 1, "()")] = 0.99,
         decay_start: Annotated[float, Between(0, 1, "[)")] = 0.9,
-        decay_warmup: Annotated[int, AtLeast(0)] = 0,
-        smoothing: Annotated[float, AtLeast(0)] = 0.0,
-        count_floor: Annotated[float, Above(0)] = 0.01,
+        decay_warmup: NonNegativeInt = 0,
+        smoothing: NonNegativeFloat = 0.0,
+        count_floor: PositiveFloat = 0.01,
         init: Annotated[str, OneOf("random", "kmeans")] = "random",
-        init_std: Annotated[float, Above(0)] | None = None,
-        kmeans_iters: Annotated[int, AtLeast(1)] = 10,
+        init_std: PositiveFloat | None = None,
+        kmeans_iters: PositiveInt = 10,
         reseed_fraction: Annotated[float, Between(0, 1, "[)")] = 0.0,
-        sample_keys: Annotated[int, AtLeast(1)] = 4096,
+        sample_keys: PositiveInt = 4096,
         normalize: bool = False,
         estimator: Annotated[str, OneOf("straight_through", "rotation")] = "straight_through",
-        commit_weight: Annotated[float, AtLeast(0)] = 1e-4,
-        codebook_weight: Annotated[float, AtLeast(0)] = 1.0,
+        commit_weight: NonNegativeFloat = 1e-4,
+        codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
         super().__init__()
         self.heads, self.codebook_size, self.dim = heads, codebook_size, dim

@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from tvq_exp.options import Above, AtLeast, Between, NewFile, OneOf, PlainName
+from tvq_exp.options import (
+    AtLeast,
+    Between,
+    NewFile,
+    NonNegativeFloat,
+    NonNegativeInt,
+    OneOf,
+    PlainName,
+    PositiveFloat,
+    PositiveInt,
+)
 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # Lightning's precision names (``lightning.fabric.connector._PRECISION_INPUT_STR``, held equal by
@@ -27,17 +37,17 @@ RESUME = ("auto",)
 
 def train_options(
     task_name: str = "train",
-    seed: Annotated[int, AtLeast(0)] = 1234,
+    seed: NonNegativeInt = 1234,
     ckpt_path: str | None = None,
     resume: Annotated[str, OneOf(*RESUME)] | None = None,
     run_name: Annotated[str, PlainName()] | None = None,
     init_from: str | None = None,
     allow_data_change: bool = False,
-    init_batches: Annotated[int, AtLeast(1)] = 8,
-    torch_threads: Annotated[int, AtLeast(1)] | None = None,
-    block_len: Annotated[int, AtLeast(1)] | None = None,
+    init_batches: PositiveInt = 8,
+    torch_threads: PositiveInt | None = None,
+    block_len: PositiveInt | None = None,
     codebook_size: Annotated[int, AtLeast(2)] | None = None,
-    global_batch_size: Annotated[int, AtLeast(1)] | None = None,
+    global_batch_size: PositiveInt | None = None,
     optimized_metric: str | None = None,
 ) -> None:
     """The top-level keys of ``train.yaml`` (the nodes ``model``, ``data``, ``module``, ... are checked apart)."""
@@ -45,16 +55,16 @@ def train_options(
 
 def trainer_options(
     accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
-    num_nodes: Annotated[int, AtLeast(1)] = 1,
+    num_nodes: PositiveInt = 1,
     precision: Annotated[Any, OneOf(*PRECISIONS)] = "32-true",
     max_steps: Annotated[int, AtLeast(-1)] = -1,
     max_epochs: Annotated[int, AtLeast(-1)] | None = None,
-    val_check_interval: Annotated[float, Above(0)] | None = None,
-    check_val_every_n_epoch: Annotated[int, AtLeast(1)] | None = None,
-    limit_val_batches: Annotated[float, Above(0)] | None = None,
-    limit_train_batches: Annotated[float, Above(0)] | None = None,
-    log_every_n_steps: Annotated[int, AtLeast(1)] = 50,
-    accumulate_grad_batches: Annotated[int, AtLeast(1)] = 1,
+    val_check_interval: PositiveFloat | None = None,
+    check_val_every_n_epoch: PositiveInt | None = None,
+    limit_val_batches: PositiveFloat | None = None,
+    limit_train_batches: PositiveFloat | None = None,
+    log_every_n_steps: PositiveInt = 50,
+    accumulate_grad_batches: PositiveInt = 1,
     num_sanity_val_steps: Annotated[int, AtLeast(-1)] = 0,
     enable_model_summary: bool = False,
     enable_progress_bar: bool = True,
@@ -92,7 +102,7 @@ def trainer_conflicts(trainer: Mapping[str, Any], cuda: bool) -> tuple[str, Any,
     return None
 
 
-def guard_options(max_bad_steps: Annotated[int, AtLeast(1)] = 10) -> None:
+def guard_options(max_bad_steps: PositiveInt = 10) -> None:
     """``guard``: non-finite steps in a row that stop the run (docs/reliability.md)."""
 
 
@@ -100,18 +110,18 @@ def eval_options(
     ckpt_path: str,
     split: Annotated[str, OneOf("val", "test")] = "val",
     protocol: Annotated[str, OneOf("segment", "sequence", "split")] | None = None,
-    sequence_len: Annotated[int, AtLeast(1)] | None = None,
-    seq_len: Annotated[int, AtLeast(1)] | None = None,
+    sequence_len: PositiveInt | None = None,
+    seq_len: PositiveInt | None = None,
     carry_state: bool = False,
     output: Annotated[str, NewFile()] | None = None,
     data_root: str | None = None,
     allow_data_change: bool = False,
-    eval_batch_size: Annotated[int, AtLeast(1)] | None = None,
-    limit_batches: Annotated[int, AtLeast(1)] | None = None,
+    eval_batch_size: PositiveInt | None = None,
+    limit_batches: PositiveInt | None = None,
     accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
     precision: Annotated[Any, OneOf(*PRECISIONS)] | None = None,
     progress_bar: bool = True,
-    torch_threads: Annotated[int, AtLeast(1)] | None = None,
+    torch_threads: PositiveInt | None = None,
 ) -> None:
     """``eval.py``'s options (``conf/eval.yaml``; ``model_options`` is merged into the run's model config)."""
 
@@ -119,16 +129,16 @@ def eval_options(
 def sample_options(
     ckpt_path: str,
     prompt: str = "The ",
-    num_bytes: Annotated[int, AtLeast(0)] = 256,
-    num_samples: Annotated[int, AtLeast(1)] = 1,
-    temperature: Annotated[float, AtLeast(0)] = 1.0,
-    top_k: Annotated[int, AtLeast(1)] | None = None,
+    num_bytes: NonNegativeInt = 256,
+    num_samples: PositiveInt = 1,
+    temperature: NonNegativeFloat = 1.0,
+    top_k: PositiveInt | None = None,
     top_p: Annotated[float, Between(0, 1, "(]")] | None = None,
-    seed: Annotated[int, AtLeast(0)] = 0,
+    seed: NonNegativeInt = 0,
     device: str = "auto",
     output: Annotated[str, NewFile()] | None = None,
-    image_nrow: Annotated[int, AtLeast(1)] | None = None,
-    image_scale: Annotated[int, AtLeast(1)] = 4,
-    torch_threads: Annotated[int, AtLeast(1)] | None = None,
+    image_nrow: PositiveInt | None = None,
+    image_scale: PositiveInt = 4,
+    torch_threads: PositiveInt | None = None,
 ) -> None:
     """``sample.py``'s options (``conf/sample.yaml``)."""

@@ -22,7 +22,7 @@ from tvq_exp.attention.base import (
 )
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, FlexUnsupported, wants_flex
 from tvq_exp.measure.flops import mm, with_backward, xl_bias_flops
-from tvq_exp.options import AtLeast, OneOf, checked
+from tvq_exp.options import NonNegativeInt, OneOf, PositiveInt, checked
 
 SCORES = ("softmax", "relu2")
 LOGITS_BUDGET = 1 << 24  # logits per chunk of query rows (64 MiB in fp32) once explicit logits exceed it
@@ -74,9 +74,9 @@ class DenseAttention(AttentionBackend):
     def __init__(
         self,
         *,
-        window_len: Annotated[int, AtLeast(1)] | None = None,
-        memory_len: Annotated[int, AtLeast(1)] | None = None,
-        attention_window: Annotated[int, AtLeast(0)] | None = None,
+        window_len: PositiveInt | None = None,
+        memory_len: PositiveInt | None = None,
+        attention_window: NonNegativeInt | None = None,
         score: Annotated[str, OneOf(*SCORES)] = "softmax",
         talking_heads: bool = False,
         talking_heads_post: bool = False,

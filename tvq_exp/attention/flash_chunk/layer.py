@@ -21,7 +21,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
-from tvq_exp.options import Above, AtLeast, OneOf, checked
+from tvq_exp.options import NonNegativeInt, OneOf, PositiveFloat, PositiveInt, checked
 
 SCORES = ("relu2", "softmax")
 NORMS = ("count", "fixed")
@@ -62,11 +62,11 @@ class FlashChunkAttention(AttentionBackend):
     def __init__(
         self,
         *,
-        group_size: Annotated[int, AtLeast(1)] = 256,
+        group_size: PositiveInt = 256,
         score: Annotated[str, OneOf(*SCORES)] = "relu2",
         norm: Annotated[str, OneOf(*NORMS)] = "count",
-        norm_scale: Annotated[float, Above(0)] | None = None,
-        window_len: Annotated[int, AtLeast(0)] | None = None,
+        norm_scale: PositiveFloat | None = None,
+        window_len: NonNegativeInt | None = None,
         **shape: Unpack[Shape],
     ) -> None:
         super().__init__(**shape)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype
 from tvq_exp.measure.flops import chunked_flops, mm, padded, with_backward
-from tvq_exp.options import AtLeast, OneOf, checked
+from tvq_exp.options import NonNegativeFloat, OneOf, PositiveInt, checked
 
 FEATURE_MAPS = ("elu1", "relu", "favor")
 
@@ -56,9 +56,9 @@ class LinearAttention(AttentionBackend):
         self,
         *,
         feature_map: Annotated[str, OneOf(*FEATURE_MAPS)] = "elu1",
-        chunk_size: Annotated[int, AtLeast(1)] = 64,
-        eps: Annotated[float, AtLeast(0)] = 1e-6,
-        num_features: Annotated[int, AtLeast(1)] | None = None,
+        chunk_size: PositiveInt = 64,
+        eps: NonNegativeFloat = 1e-6,
+        num_features: PositiveInt | None = None,
         seed: int = 0,
         **shape: Unpack[Shape],
     ) -> None:

@@ -58,7 +58,7 @@ from tvq_exp.attention.blocked import (
 )
 from tvq_exp.attention.vq.cache import block_stats, running_code_means
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.options import Above, AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import NonNegativeInt, OneOf, OptionError, PositiveFloat, PositiveInt, checked
 
 SEEDINGS = ("farthest", "first")
 
@@ -102,10 +102,10 @@ class OVQAttention(BlockedAttention):
     def __init__(
         self,
         *,
-        num_centroids: Annotated[int, AtLeast(1)] = 512,
-        block_len: Annotated[int, AtLeast(1)] = 512,
-        window_len: Annotated[int, AtLeast(0)] | None = None,
-        growth_scale: Annotated[float, Above(0)] | None = None,
+        num_centroids: PositiveInt = 512,
+        block_len: PositiveInt = 512,
+        window_len: NonNegativeInt | None = None,
+        growth_scale: PositiveFloat | None = None,
         seeding: Annotated[str, OneOf(*SEEDINGS)] = "farthest",
         grad_through_dictionary: bool = True,
         **shape: Unpack[Shape],

@@ -47,7 +47,7 @@ from tvq_exp.attention.vq.kernel import (
 )
 from tvq_exp.measure.flops import mm, padded, with_backward
 from tvq_exp.nn.position import window_distances
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import NonNegativeInt, OneOf, OptionError, PositiveInt, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
@@ -104,8 +104,8 @@ class VQAttention(BlockedAttention):
         self,
         *,
         codebook_size: int = 512,
-        block_len: Annotated[int, AtLeast(1)] = 512,
-        window_len: Annotated[int, AtLeast(0)] | None = None,
+        block_len: PositiveInt = 512,
+        window_len: NonNegativeInt | None = None,
         use_cache: bool = True,
         grad_through_cache: bool = True,
         cache_key_grad: bool = False,

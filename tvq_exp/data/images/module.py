@@ -13,7 +13,7 @@ from tvq_exp.data.images.tokens import ImageArray, ImageTokenDataset
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.samplers.images import ImageSampler
 from tvq_exp.data.samplers.loader import TrainLoader
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import AtLeast, NonNegativeInt, OneOf, OptionError, PositiveInt, checked
 
 
 class ImageDataModule(RootedDataModule):
@@ -32,15 +32,15 @@ class ImageDataModule(RootedDataModule):
         self,
         source: ImageSource,
         image_shape: Sequence[int],
-        seq_len: Annotated[int, AtLeast(1)],
+        seq_len: PositiveInt,
         vocab_size: Annotated[int, AtLeast(2)],
-        batch_size: Annotated[int, AtLeast(1)] = 16,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 16,
-        num_workers: Annotated[int, AtLeast(0)] = 0,
+        batch_size: PositiveInt = 16,
+        eval_batch_size: PositiveInt = 16,
+        num_workers: NonNegativeInt = 0,
         seed: int = 0,
         kind: Annotated[str, OneOf("image")] = "image",
         root: str | None = None,
-        update_len: Annotated[int, AtLeast(1)] | None = None,
+        update_len: PositiveInt | None = None,
     ) -> None:
         super().__init__(root, kind, seq_len, vocab_size, batch_size, eval_batch_size)
         shape = tuple(int(size) for size in image_shape)

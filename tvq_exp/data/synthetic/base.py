@@ -30,7 +30,7 @@ import torch
 from tvq_exp.batch import IGNORE_INDEX, Batch
 from tvq_exp.data.module import RootedDataModule
 from tvq_exp.data.samplers import EpochSampler, TrainLoader
-from tvq_exp.options import AtLeast, OneOf, checked
+from tvq_exp.options import AtLeast, OneOf, PositiveInt, checked
 
 EVAL_SPLITS = ("validation", "test")
 EVAL_STREAM = 0x5EED_E7A1  # second seed word of the evaluation sets: keeps them apart from training batches
@@ -237,13 +237,13 @@ class SyntheticDataModule(RootedDataModule):
     def __init__(
         self,
         task: Callable[..., SyntheticTask],
-        seq_len: Annotated[int, AtLeast(1)] | None = None,
+        seq_len: PositiveInt | None = None,
         vocab_size: Annotated[int, AtLeast(2)] | None = None,
-        batch_size: Annotated[int, AtLeast(1)] = 64,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 64,
-        num_val_examples: Annotated[int, AtLeast(1)] | None = None,
-        num_test_examples: Annotated[int, AtLeast(1)] | None = None,
-        steps_per_epoch: Annotated[int, AtLeast(1)] = 1000,
+        batch_size: PositiveInt = 64,
+        eval_batch_size: PositiveInt = 64,
+        num_val_examples: PositiveInt | None = None,
+        num_test_examples: PositiveInt | None = None,
+        steps_per_epoch: PositiveInt = 1000,
         seed: int = 0,
         val_seed: int = 1,
         test_seed: int = 2,

@@ -23,7 +23,7 @@ from typing import Annotated
 import numpy as np
 
 from tvq_exp.data.synthetic.base import DEFAULT_FIRST_GAP, Examples, GapTask, gap_bucket
-from tvq_exp.options import AtLeast, checked
+from tvq_exp.options import AtLeast, PositiveInt, checked
 
 
 def induction_examples(
@@ -56,7 +56,7 @@ class InductionTask(GapTask):
         self,
         seq_len: Annotated[int, AtLeast(4)] = 256,
         vocab_size: Annotated[int, AtLeast(2)] = 16,
-        first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
+        first_gap: PositiveInt = DEFAULT_FIRST_GAP,
     ) -> None:
         super().__init__(seq_len, vocab_size, first_gap)
 

@@ -55,7 +55,7 @@ from tvq_exp.data.synthetic.base import (
     SyntheticDataModule,
     gap_bucket,
 )
-from tvq_exp.options import Above, AtLeast, OptionError, checked
+from tvq_exp.options import AtLeast, OptionError, PositiveFloat, PositiveInt, checked
 
 ZOOLOGY_VOCAB_SIZE = 8192
 PRESETS: dict[str, dict[str, int]] = {
@@ -134,12 +134,12 @@ class MQARTask(GapTask):
     def __init__(
         self,
         seq_len: Annotated[int, AtLeast(4)] = 256,
-        num_kv_pairs: Annotated[int, AtLeast(1)] = 16,
+        num_kv_pairs: PositiveInt = 16,
         vocab_size: Annotated[int, AtLeast(4)] = ZOOLOGY_VOCAB_SIZE,
-        power_a: Annotated[float, Above(0)] = 0.01,
+        power_a: PositiveFloat = 0.01,
         random_non_queries: bool = True,
-        num_queries: Annotated[int, AtLeast(1)] | None = None,
-        first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
+        num_queries: PositiveInt | None = None,
+        first_gap: PositiveInt = DEFAULT_FIRST_GAP,
     ) -> None:
         owner = type(self)
         if seq_len % 2:

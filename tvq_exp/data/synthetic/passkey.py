@@ -39,7 +39,7 @@ from tvq_exp.data.paths import data_root
 from tvq_exp.data.synthetic.base import Examples, draw_cells
 from tvq_exp.data.text.files import read_bytes
 from tvq_exp.data.text.gutenberg import GutenbergCorpus
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import OneOf, OptionError, PositiveInt, checked
 
 NEEDLE = "\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
 QUESTION = "\nWhat is the pass key? The pass key is "
@@ -138,9 +138,9 @@ class PasskeyTask(BookTask):
         self,
         lengths: Sequence[int] = (256, 512, 1024, 2048),
         depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
-        key_digits: Annotated[int, AtLeast(1)] = 5,
-        seq_len: Annotated[int, AtLeast(1)] | None = None,
-        eval_examples_per_cell: Annotated[int, AtLeast(1)] = 10,
+        key_digits: PositiveInt = 5,
+        seq_len: PositiveInt | None = None,
+        eval_examples_per_cell: PositiveInt = 10,
         corpus_path: str = "text/gutenberg",
         vocab_size: Annotated[int, OneOf(BYTE_VOCAB_SIZE)] = BYTE_VOCAB_SIZE,
         root: str | None = None,

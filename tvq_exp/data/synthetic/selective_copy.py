@@ -25,7 +25,7 @@ from typing import Annotated
 import numpy as np
 
 from tvq_exp.data.synthetic.base import DEFAULT_FIRST_GAP, Examples, GapTask, gap_bucket
-from tvq_exp.options import AtLeast, OptionError, checked
+from tvq_exp.options import AtLeast, OptionError, PositiveInt, checked
 
 
 def selective_copy_examples(
@@ -64,9 +64,9 @@ class SelectiveCopyTask(GapTask):
     def __init__(
         self,
         seq_len: Annotated[int, AtLeast(2)] = 4096,
-        num_tokens_to_copy: Annotated[int, AtLeast(1)] = 16,
+        num_tokens_to_copy: PositiveInt = 16,
         vocab_size: Annotated[int, AtLeast(3)] = 16,
-        first_gap: Annotated[int, AtLeast(1)] = DEFAULT_FIRST_GAP,
+        first_gap: PositiveInt = DEFAULT_FIRST_GAP,
     ) -> None:
         if 2 * num_tokens_to_copy > seq_len:
             allowed = f"must be <= seq_len / 2 = {seq_len // 2} (data tokens plus as many markers)"

@@ -19,7 +19,7 @@ from tvq_exp.data.samplers import (
 from tvq_exp.data.samplers.evaluation import PROTOCOLS
 from tvq_exp.data.samplers.tbptt import check_sequence_len
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus
-from tvq_exp.options import AtLeast, OneOf, OptionError, checked
+from tvq_exp.options import OneOf, OptionError, PositiveInt, checked
 
 TEXT_VOCAB_SIZE = 256
 SAMPLERS = ("random", "stream", "tbptt")
@@ -50,18 +50,18 @@ class TextDataModule(RootedDataModule):
     def __init__(
         self,
         corpus: ByteCorpus,
-        seq_len: Annotated[int, AtLeast(1)] = 512,
-        batch_size: Annotated[int, AtLeast(1)] = 16,
-        eval_batch_size: Annotated[int, AtLeast(1)] = 16,
+        seq_len: PositiveInt = 512,
+        batch_size: PositiveInt = 16,
+        eval_batch_size: PositiveInt = 16,
         sampler: Annotated[str, OneOf(*SAMPLERS)] = "random",
         seed: int = 0,
-        steps_per_epoch: Annotated[int, AtLeast(1)] | None = None,
+        steps_per_epoch: PositiveInt | None = None,
         random_offset: bool = True,
         vocab_size: Annotated[int, OneOf(TEXT_VOCAB_SIZE)] = TEXT_VOCAB_SIZE,
         kind: Annotated[str, OneOf("text")] = "text",
         root: str | None = None,
-        sequence_len: Annotated[int, AtLeast(1)] | None = None,
-        reset_every: Annotated[int, AtLeast(1)] | None = None,
+        sequence_len: PositiveInt | None = None,
+        reset_every: PositiveInt | None = None,
         eval_protocol: Annotated[str, OneOf(*PROTOCOLS)] = "segment",
     ) -> None:
         super().__init__(root, kind, seq_len, vocab_size, batch_size, eval_batch_size)

@@ -15,7 +15,7 @@ from tvq_exp.attention.base import AttentionBackend, Aux, State, with_position_b
 from tvq_exp.measure.flops import with_backward
 from tvq_exp.nn.dropout import StochasticDepth
 from tvq_exp.nn.position import apply_rope
-from tvq_exp.options import AtLeast, Between, OneOf, checked
+from tvq_exp.options import AtLeast, Between, OneOf, PositiveInt, checked
 
 AttentionFactory = Callable[..., AttentionBackend]
 POSITIONS = ("xl", "rope", "none")
@@ -68,7 +68,7 @@ class ResidualBlock(nn.Module, abc.ABC):
     @checked
     def __init__(
         self,
-        d_model: Annotated[int, AtLeast(1)],
+        d_model: PositiveInt,
         attention: AttentionFactory,
         position: Annotated[str, OneOf(*POSITIONS)] = "xl",
         dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Unpack
+from typing import Unpack
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,7 +11,7 @@ from tvq_exp.attention.base import Aux
 from tvq_exp.measure.flops import mm
 from tvq_exp.models.blocks.common import BlockOptions, BlockState, ResidualBlock
 from tvq_exp.nn.norms import RMSNorm, rms_normalize
-from tvq_exp.options import AtLeast, OptionError, checked
+from tvq_exp.options import OptionError, PositiveInt, checked
 
 
 class GAUBlock(ResidualBlock):
@@ -29,9 +29,9 @@ class GAUBlock(ResidualBlock):
     def __init__(
         self,
         *,
-        d_k: Annotated[int, AtLeast(1)] = 128,
-        expansion: Annotated[int, AtLeast(1)] = 2,
-        heads: Annotated[int, AtLeast(1)] = 1,
+        d_k: PositiveInt = 128,
+        expansion: PositiveInt = 2,
+        heads: PositiveInt = 1,
         **options: Unpack[BlockOptions],
     ) -> None:
         super().__init__(**options)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Unpack
+from typing import Unpack
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,7 +11,7 @@ from tvq_exp.attention.base import Aux
 from tvq_exp.measure.flops import mm
 from tvq_exp.models.blocks.common import BlockOptions, BlockState, ResidualBlock
 from tvq_exp.nn.norms import RMSNorm, rms_normalize
-from tvq_exp.options import Above, AtLeast, OptionError, checked
+from tvq_exp.options import OptionError, PositiveFloat, PositiveInt, checked
 
 
 def glu_hidden(d_model: int, ff_mult: float) -> int:
@@ -50,11 +50,11 @@ class MHABlock(ResidualBlock):
     def __init__(
         self,
         *,
-        heads: Annotated[int, AtLeast(1)] = 4,
-        head_size: Annotated[int, AtLeast(1)] | None = None,
-        key_size: Annotated[int, AtLeast(1)] | None = None,
-        kv_heads: Annotated[int, AtLeast(1)] | None = None,
-        ff_mult: Annotated[float, Above(0)] = 4.0,
+        heads: PositiveInt = 4,
+        head_size: PositiveInt | None = None,
+        key_size: PositiveInt | None = None,
+        kv_heads: PositiveInt | None = None,
+        ff_mult: PositiveFloat = 4.0,
         qk_norm: bool = True,
         **options: Unpack[BlockOptions],
     ) -> None:
