@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +13,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.paths import REPO
-from tvq_exp.tools.study.health import health_table
 from tvq_exp.tools.study.recall import accuracy_table, backend_label, grid, state_curves
-from tvq_exp.tools.study.report import table, write_report
+from tvq_exp.tools.study.report import write_report
 from tvq_exp.tools.study.results import cell, grouped, load_results
 from tvq_exp.tools.study.spec import load_study
 
@@ -174,17 +174,6 @@ def test_paired_differences_of_two_evaluations_of_the_same_weights(tmp_path: Pat
     assert "| vq | r | 1,2 | +0.1500 ± 0.0500 | +0.0000 ± 0.0000 | +0.1500 ± 0.0500 |" in report
 
 
-def test_the_long_context_docs_tables_are_the_committed_result_files() -> None:
-    """Every row of the tables generated from ``studies/long_context/results/`` (kept in git) is in
-    docs/long_context.md: the page cannot drift from its result files (regenerate it with the report command)."""
-    results = load_results(REPO / "studies" / "long_context")
-    assert len(results) >= 24
-    doc = (REPO / "docs" / "long_context.md").read_text()
-    for evaluation in ("sequence", "sequence_nocache"):
-        rows = table(grouped(results, evaluation)).splitlines()[2:]
-        assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
-
-
 def test_an_evaluation_can_apply_to_some_regimes_only(tmp_path: Path) -> None:
     """The codebook study crosses its runs with two tasks (regimes); each task's evaluation scores its own jobs."""
     study = load_study(REPO / "conf/study/codebooks.yaml")
@@ -231,16 +220,22 @@ def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
     assert "| old | r | 3 | layer0 | 19.0000 / 256 | 0.5000 | 30.0000 |" in report
 
 
-def test_the_codebooks_docs_tables_are_the_committed_result_files() -> None:
-    """docs/codebooks.md holds the tables generated from ``studies/codebooks/results/`` (kept in git): bits,
-    accuracy, and every layer's codebook health; regenerate the page's tables with the report command."""
-    results = load_results(REPO / "studies" / "codebooks")
-    assert {r["run"] for r in results} >= {"ema", "healthy"}
-    doc = (REPO / "docs" / "codebooks.md").read_text()
-    for evaluation in ("test", "sequence", "sequence_nocache"):
-        groups = grouped(results, evaluation)
-        tables = [table(groups), health_table(groups)]
-        if evaluation == "test":
-            tables.append(accuracy_table(groups))
-        rows = [row for t in tables for row in t.splitlines()[2:]]
-        assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
+# the docs page that holds each study's generated report (regenerate it with the study's report command)
+STUDY_PAGES = {"long_context": "long_context.md", "codebooks": "codebooks.md", "recall": "recall.md",
+               "repeat": "long_context.md"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(STUDY_PAGES))
+def test_the_docs_tables_are_the_committed_result_files(name: str, tmp_path: Path) -> None:
+    """Every table row of the report generated from ``studies/<name>/results/`` (kept in git) is in the study's
+    docs page, and every result file copied from another study's has that file's config and evaluations: the
+    pages cannot drift from their result files."""
+    shutil.copytree(REPO / "studies" / name / "results", tmp_path / "results")
+    report = write_report(tmp_path, name, figures=tmp_path / "figures").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| run |")]
+    doc = (REPO / "docs" / STUDY_PAGES[name]).read_text()
+    assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
+    for result in load_results(REPO / "studies" / name):
+        if "copied_from" in result:
+            source = json.loads((REPO / result["copied_from"]).read_text())
+            assert result["evaluations"] == source["evaluations"] and result["config"] == source["config"]
