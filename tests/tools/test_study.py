@@ -56,7 +56,7 @@ def test_the_study_files_expand_to_their_jobs() -> None:
     ids = {job.id for job in study.jobs}
     assert {"gau_vq--tbptt--s3", "gau_dense--random--s1", "gau_vq_s64--tbptt--s1"} <= ids
     assert "gau_vq_s64--random--s1" not in ids  # runs limited to the tbptt regime
-    job = next(job for job in study.jobs if job.id == "gau_vq_nocache--random--s2")
+    job = next(job for job in study.jobs if job.id == "gau_vq_nocache_official--random--s2")
     assert job.overrides[0] == "experiment=longctx_cpu" and "data.sampler=random" in job.overrides
     assert job.overrides[-1] == "model.attention.use_cache=false"  # the run's own overrides come last
     recall = load_study(REPO / "conf/study/recall.yaml")
