@@ -108,7 +108,8 @@ def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
 
 def run(config_name: str, task: Callable[[DictConfig], object]) -> None:
     """Run a command: ``task`` on ``conf/<config_name>.yaml`` composed with the command line's overrides (Hydra
-    names the job after the file that defines ``task``); user errors, composition errors included, end as one
+    names the job after the file that defines ``task`` unless the config sets ``hydra.job.name``, as
+    conf/eval.yaml does); user errors, composition errors included, end as one
     line with status 2."""
     os.environ["HYDRA_FULL_ERROR"] = "1"
     main = hydra.main(version_base="1.3", config_path=str(CONF), config_name=config_name)(reported(task))
