@@ -38,17 +38,24 @@ CASES = [  # (causal, past)
 ]
 
 
+def _dims(device: str) -> tuple[int, int]:
+    """``d_k, d_v``: small on CPU; on CUDA at least 16, the compiled kernel's smallest head."""
+    return (16, 24) if device == "cuda" else (8, 4)
+
+
 def _dense(causal: bool, device: str):
-    attn = build("dense", d_k=8, d_v=4, heads=2, causal=causal, window_bias=True, window_len=M).to(device)
+    d_k, d_v = _dims(device)
+    attn = build("dense", d_k=d_k, d_v=d_v, heads=2, causal=causal, window_bias=True, window_len=M).to(device)
     torch.nn.init.normal_(attn.bias.u)  # zero at init: make the bias terms matter
     torch.nn.init.normal_(attn.bias.v)
     return attn
 
 
 def _qkv(t_q: int, past: int, device: str):
-    q = torch.randn(2, 2, t_q, 8, device=device, requires_grad=True)
-    k = torch.randn(2, 2, t_q + past, 8, device=device, requires_grad=True)
-    v = torch.randn(2, 2, t_q + past, 4, device=device, requires_grad=True)  # d_v != d_k
+    d_k, d_v = _dims(device)
+    q = torch.randn(2, 2, t_q, d_k, device=device, requires_grad=True)
+    k = torch.randn(2, 2, t_q + past, d_k, device=device, requires_grad=True)
+    v = torch.randn(2, 2, t_q + past, d_v, device=device, requires_grad=True)  # d_v != d_k
     return q, k, v
 
 
@@ -161,6 +168,10 @@ def test_unsupported_options_say_why() -> None:
     assert not on_cpu and "backward on CPU" in on_cpu.reason
     assert flex_support("cpu", requires_grad=True, compiled=False)
     assert "not meta" in flex_support("meta").reason
+    narrow = flex_support("cuda", compiled=True, head_dims=(8, 8, 6))  # torch's CUDA kernel needs >= 16
+    assert not narrow and "at least 16 (q, k, v: 8, 8, 6)" in narrow.reason
+    assert flex_support("cuda", compiled=False, head_dims=(8, 8, 6))  # the eager form has no such limit
+    assert flex_support("cpu", compiled=True, head_dims=(8, 8, 6))
 
 
 def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:

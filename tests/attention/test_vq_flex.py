@@ -26,20 +26,26 @@ pytestmark = [
 ]
 
 ATOL = RTOL = 1e-5
+# on CUDA the compiled kernel, gradients too
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DIMS = {"cpu": (8, 6), "cuda": (16, 24)}  # d_k, d_v: the compiled CUDA kernel needs heads of at least 16
 SEGMENTS = (3, 5, 1, 7, 4)  # uneven: partial blocks, one token, several blocks, a carried state throughout
 
 
-def _pair(bias: bool, cache: bool, grad_through_cache: bool = True, heads: int = 2) -> tuple:
+def _pair(
+    bias: bool, cache: bool, grad_through_cache: bool = True, heads: int = 2, device: str = "cpu"
+) -> tuple:
     """Two VQ layers with the same parameters and codebook: ``kernel=plain`` and ``kernel=flex``."""
     torch.manual_seed(0)
+    d_k, d_v = DIMS[device]
     plain = build(
-        "vq", d_k=8, d_v=6, heads=heads, kv_heads=1, codebook_size=5, block_len=4, window_len=3,
+        "vq", d_k=d_k, d_v=d_v, heads=heads, kv_heads=1, codebook_size=5, block_len=4, window_len=3,
         window_bias=bias, use_cache=cache, grad_through_cache=grad_through_cache,
     )  # fmt: skip
     if bias:  # zero at init: make the bias terms matter
         torch.nn.init.normal_(plain.bias.u)
         torch.nn.init.normal_(plain.bias.v)
-    plain.eval()  # the codebook does not move between the two calls
+    plain.to(device).eval()  # the codebook does not move between the two calls
     flex = copy.deepcopy(plain)
     flex.kernel = "flex"
     return plain, flex
@@ -56,11 +62,12 @@ def _stream(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return torch.cat(outs, dim=2), state
 
 
-def _inputs(heads: int = 2, length: int = sum(SEGMENTS)) -> tuple[torch.Tensor, ...]:
+def _inputs(heads: int = 2, length: int = sum(SEGMENTS), device: str = "cpu") -> tuple[torch.Tensor, ...]:
     torch.manual_seed(1)
-    q = torch.randn(2, heads, length, 8, requires_grad=True)
-    k = torch.randn(2, 1, length, 8, requires_grad=True)
-    v = torch.randn(2, 1, length, 6, requires_grad=True)
+    d_k, d_v = DIMS[device]
+    q = torch.randn(2, heads, length, d_k).to(device).requires_grad_()
+    k = torch.randn(2, 1, length, d_k).to(device).requires_grad_()
+    v = torch.randn(2, 1, length, d_v).to(device).requires_grad_()
     return q, k, v
 
 
@@ -71,17 +78,18 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
 @pytest.mark.parametrize("grad_through_cache", [True, False], ids=["grad-cache", "no-grad-cache"])
 @pytest.mark.parametrize("cache", [True, False], ids=["cache", "no-cache"])
 @pytest.mark.parametrize("bias", [True, False], ids=["xl", "no-bias"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_flex_forward_and_gradients_equal_the_plain_kernel(
-    bias: bool, cache: bool, grad_through_cache: bool
+    device: str, bias: bool, cache: bool, grad_through_cache: bool
 ) -> None:
-    plain, flex = _pair(bias, cache, grad_through_cache)
-    q, k, v = _inputs()
+    plain, flex = _pair(bias, cache, grad_through_cache, device=device)
+    q, k, v = _inputs(device=device)
     results = []
     for attn in (plain, flex):
         out, _, _ = attn(q, k, v)  # 19 positions: 5 blocks of 4, the cache used from block 2 on
         params = [q, k, v, *(p for p in attn.parameters() if p.requires_grad)]
-        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), params,
-                                    allow_unused=True)  # fmt: skip
+        weights = torch.linspace(-1, 1, out.numel(), device=device).view_as(out)
+        grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
         results.append((out, grads))
     assert (plain.last_kernel, flex.last_kernel) == ("plain", "flex")
     _close(results[1][0], results[0][0])

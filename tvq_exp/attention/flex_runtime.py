@@ -24,7 +24,7 @@ import importlib.util
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -59,6 +59,7 @@ def __getattr__(name: str) -> object:
 # sparsity saves nothing, and every new length would compile anew (decoding token by token).
 FLEX_MIN_QUERIES = 128
 FLEX_DEVICES = ("cuda", "cpu", "xpu")
+FLEX_CUDA_MIN_HEAD_DIM = 16  # torch's compiled CUDA kernel: "embedding dimension ... must be at least 16"
 
 KERNELS = ("plain", "flex", "auto")  # a backend's ``kernel`` option, where it has a flex kernel
 
@@ -83,6 +84,7 @@ def flex_support(
     *,
     requires_grad: bool = False,
     compiled: bool = True,
+    head_dims: Sequence[int] = (),
 ) -> FlexSupport:
     """Can flex attention run on ``device`` (whatever the backend's options; a backend adds its own reasons)?
 
@@ -91,6 +93,8 @@ def flex_support(
         requires_grad: whether a backward pass is needed.
         compiled: the fused ``torch.compile`` kernel (True) or the eager, unfused implementation that
             materialises the ``Tq×Tk`` scores (False: a reference, slow).
+        head_dims: the last dimensions of ``q, k, v`` where known (the compiled CUDA kernel needs each to be
+            at least :data:`FLEX_CUDA_MIN_HEAD_DIM`).
 
     Returns a :class:`FlexSupport`; ``reason`` is empty when it can run.
     """
@@ -107,6 +111,12 @@ def flex_support(
         )
     if not compiled:
         return FlexSupport(True)
+    if device.type == "cuda" and head_dims and min(head_dims) < FLEX_CUDA_MIN_HEAD_DIM:
+        return FlexSupport(
+            False,
+            f"compiled flex_attention on CUDA needs head dimensions of at least {FLEX_CUDA_MIN_HEAD_DIM} "
+            f"(q, k, v: {', '.join(map(str, head_dims))}): use kernel=plain, or wider heads",
+        )
     if device.type == "cpu" and _cxx_compiler() is None:
         return FlexSupport(
             False,
@@ -214,12 +224,14 @@ def eager_cpu_backward() -> Iterator[None]:
 def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None = None) -> Tensor:
     """``kernel(*args)`` (a function calling :func:`flex_attention`, ``args[0]`` the queries), compiled
     (:func:`compiled_kernel`) or eager as ``compiled`` says (None: compiled unless it cannot run here, CPU with
-    gradients, then eager). Raises :class:`FlexUnsupported` with the reason when flex cannot run."""
+    gradients, or CUDA with heads narrower than 16, then eager). Raises :class:`FlexUnsupported` with the reason
+    when flex cannot run."""
     q = args[0]
     needs_grad = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    dims = tuple(a.shape[-1] for a in args[:3])  # every kernel's first three arguments: q, k, v
     if compiled is None:
-        compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True))
-    support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled)
+        compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True, head_dims=dims))
+    support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled, head_dims=dims)
     if not support:
         raise FlexUnsupported(support.reason)
     if not needs_grad:  # torch's CPU check looks at requires_grad, not at the grad mode
@@ -240,7 +252,8 @@ def wants_flex(kernel: str, module: nn.Module, q: Tensor, k: Tensor, v: Tensor, 
     grad = torch.is_grad_enabled() and (
         any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in module.parameters())
     )
-    return bool(options) and bool(flex_support(q.device, requires_grad=grad, compiled=True))
+    dims = (q.shape[-1], k.shape[-1], v.shape[-1])
+    return bool(options) and bool(flex_support(q.device, requires_grad=grad, compiled=True, head_dims=dims))
 
 
 __all__ = [
