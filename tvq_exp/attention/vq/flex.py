@@ -8,8 +8,9 @@ item's cache means. One ``score_mod`` adds the window term (the XL bias looked u
 of the window is a block mask shared by all items, so flex skips the key blocks no query of a query block
 can see. Flex's fused kernel keeps the ``R × (W + S)`` scores out of memory, as the plain kernel's chunks do.
 
-Where it runs (:func:`tvq_exp.attention.flex_runtime.flex_support`): compiled on CUDA, compiled and forward-only on
-CPU (torch 2.14 has no compiled CPU backward); with gradients on CPU it runs flex's eager form, which
+Where it runs (:func:`tvq_exp.attention.flex_runtime.flex_support`): compiled on CUDA for heads of at least 16
+(torch's CUDA kernel), compiled and forward-only on CPU (torch 2.14 has no compiled CPU backward); with gradients
+on CPU, or narrower heads on CUDA, it runs flex's eager form, which
 materialises each item's scores (exact; a reference, slower than the plain kernel). ``kernel=auto`` in
 :class:`~tvq_exp.attention.vq.layer.VQAttention` therefore takes it only where the compiled kernel runs.
 
