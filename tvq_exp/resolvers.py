@@ -1,6 +1,7 @@
 """The OmegaConf resolvers the config tree uses, registered on import (every entry point imports this):
 ``${tvq.uid:}`` (a short random id, unique per config), ``${tvq.eq:a,b}``, ``${tvq.or:a,b}`` (``a`` unless it
-is null or empty, else ``b``), ``${tvq.min:a,b}``, ``${tvq.name:x}`` (``x`` if it is one plain folder name, else
+is null or empty, else ``b``), ``${tvq.min:a,b}``, ``${tvq.steps:n,f}`` (the fraction ``f`` of ``n`` steps, rounded
+to an integer: a schedule that scales with ``module.max_steps``), ``${tvq.name:x}`` (``x`` if it is one plain folder name, else
 an error), ``${tvq.precision:}`` (``bf16-mixed`` where CUDA is available, else ``32-true``) and
 ``${tvq.checkpoint_run:ckpt_path,run_name}`` (the run dir a resumed run continues in, :func:`checkpoint_run_dir`)."""
 
@@ -33,6 +34,7 @@ def register() -> None:
         "tvq.eq": (lambda a, b: str(a) == str(b), False),
         "tvq.or": (lambda a, b: b if a in (None, "") else a, False),
         "tvq.min": (lambda a, b: min(int(a), int(b)), False),
+        "tvq.steps": (lambda n, f: round(int(n) * float(f)), False),
         "tvq.name": (run_dir_name, False),
         "tvq.precision": (lambda: "bf16-mixed" if torch.cuda.is_available() else "32-true", False),
         "tvq.checkpoint_run": (checkpoint_run_dir, False),

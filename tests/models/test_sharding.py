@@ -14,18 +14,21 @@ from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.sharding import shard_decoder
 
 
-def make() -> Decoder:
+def make(assignment: str = "nearest") -> Decoder:
     torch.manual_seed(0)
     block = functools.partial(GAUBlock, d_k=16, layerdrop=0.1, dropout=0.1)
-    attention = functools.partial(build_attention, "vq", codebook_size=8, block_len=4)
+    codebook = {"assignment": assignment, "temperature": 2.0}
+    attention = functools.partial(build_attention, "vq", codebook_size=8, block_len=4, codebook=codebook)
     return Decoder(256, 32, 2, block, attention).train()
 
 
-def loss_grads_statistics(checkpointing: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    model = make()
+def loss_grads_statistics(
+    checkpointing: bool, assignment: str
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    model = make(assignment)
     model.activation_checkpointing = checkpointing
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(2)  # dropout and LayerDrop draw here: the recomputation must replay the same draws
+    torch.manual_seed(2)  # dropout, LayerDrop and sampled codes draw here: the recomputation must replay them
     out = model(x)
     loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), x.flatten()) + out.aux["loss"]
     loss.backward()
@@ -36,8 +39,9 @@ def loss_grads_statistics(checkpointing: bool) -> tuple[torch.Tensor, list[torch
     return loss.detach(), grads, stats
 
 
-def test_activation_checkpointing_changes_no_loss_gradient_or_codebook_statistic() -> None:
-    plain, checkpointed = loss_grads_statistics(False), loss_grads_statistics(True)
+@pytest.mark.parametrize("assignment", ["nearest", "sampled"])
+def test_activation_checkpointing_changes_no_loss_gradient_or_codebook_statistic(assignment: str) -> None:
+    plain, checkpointed = loss_grads_statistics(False, assignment), loss_grads_statistics(True, assignment)
     assert torch.equal(plain[0], checkpointed[0])
     assert len(plain[1]) == len(checkpointed[1]) > 0
     for a, b in zip(plain[1], checkpointed[1], strict=True):

@@ -48,6 +48,7 @@ def test_presets_are_the_official_settings_plus_their_remedy() -> None:
         "simvq",
         "rotation",
         "healthy",
+        "sampled",
     } <= set(PRESETS)
     official = preset("ema")
     assert (official["update"], official["decay"], official["estimator"], official["init"]) == (
@@ -61,6 +62,8 @@ def test_presets_are_the_official_settings_plus_their_remedy() -> None:
     assert changed["ema_reseed"] == {"reseed_fraction"} and changed["cosine"] == {"normalize"}
     assert changed["rotation"] == {"estimator"} and changed["simvq"] == {"update"}
     assert changed["healthy"] == {"decay_warmup", "init", "reseed_fraction"}
+    assert changed["sampled"] == changed["healthy"] | {"assignment", "temperature_anneal"}
+    assert official["assignment"] == "nearest"
 
 
 def trained(name: str) -> VQAttention:
@@ -109,6 +112,43 @@ def test_vq_equals_dense_softmax_over_quantised_keys(name: str) -> None:
     for got, want in zip(grads, ref_grads, strict=True):
         assert torch.allclose(got, want, atol=1e-10, rtol=0)
     assert grads[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "anneal"),
+    [
+        (["experiment=recall_cpu"], 1500),
+        (["experiment=longctx_cpu"], 450),
+        (["trainer.max_steps=1001"], 751),
+        (["trainer.max_steps=10", "module.max_steps=1001"], 751),  # the schedule's length, not the stop
+    ],
+)
+def test_sampled_anneals_over_three_quarters_of_the_run(overrides: list[str], anneal: int) -> None:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, "model=gau_vq", "codebook=sampled"])
+    validate(cfg)
+    assert cfg.model.attention.codebook.temperature_anneal == anneal
+
+
+def test_drawn_codes_in_training_keep_vq_equal_to_dense_softmax_over_the_quantised_keys() -> None:
+    """In training ``sampled`` draws the codes; the VQ kernel (window and cache) must use the drawn codes, as the
+    reference does on the same draw (the same seed)."""
+    attn = trained("sampled").train()
+    q, k, v = qkv()
+    torch.manual_seed(11)
+    out, _, _ = attn(q, k, v)
+    torch.manual_seed(11)
+    ref = vq_reference(attn, q, k, v)
+    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    torch.manual_seed(11)
+    drawn = attn.quantizer(k)[1]
+    assert not torch.equal(drawn, attn.eval().quantizer(k)[1])  # the draw is not the nearest code
 
 
 @pytest.mark.parametrize("name", PRESETS)

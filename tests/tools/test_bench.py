@@ -84,6 +84,8 @@ def test_model_preset_is_composed_at_bench_width() -> None:
     assert cfg.model.attention.codebook.init == "random"  # the official codebook unless one is named
     healthy = compose_model("gau_vq@healthy", MODEL_SETTINGS).model.attention.codebook
     assert (healthy.init, healthy.reseed_fraction, healthy.decay_warmup) == ("kmeans", 0.1, 200)
+    sampled = compose_model("gau_vq@sampled", MODEL_SETTINGS).model.attention.codebook
+    assert (sampled.assignment, sampled.temperature_anneal) == ("sampled", 75000)  # 3/4 of the schedule
 
 
 def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None:

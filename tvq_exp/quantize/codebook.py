@@ -29,6 +29,7 @@ from tvq_exp.quantize.gradient import GradientUpdate
 from tvq_exp.quantize.health import code_counts, dead_fraction, usage_perplexity
 from tvq_exp.quantize.kmeans import kmeans, nearest_code
 from tvq_exp.quantize.reseed import dead_codes, sample_rows
+from tvq_exp.quantize.sampling import sampled_code
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 from tvq_exp.quantize.update import CodebookUpdate
 
@@ -74,7 +75,12 @@ class VectorQuantizer(nn.Module):
         share ``N/S`` of the step's ``N`` keys (all ranks, :func:`.reseed.dead_codes`) is re-seeded from a
         key of the step (rank 0's) and given the mean usage count (0: off);
         ``normalize``: l2-normalised (cosine) keys and codes in the search and the read-out;
-        ``estimator``: ``straight_through`` or ``rotation``.
+        ``estimator``: ``straight_through`` or ``rotation``;
+        ``assignment``: ``nearest`` (the official search) or ``sampled``: in training each key draws its code
+        from ``softmax(-||k' - C_s||² / (τ·m))`` (:func:`.sampling.sampled_code`; ``m`` the batch's mean squared
+        distance to the nearest code), ``τ = temperature`` falling linearly to 0 (the nearest code) over the
+        first ``temperature_anneal`` optimiser steps (0: no annealing); evaluation always takes the nearest.
+        The statistics and metrics of a training step count the drawn codes.
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -98,6 +104,9 @@ class VectorQuantizer(nn.Module):
         sample_keys: PositiveInt = 4096,
         normalize: bool = False,
         estimator: Annotated[str, OneOf("straight_through", "rotation")] = "straight_through",
+        assignment: Annotated[str, OneOf("nearest", "sampled")] = "nearest",
+        temperature: PositiveFloat = 1.0,
+        temperature_anneal: NonNegativeInt = 0,
         commit_weight: NonNegativeFloat = 1e-4,
         codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
@@ -107,6 +116,8 @@ class VectorQuantizer(nn.Module):
         self.init, self.kmeans_iters = init, kmeans_iters
         self.reseed_fraction, self.sample_keys = reseed_fraction, sample_keys
         self.normalize, self.estimator = normalize, estimator
+        self.assignment = assignment
+        self.temperature, self.temperature_anneal = temperature, temperature_anneal
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
         self.rule = _rule(update, smoothing, count_floor)
         self.rule.create(
@@ -114,10 +125,15 @@ class VectorQuantizer(nn.Module):
         )
         self.register_buffer("ema_count", torch.ones(heads, codebook_size))
         self.register_buffer("initialized", torch.tensor(init != "kmeans"))
-        if decay_warmup:
+        if self.counts_steps:
             self.register_buffer("steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("pending_count", torch.zeros(heads, codebook_size), persistent=False)
         self.recent_keys: Tensor | None = None
+
+    @property
+    def counts_steps(self) -> bool:
+        """Whether a schedule (decay warm-up, temperature annealing) needs the optimiser step, ``steps``."""
+        return bool(self.decay_warmup) or (self.assignment == "sampled" and bool(self.temperature_anneal))
 
     @property
     def codebook(self) -> Tensor:
@@ -142,6 +158,9 @@ class VectorQuantizer(nn.Module):
             self.init_from_keys(flat)
         codebook = self.codebook
         codes = nearest_code(flat, codebook.detach())  # (H, N)
+        temperature = self.current_temperature()
+        if temperature > 0 and self.training and torch.is_grad_enabled():  # also in a checkpoint's recompute
+            codes = sampled_code(flat, codebook.detach(), codes, temperature)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
         counts = code_counts(codes, self.codebook_size)
         if learning:
@@ -187,6 +206,15 @@ class VectorQuantizer(nn.Module):
         done = min(1.0, int(self.steps) / self.decay_warmup)
         return self.decay_start + (self.decay - self.decay_start) * done
 
+    def current_temperature(self) -> float:
+        """The assignment temperature of this optimiser step: 0 (nearest code) unless ``assignment=sampled``;
+        then ``temperature``, falling linearly to 0 over the first ``temperature_anneal`` steps."""
+        if self.assignment != "sampled":
+            return 0.0
+        if not self.temperature_anneal:
+            return self.temperature
+        return self.temperature * max(0.0, 1 - int(self.steps) / self.temperature_anneal)
+
     @torch.no_grad()
     def update(self) -> None:
         """Apply the statistics gathered since the last call: one optimiser step.
@@ -200,7 +228,7 @@ class VectorQuantizer(nn.Module):
         self.rule.apply(self, decay)
         if self.reseed_fraction > 0 and self.recent_keys is not None:
             self._reseed(dead_codes(self.pending_count, self.reseed_fraction), self.recent_keys)
-        if self.decay_warmup:
+        if self.counts_steps:
             self.steps += 1
         self.discard_pending()
 

@@ -18,6 +18,7 @@ from tvq_exp.measure.memory import PeakMemory, limit_address_space
 from tvq_exp.measure.timing import time_calls
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
+SCHEDULE_STEPS = 100_000  # module.max_steps of the composed model (conf/trainer/default.yaml's max_steps)
 
 
 def _autocast(device: torch.device, dtype: str) -> torch.autocast:
@@ -109,6 +110,8 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
         )
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
+        # the schedule a codebook's own may scale with (codebook=sampled): a long run's, whose first steps are timed
+        cfg.module = OmegaConf.create({"max_steps": SCHEDULE_STEPS})
         cfg.block_len, cfg.codebook_size = settings["block_len"], settings["codebook_size"]  # the one route
         cfg.model.d_model, cfg.model.n_layers = settings["d_model"], settings["n_layers"]
         backend = BACKENDS.get(cfg.model.attention.get("name"))
