@@ -99,11 +99,15 @@ def qkv(grad: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     )
 
 
-@pytest.mark.parametrize("name", PRESETS)
-def test_vq_equals_dense_softmax_over_quantised_keys(name: str) -> None:
-    attn = trained(name)
+def assert_equals_reference(attn: VQAttention, seed: int | None = None) -> None:
+    """The VQ attention's output and input gradients equal the dense reference over its quantised keys; with
+    ``seed``, both draw their codes after seeding torch's generator with it (the same draw)."""
     q, k, v = qkv()
+    if seed is not None:
+        torch.manual_seed(seed)
     out, _, _ = attn(q, k, v)
+    if seed is not None:
+        torch.manual_seed(seed)
     ref = vq_reference(attn, q, k, v)
     assert torch.allclose(out, ref, atol=1e-10, rtol=0)
     g = torch.randn_like(out)
@@ -112,6 +116,11 @@ def test_vq_equals_dense_softmax_over_quantised_keys(name: str) -> None:
     for got, want in zip(grads, ref_grads, strict=True):
         assert torch.allclose(got, want, atol=1e-10, rtol=0)
     assert grads[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_vq_equals_dense_softmax_over_quantised_keys(name: str) -> None:
+    assert_equals_reference(trained(name))
 
 
 @pytest.mark.parametrize(
@@ -135,17 +144,8 @@ def test_drawn_codes_in_training_keep_vq_equal_to_dense_softmax_over_the_quantis
     """In training ``sampled`` draws the codes; the VQ kernel (window and cache) must use the drawn codes, as the
     reference does on the same draw (the same seed)."""
     attn = trained("sampled").train()
-    q, k, v = qkv()
-    torch.manual_seed(11)
-    out, _, _ = attn(q, k, v)
-    torch.manual_seed(11)
-    ref = vq_reference(attn, q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    assert_equals_reference(attn, seed=11)
+    k = qkv(grad=False)[1]
     torch.manual_seed(11)
     drawn = attn.quantizer(k)[1]
     assert not torch.equal(drawn, attn.eval().quantizer(k)[1])  # the draw is not the nearest code
