@@ -158,8 +158,8 @@ class VectorQuantizer(nn.Module):
             self.init_from_keys(flat)
         codebook = self.codebook
         codes = nearest_code(flat, codebook.detach())  # (H, N)
-        temperature = self.current_temperature()
-        if temperature > 0 and self.training and torch.is_grad_enabled():  # also in a checkpoint's recompute
+        # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
+        if self.training and torch.is_grad_enabled() and (temperature := self.current_temperature()) > 0:
             codes = sampled_code(flat, codebook.detach(), codes, temperature)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
         counts = code_counts(codes, self.codebook_size)
