@@ -144,10 +144,11 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 @needs_data
-@pytest.mark.parametrize("codebook", ["healthy", "sampled"])  # sampled: the draws and the annealing resume too
+@pytest.mark.parametrize("codebook", ["healthy", "sampled"])  # sampled: its draws and annealing resume too
 def test_resume_continues_steps_optimizer_and_weights(tmp_path: Path, codebook: str) -> None:
     n = 6
-    common = [*SMOKE, f"codebook={codebook}", f"trainer.val_check_interval={n}", "trainer.log_every_n_steps=2"]
+    common = [*SMOKE, f"codebook={codebook}", f"trainer.val_check_interval={n}"]
+    common.append("trainer.log_every_n_steps=2")
     # the first run stops half-way through the 2n-step schedule of the other two
     first = run_train([*common, f"trainer.max_steps={n}", f"module.max_steps={2 * n}"], tmp_path / "a")
     resumed = run_train(
