@@ -1,8 +1,8 @@
 """The OmegaConf resolvers the config tree uses, registered on import (every entry point imports this):
 ``${tvq.uid:}`` (a short random id, unique per config), ``${tvq.eq:a,b}``, ``${tvq.or:a,b}`` (``a`` unless it
-is null or empty, else ``b``), ``${tvq.min:a,b}``, ``${tvq.steps:n,f}`` (the fraction ``f`` of ``n`` steps, rounded
-to an integer: a schedule that scales with ``module.max_steps``), ``${tvq.name:x}`` (``x`` if it is one plain folder name, else
-an error), ``${tvq.precision:}`` (``bf16-mixed`` where CUDA is available, else ``32-true``) and
+is null or empty, else ``b``), ``${tvq.min:a,b}``, ``${tvq.steps:n,f}`` (the fraction ``f`` of ``n`` steps,
+rounded to an integer: a schedule that scales with ``module.max_steps``), ``${tvq.name:x}`` (``x`` if it is one
+plain folder name, else an error), ``${tvq.precision:}`` (``bf16-mixed`` where CUDA is available, else ``32-true``) and
 ``${tvq.checkpoint_run:ckpt_path,run_name}`` (the run dir a resumed run continues in, :func:`checkpoint_run_dir`)."""
 
 from __future__ import annotations

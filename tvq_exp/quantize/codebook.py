@@ -80,7 +80,7 @@ class VectorQuantizer(nn.Module):
         from ``softmax(-||k' - C_s||² / (τ·m))`` (:func:`.sampling.sampled_code`; ``m`` the batch's mean squared
         distance to the nearest code), ``τ = temperature`` falling linearly to 0 (the nearest code) over the
         first ``temperature_anneal`` optimiser steps (0: no annealing); evaluation always takes the nearest.
-        The statistics and metrics of a training step count the drawn codes.
+        A training step's quantised keys, commitment loss, statistics and metrics use the drawn codes.
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """

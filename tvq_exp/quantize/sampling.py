@@ -15,8 +15,8 @@ EPS = 1e-12
 def logit_scale(x: Tensor, codebook: Tensor, nearest: Tensor, temperature: float) -> Tensor:
     """``τ·m`` per head, ``(H, 1)``: ``m`` is the head's mean squared distance from a key of ``x (H, N, d)`` to
     its ``nearest (H, N)`` code of ``codebook (H, S, d)`` (the quantisation error of this process's batch; under
-    DDP each rank uses its own), so ``τ`` is free of the keys' scale: at ``τ = 1`` a code one mean quantisation error farther than the nearest is ``e`` times
-    less likely."""
+    DDP each rank uses its own), so ``τ`` is free of the keys' scale: at ``τ = 1`` a code one mean quantisation
+    error farther than the nearest is ``e`` times less likely."""
     x, c = x.float(), codebook.float()
     h, n, d = x.shape
     err = (x - torch.gather(c, 1, nearest[..., None].expand(h, n, d))).pow(2).sum(-1)
