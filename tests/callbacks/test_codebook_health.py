@@ -26,7 +26,7 @@ from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.quantize.health import code_counts, codebook_regret, dead_fraction, usage_perplexity
 from tvq_exp.quantize.kmeans import nearest_code
 
-METRICS = ("perplexity", "dead_fraction", "quant_error", "kmeans_error", "regret")
+METRICS = ("perplexity", "dead_fraction", "quant_error", "kmeans_error", "regret", "kmeans_perplexity")
 
 # ------------------------------------------------------------------------------------------- the key sample
 
@@ -188,6 +188,7 @@ def test_training_logs_validation_health_and_warns_once(
         assert {m: [s for s, _ in v] for m, v in logged.items()} == dict.fromkeys(METRICS, steps)
         assert all(v == 1.0 for _, v in logged["perplexity"])  # one code takes every key
         assert all(v == 31 / 32 for _, v in logged["dead_fraction"])
+        assert all(v > 4 for _, v in logged["kmeans_perplexity"])  # what k-means takes from the same keys
         for (_, quant), (_, reference), (_, regret) in zip(
             logged["quant_error"], logged["kmeans_error"], logged["regret"], strict=True
         ):
@@ -234,6 +235,9 @@ def test_eval_json_has_the_codebook_section(
         for metric in METRICS:  # the same checkpoint, split, sample and seed as the last validation
             logged = scalars(out, f"codebook/{layer}/val_{metric}")[-1][1]
             assert math.isclose(result[metric], logged, rel_tol=1e-5), (layer, metric)
-    regrets = [f"{section[layer]['regret']:.2f}" for layer in section]
-    expected = f"codebook usage: layer0 1.0/32 (regret {regrets[0]}), layer1 1.0/32 (regret {regrets[1]})"
+    parts = [
+        f"{layer} 1.0/32 (k-means {section[layer]['kmeans_perplexity']:.1f}, regret {section[layer]['regret']:.2f})"
+        for layer in section
+    ]
+    expected = f"codebook usage: {parts[0]}, {parts[1]}"
     assert capsys.readouterr().out.splitlines()[-1] == expected

@@ -102,6 +102,26 @@ def test_a_collapsed_codebook_has_a_large_regret_and_perplexity_one() -> None:
     assert result.regret > 100
 
 
+def test_kmeans_perplexity_is_the_usage_of_the_clusters_kmeans_finds() -> None:
+    # 8 well-separated clusters of unequal sizes: k-means with 8 codes finds them, so its usage perplexity is
+    # that of the sizes, whatever the codebook measured (here collapsed onto one code)
+    centres = _centres(heads=1, codes=8)
+    sizes = [5, 10, 15, 20, 25, 30, 35, 40]
+    g = torch.Generator().manual_seed(4)
+    keys = torch.cat(
+        [c + 0.01 * torch.randn(n, 4, generator=g) for c, n in zip(centres[0], sizes, strict=True)]
+    )
+    collapsed = torch.full_like(centres, 1e4)
+    collapsed[0, 0] = keys.mean(0)
+    result = codebook_regret(keys[None], collapsed, 15, torch.Generator().manual_seed(0))
+    p = torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+    assert result.kmeans_perplexity == pytest.approx(math.exp(-(p * p.log()).sum().item()), rel=1e-6)
+    # two clusters of 30 and 90 keys, two heads: the mean over heads of each head's k-means usage
+    two = torch.cat([_clusters(centres[:, :1], 30, 0.01), _clusters(centres[:, 1:2], 90, 0.01)], 1)
+    result = codebook_regret(torch.cat([two, two.flip(1)]), torch.zeros(2, 2, 4), 10)
+    assert result.kmeans_perplexity == pytest.approx(4 / 3**0.75, rel=1e-6)  # p = (1/4, 3/4) in both heads
+
+
 def test_regret_is_deterministic_and_edge_cases() -> None:
     keys = _clusters(_centres(), per_centre=10, noise=1.0)
     codebook = _centres(seed=5)
@@ -151,4 +171,7 @@ def test_regret_under_ddp_is_identical_on_every_rank_and_never_hangs(tmp_path: P
         relative_error(keys, codebook), rel=1e-6
     )  # over both ranks' keys
     assert 0 < union.kmeans_error < union.quant_error
+    # the k-means' usage is counted over both ranks' keys (the ranks hold different clusters, so per-rank counts
+    # would differ between the ranks, and the tuples are equal above)
+    assert 1 < union.kmeans_perplexity <= 8
     assert all(math.isnan(v) for r in ranks for v in r["one_empty"])

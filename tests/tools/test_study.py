@@ -195,11 +195,13 @@ def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
         r = _result("vq", seed, 2.0)
         r["evaluations"]["test"]["codebook"] = {
             f"layer{i}": {"perplexity": ppl + i, "dead_fraction": 0.25, "quant_error": 0.1 * regret,
-                          "kmeans_error": 0.1, "regret": regret, "codebook_size": 64}
+                          "kmeans_error": 0.1, "regret": regret, "kmeans_perplexity": 40.0 + 2 * seed + i,
+                          "codebook_size": 64}
             for i in (0, 1)
         }  # fmt: skip
         results.append(r)
-    old = _result("vq", 3, 2.0)  # a file from before the regret's floor: the ratio is recomputed with it
+    # a file from before the regret's floor (the ratio is recomputed with it) and the k-means' usage (left blank)
+    old = _result("vq", 3, 2.0)
     old["evaluations"]["test"]["codebook"] = {
         "layer0": {
             "perplexity": 19.0,
@@ -214,10 +216,13 @@ def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
     results += [old, _result("dense", 1, 2.5)]  # dense: no codebook, no health row
     _write(tmp_path, results)
     report = write_report(tmp_path, "Study t").read_text()
-    assert "| vq | r | 1,2 | layer0 | 32.0000 ± 2.0000 / 64 | 0.2500 ± 0.0000 | 2.0000 ± 0.5000 |" in report
-    assert "| vq | r | 1,2 | layer1 | 33.0000 ± 2.0000 / 64 |" in report
+    assert (
+        "| vq | r | 1,2 | layer0 | 32.0000 ± 2.0000 / 64 | 43.0000 ± 1.0000 / 64 | 0.2500 ± 0.0000 | 2.0000 ± 0.5000 |"
+        in report
+    )
+    assert "| vq | r | 1,2 | layer1 | 33.0000 ± 2.0000 / 64 | 44.0000 ± 1.0000 / 64 |" in report
     assert "| dense | r | 1 | layer" not in report
-    assert "| old | r | 3 | layer0 | 19.0000 / 256 | 0.5000 | 30.0000 |" in report
+    assert "| old | r | 3 | layer0 | 19.0000 / 256 |  | 0.5000 | 30.0000 |" in report
 
 
 # the docs page that holds each study's generated report (regenerate it with the study's report command)

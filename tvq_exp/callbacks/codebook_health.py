@@ -85,9 +85,10 @@ def _observer(tally: KeyTally) -> Callable[..., None]:
 class CodebookHealth(Callback):
     """Per VQ layer, over the keys of each whole validation (and test): the usage perplexity (mean over
     heads), the fraction of dead codes (used under ``dead_share`` of their fair share N/S), the relative
-    quantisation error, that of a fresh k-means on a sample of the keys, and their ratio, the regret (see
-    :mod:`tvq_exp.quantize.health`). Logged as ``codebook/layerN/{val,test}_{perplexity,dead_fraction,
-    quant_error,kmeans_error,regret}`` at the current step, kept in :attr:`results`. During ``fit``, one
+    quantisation error, that of a fresh k-means on a sample of the keys, their ratio, the regret, and the
+    k-means' usage perplexity on that sample (a reference for the codebook's; see :mod:`tvq_exp.quantize.health`).
+    Logged as ``codebook/layerN/{val,test}_{perplexity,dead_fraction,quant_error,kmeans_error,regret,
+    kmeans_perplexity}`` at the current step, kept in :attr:`results`. During ``fit``, one
     console warning when a layer's perplexity has been below S/8 for ``patience`` validations in a row
     (again only after it recovers and falls again). Does nothing for models without quantisers.
 

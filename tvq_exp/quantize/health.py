@@ -9,7 +9,10 @@ the nearest-code search works in (a quantiser's ``search_keys(k)`` and ``codeboo
 - Relative quantisation error: ``Σ ||k - c(k)||² / Σ ||k||²`` over heads and keys, ``c(k)`` the nearest code.
 - Regret: the codebook's relative error over that of a fresh k-means with ``S`` codes on the same keys (1: as
   good as k-means; a collapsed codebook scores far above 1; below 1 is possible, Lloyd's only finds a local
-  optimum). Where the keys take few distinct values (the first layer of a byte-level model, whose keys depend on
+  optimum).
+- The k-means' usage perplexity: how many codes that fresh k-means uses on those keys, a reference for the
+  codebook's own usage (what a codebook that minimises the quantisation error takes from these keys; keys that
+  crowd into a few clusters give k-means an uneven usage too). Where the keys take few distinct values (the first layer of a byte-level model, whose keys depend on
   the byte alone, has at most 256) k-means is nearly exact and the ratio is huge or infinite, rightly but
   unhelpfully: read the two errors there.
 """
@@ -33,12 +36,13 @@ REGRET_FLOOR = 1e-3
 
 
 class Regret(NamedTuple):
-    """The codebook's relative quantisation error, that of a fresh k-means on the same keys, and their
-    ratio (floats; NaN when some rank had no keys)."""
+    """The codebook's relative quantisation error, that of a fresh k-means on the same keys, their ratio, and
+    the k-means' usage perplexity on those keys (mean over heads; floats, NaN when some rank had no keys)."""
 
     quant_error: float
     kmeans_error: float
     regret: float
+    kmeans_perplexity: float
 
 
 def code_counts(codes: Tensor, codebook_size: int) -> Tensor:
@@ -85,7 +89,8 @@ def codebook_regret(
     generator: torch.Generator | None = None,
 ) -> Regret:
     """The codebook's relative error on ``keys (H, N, d)``, a fresh k-means' (``S`` codes, ``iters`` Lloyd
-    steps, k-means++ seeds drawn with the CPU ``generator``) on the same keys, and their ratio.
+    steps, k-means++ seeds drawn with the CPU ``generator``) on the same keys, their ratio, and the k-means'
+    usage perplexity on the keys (mean over heads).
 
     The ratio's denominator is at least :data:`REGRET_FLOOR` (k-means is then all but exact: at most about ``S``
     distinct keys), and a codebook at least as good as k-means has regret 1 at most. Collective under DDP: every
@@ -96,10 +101,13 @@ def codebook_regret(
         raise ValueError(f"keys {tuple(keys.shape)} do not match the codebook {tuple(codebook.shape)}")
     empty = all_reduce_sum(torch.tensor([float(keys.shape[1] == 0)], device=keys.device))
     if empty.item() > 0:
-        return Regret(float("nan"), float("nan"), float("nan"))
+        return Regret(*[float("nan")] * len(Regret._fields))
     quant = relative_error(keys, codebook)
-    reference = relative_error(keys, kmeans(keys.float(), codebook.shape[1], iters, generator))
-    return Regret(quant, reference, quant / max(reference, REGRET_FLOOR))
+    fresh = kmeans(keys.float(), codebook.shape[1], iters, generator)
+    reference = relative_error(keys, fresh)
+    counts = all_reduce_sum(code_counts(nearest_code(keys, fresh), fresh.shape[1]))
+    usage = float(usage_perplexity(counts).mean())
+    return Regret(quant, reference, quant / max(reference, REGRET_FLOOR), usage)
 
 
 __all__ = [

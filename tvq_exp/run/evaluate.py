@@ -56,7 +56,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     Returns ``{"bpb", "loss", "tokens", ["bpd"], "position_buckets", ["accuracy"], "split", "protocol",
     "checkpoint", "global_step", "limit_batches", "state_floats_per_layer", "state_context", ["codebook"]}``; the
     figure of bits against position is written beside the JSON. VQ models add ``"codebook": {"layerN":
-    {"perplexity", "dead_fraction", "quant_error", "kmeans_error", "regret", "codebook_size"}}`` over the split's
+    {"perplexity", "dead_fraction", "quant_error", "kmeans_error", "regret", "kmeans_perplexity",
+    "codebook_size"}}`` over the split's
     keys (see :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`, with its default settings).
     """
     check(cfg, Command.EVAL)
@@ -129,7 +130,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     )
     if health.results:
         layers = (
-            f"{name} {r['perplexity']:.1f}/{r['codebook_size']} (regret {r['regret']:.2f})"
+            f"{name} {r['perplexity']:.1f}/{r['codebook_size']} "
+            f"(k-means {r['kmeans_perplexity']:.1f}, regret {r['regret']:.2f})"
             for name, r in health.results.items()
         )
         say(f"codebook usage: {', '.join(layers)}")
