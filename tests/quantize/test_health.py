@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 
 from tvq_exp.quantize.health import (
     REGRET_FLOOR,
+    assigned_counts,
     code_counts,
     codebook_regret,
     dead_fraction,
@@ -43,6 +44,9 @@ def test_code_counts_and_usage_perplexity_by_hand() -> None:
     torch.testing.assert_close(usage_perplexity(counts), torch.tensor(expected), rtol=1e-6, atol=0)
     assert usage_perplexity(torch.full((1, 64), 5.0)).item() == pytest.approx(64.0, rel=1e-6)
     assert usage_perplexity(torch.tensor([[0.0, 9.0, 0.0]])).item() == pytest.approx(1.0)
+    # nearest codes of 0, 2 and 10 among 1, 11 and 100: 1, 1, 11
+    keys, codebook = torch.tensor([[[0.0], [2.0], [10.0]]]), torch.tensor([[[1.0], [11.0], [100.0]]])
+    assert assigned_counts(keys, codebook).tolist() == [[2.0, 1.0, 0.0]]
 
 
 def test_dead_fraction_is_relative_to_the_fair_share() -> None:

@@ -9,13 +9,14 @@ much the keys carry beyond S clusters). Works for any backend whose attention ta
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from tools.mqar_diagnosis.common import recall_model
-from tvq_exp.quantize.health import code_counts, squared_error, usage_perplexity
-from tvq_exp.quantize.kmeans import kmeans, nearest_code
+from tvq_exp.quantize.health import REGRET_ITERS, assigned_counts, squared_error, usage_perplexity
+from tvq_exp.quantize.kmeans import kmeans
 
 BATCHES = 24  # of 64 sequences: 196k key positions per layer, from training-sampler indices never trained on
 SAMPLE = 8192  # keys per layer given to k-means (as the health callback)
@@ -31,7 +32,7 @@ def unexplained(keys: Tensor, codebook: Tensor) -> float:
 
 def usage(keys: Tensor, codebook: Tensor) -> float:
     """Usage perplexity (mean over heads) of ``codebook (H, S, d)`` on ``keys (H, N, d)``."""
-    return float(usage_perplexity(code_counts(nearest_code(keys, codebook), codebook.shape[1])).mean())
+    return float(usage_perplexity(assigned_counts(keys, codebook)).mean())
 
 
 def main(checkpoint: str, overrides: list[str]) -> None:
@@ -40,8 +41,8 @@ def main(checkpoint: str, overrides: list[str]) -> None:
     model.eval()
     keys: dict[int, list[Tensor]] = {i: [] for i in range(len(model.blocks))}
 
-    def hook(layer: int) -> object:
-        def attention_input(module: torch.nn.Module, args: tuple[Tensor, ...]) -> None:
+    def hook(layer: int) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def attention_input(module: nn.Module, args: tuple[Tensor, ...]) -> None:
             k = args[1]  # (B, H, T, d)
             keys[layer].append(module.quantizer.search_keys(k) if hasattr(module, "quantizer") else k)
 
@@ -56,7 +57,7 @@ def main(checkpoint: str, overrides: list[str]) -> None:
     for layer, parts in keys.items():
         k = torch.cat(parts).transpose(0, 1).flatten(1, 2).float()  # (H, N, d)
         sample = k[:, torch.randperm(k.shape[1], generator=g)[:SAMPLE]]
-        fresh = kmeans(sample, CODES, 15, torch.Generator().manual_seed(0))
+        fresh = kmeans(sample, CODES, REGRET_ITERS, torch.Generator().manual_seed(0))
         line = f"layer {layer}: k-means usage {usage(k, fresh):5.1f} / {CODES}, unexplained {unexplained(k, fresh):.3f}"
         attn = model.blocks[layer].attn
         if hasattr(attn, "quantizer"):

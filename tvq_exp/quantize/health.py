@@ -9,12 +9,12 @@ the nearest-code search works in (a quantiser's ``search_keys(k)`` and ``codeboo
 - Relative quantisation error: ``Σ ||k - c(k)||² / Σ ||k||²`` over heads and keys, ``c(k)`` the nearest code.
 - Regret: the codebook's relative error over that of a fresh k-means with ``S`` codes on the same keys (1: as
   good as k-means; a collapsed codebook scores far above 1; below 1 is possible, Lloyd's only finds a local
-  optimum).
-- The k-means' usage perplexity: how many codes that fresh k-means uses on those keys, a reference for the
-  codebook's own usage (what a codebook that minimises the quantisation error takes from these keys; keys that
-  crowd into a few clusters give k-means an uneven usage too). Where the keys take few distinct values (the first layer of a byte-level model, whose keys depend on
+  optimum). Where the keys take few distinct values (the first layer of a byte-level model, whose keys depend on
   the byte alone, has at most 256) k-means is nearly exact and the ratio is huge or infinite, rightly but
   unhelpfully: read the two errors there.
+- The k-means' usage perplexity: how many codes that fresh k-means uses on those keys, a reference for the
+  codebook's own usage (what a codebook that minimises the quantisation error takes from these keys; keys that
+  crowd into a few clusters give k-means an uneven usage too).
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ def code_counts(codes: Tensor, codebook_size: int) -> Tensor:
     """How often each code is selected: ``codes (H, N)`` int -> ``(H, S)`` fp32."""
     counts = torch.zeros(codes.shape[0], codebook_size, device=codes.device)
     return counts.scatter_add_(1, codes.long(), torch.ones_like(codes, dtype=counts.dtype))
+
+
+def assigned_counts(keys: Tensor, codebook: Tensor) -> Tensor:
+    """How many of ``keys (H, N, d)`` take each code of ``codebook (H, S, d)`` as their nearest: ``(H, S)`` fp32."""
+    return code_counts(nearest_code(keys, codebook), codebook.shape[1])
 
 
 def usage_perplexity(counts: Tensor) -> Tensor:
@@ -105,7 +110,7 @@ def codebook_regret(
     quant = relative_error(keys, codebook)
     fresh = kmeans(keys.float(), codebook.shape[1], iters, generator)
     reference = relative_error(keys, fresh)
-    counts = all_reduce_sum(code_counts(nearest_code(keys, fresh), fresh.shape[1]))
+    counts = all_reduce_sum(assigned_counts(keys, fresh))
     usage = float(usage_perplexity(counts).mean())
     return Regret(quant, reference, quant / max(reference, REGRET_FLOOR), usage)
 
@@ -113,6 +118,7 @@ def codebook_regret(
 __all__ = [
     "DEAD_SHARE",
     "Regret",
+    "assigned_counts",
     "code_counts",
     "codebook_regret",
     "dead_fraction",

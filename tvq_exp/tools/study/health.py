@@ -1,7 +1,7 @@
 """The codebook part of a study's report (docs/codebooks.md): per run and layer, the codebook's health over the
 evaluated split's keys, from ``eval.py``'s JSON (``codebook``: per layer ``perplexity`` (usage perplexity, in
 codes), ``dead_fraction``, ``quant_error``, ``regret`` (quantisation error relative to a fresh k-means on the
-same keys) and ``kmeans_perplexity`` (that k-means' usage perplexity; absent from evaluations before 2026-11-27));
+same keys) and ``kmeans_perplexity`` (that k-means' usage perplexity; absent from evaluations before 2026-11-26));
 see :class:`~tvq_exp.callbacks.codebook_health.CodebookHealth`.
 """
 
