@@ -70,6 +70,27 @@ def test_training_rows(train_targets: str) -> None:
     assert set(examples.bucket.max(1).tolist()) == {0, 1}
 
 
+def test_random_spans_are_uniform_bytes_copied_into_the_same_text() -> None:
+    random_module = repeat_module(span_content="random")
+    examples = random_module.generate(np.random.default_rng(5), 12, "train")
+    for row in range(len(examples)):
+        check_row(examples, row, all_targets=True)  # still a copy at the row's distance
+    spans = []
+    for row in range(len(examples)):
+        start = copy_start(examples.bucket[row])
+        spans.append(examples.input[row, start : start + SPAN])
+    # 768 uniform bytes take about 243 of the 256 values; English text takes a few dozen
+    assert len(np.unique(np.concatenate(spans))) > 200
+    # the same draw in "text" mode gives the same window and positions for the first row: only the span differs
+    text_row = repeat_module().generate(np.random.default_rng(5), 12, "train")
+    start = copy_start(examples.bucket[0])
+    d = DISTANCES[int(examples.bucket[0, start])]
+    outside = np.ones(T, dtype=bool)
+    outside[start - d : start - d + SPAN] = outside[start : start + SPAN] = False
+    assert (examples.input[0][outside] == text_row.input[0][outside]).all()
+    assert (examples.input[0][~outside] != text_row.input[0][~outside]).mean() > 0.9
+
+
 def test_repeat_text_and_scored_targets_by_hand() -> None:
     text = np.arange(20, dtype=np.uint8)
     out = repeat_text(text, start=2, distance=8, span=3)
@@ -105,6 +126,7 @@ def test_each_split_reads_its_own_books_and_the_evaluation_sets_are_fixed(
         {"distances": [128, 128]},
         {"span": 1},
         {"train_targets": "x"},
+        {"span_content": "x"},
     ],
 )
 def test_bad_options_are_refused(bad: dict) -> None:

@@ -7,6 +7,12 @@ examples from the train books, the validation and test sets from theirs) in whic
     ... text ... [span bytes: the source] ... text, d - span bytes ... [the same span bytes] ... text ...
                  ^ p                                                  ^ p + d
 
+``span_content`` says what the span holds: ``"text"``, the book's own bytes (a copy of natural text, which a
+language model already predicts in part), or ``"random"``, uniform random bytes written over the source before
+it is copied (8 bits/byte to any model that does not copy, about 0 to one that does: the gap a cache can
+recover is the whole span's, and a copy is easier to learn than on text, where one previous byte matches dozens
+of earlier places).
+
 ``d`` is one of ``distances`` (training rows draw one uniformly; evaluation row ``i`` takes
 ``distances[i % len(distances)]``), ``p`` is uniform over the starts that keep the copy inside the window.
 ``input = S[:T]`` and ``target = S[1:]``, as language modelling. Beyond ``d`` bytes of context a model can
@@ -52,7 +58,8 @@ class RepeatTask(BookTask):
     :class:`~tvq_exp.data.synthetic.base.SyntheticDataModule`.
 
     Options: ``distances`` (distinct, each at least ``span``; a copy needs ``distance + span <= T + 1``),
-    ``span`` (bytes repeated, at least 2), ``train_targets`` (``"all"``: language modelling on every byte;
+    ``span`` (bytes repeated, at least 2), ``span_content`` (``"text"``: the book's bytes; ``"random"``: uniform
+    random bytes), ``train_targets`` (``"all"``: language modelling on every byte;
     ``"repeats"``: the scored bytes only), ``seq_len`` (``T``), ``corpus_path`` (the Gutenberg folder under the
     data root), ``root`` (the data root; ``None``: ``$TVQ_DATA_DIR``, else ``./data``). Examples: ``(N, T)``.
     """
@@ -65,6 +72,7 @@ class RepeatTask(BookTask):
         distances: Sequence[int] = (512, 1024),
         span: Annotated[int, AtLeast(2)] = 256,
         train_targets: Annotated[str, OneOf("all", "repeats")] = "all",
+        span_content: Annotated[str, OneOf("text", "random")] = "text",
         seq_len: Annotated[int, AtLeast(2)] = 2048,
         corpus_path: str = "text/gutenberg",
         vocab_size: Annotated[int, OneOf(BYTE_VOCAB_SIZE)] = BYTE_VOCAB_SIZE,
@@ -72,7 +80,7 @@ class RepeatTask(BookTask):
     ) -> None:
         super().__init__(corpus_path, root)
         self.distances = tuple(int(d) for d in distances)
-        self.span, self.train_targets = span, train_targets
+        self.span, self.train_targets, self.span_content = span, train_targets, span_content
         if not self.distances or len(set(self.distances)) != len(self.distances):
             raise OptionError("distances", list(self.distances), "must be distinct and not empty", type(self))
         bad = [d for d in self.distances if d < span or d + span > seq_len + 1]
@@ -95,6 +103,9 @@ class RepeatTask(BookTask):
             distance = self.distances[index]
             text = np.frombuffer(self.pool(split).window(rng, self.seq_len + 1), dtype=np.uint8)
             start = int(rng.integers(self.seq_len + 2 - distance - self.span))
+            if self.span_content == "random":
+                text = text.copy()
+                text[start : start + self.span] = rng.integers(0, BYTE_VOCAB_SIZE, self.span, dtype=np.uint8)
             text = repeat_text(text, start, distance, self.span)
             scored = scored_targets(start, distance, self.span)
             examples.input[row] = text[:-1]
