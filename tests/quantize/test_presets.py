@@ -22,17 +22,20 @@ from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.run.validation import validate
 
 PRESETS = sorted(p.stem for p in Path(CONF, "codebook").glob("*.yaml"))
+# options that compose with a preset, as docs/codebooks.md recommends them (point 7: healthy on the unit sphere)
+COMBINATIONS = {"healthy+normalize": ("healthy", "codebook.normalize=true")}
+CASES = PRESETS + sorted(COMBINATIONS)
 T, L = 14, 3
 
 
 @functools.cache
 def preset(name: str) -> dict[str, Any]:
-    """The codebook options of ``codebook=<name>`` (composed and validated)."""
+    """The codebook options of ``codebook=<name>``, or of a combination of :data:`COMBINATIONS` (composed and
+    validated)."""
+    base, *extra = COMBINATIONS.get(name, (name,))
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(
-            "train", overrides=["experiment=smoke", "model=gau_vq", f"codebook={name}"]
-        )
+        cfg = compose("train", overrides=["experiment=smoke", "model=gau_vq", f"codebook={base}", *extra])
     validate(cfg)
     return OmegaConf.to_container(cfg.model.attention.codebook)
 
@@ -63,6 +66,7 @@ def test_presets_are_the_official_settings_plus_their_remedy() -> None:
     assert changed["rotation"] == {"estimator"} and changed["simvq"] == {"update"}
     assert changed["healthy"] == {"decay_warmup", "init", "reseed_fraction"}
     assert changed["sampled"] == changed["healthy"] | {"assignment", "temperature_anneal"}
+    assert preset("healthy+normalize") == preset("healthy") | {"normalize": True}
     assert official["assignment"] == "nearest"
 
 
@@ -118,7 +122,7 @@ def assert_equals_reference(attn: VQAttention, seed: int | None = None) -> None:
     assert grads[1].abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", CASES)
 def test_vq_equals_dense_softmax_over_quantised_keys(name: str) -> None:
     assert_equals_reference(trained(name))
 
@@ -151,7 +155,7 @@ def test_drawn_codes_in_training_keep_vq_equal_to_dense_softmax_over_the_quantis
     assert not torch.equal(drawn, attn.eval().quantizer(k)[1])  # the draw is not the nearest code
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", CASES)
 def test_streaming_decoding_and_causality(name: str) -> None:
     attn = trained(name)
     q, k, v = qkv(grad=False)
