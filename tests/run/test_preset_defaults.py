@@ -47,6 +47,7 @@ KEPT: dict[str, dict[str, tuple[str, ...]]] = {
         "data/pg19.yaml": ("corpus.path",),
         "data/hf.yaml": ("corpus.text_field", "corpus.splits", "corpus.holdout"),
         "data/text_files.yaml": ("corpus.split_by",),
+        "data/repeat.yaml": ("task.span_content",),
         "trainer/default.yaml": ("num_nodes", "gradient_clip_val"),
     },
     "docs/scaling.md's table documents the FSDP keys with these values": {
