@@ -73,22 +73,21 @@ def test_training_rows(train_targets: str) -> None:
 def test_random_spans_are_uniform_bytes_copied_into_the_same_text() -> None:
     random_module = repeat_module(span_content="random")
     examples = random_module.generate(np.random.default_rng(5), 12, "train")
-    for row in range(len(examples)):
-        check_row(examples, row, all_targets=True)  # still a copy at the row's distance
     spans = []
     for row in range(len(examples)):
+        check_row(examples, row, all_targets=True)  # still a copy at the row's distance
         start = copy_start(examples.bucket[row])
         spans.append(examples.input[row, start : start + SPAN])
     # 768 uniform bytes take about 243 of the 256 values; English text takes a few dozen
     assert len(np.unique(np.concatenate(spans))) > 200
     # the same draw in "text" mode gives the same window and positions for the first row: only the span differs
-    text_row = repeat_module().generate(np.random.default_rng(5), 12, "train")
+    text_mode = repeat_module().generate(np.random.default_rng(5), 12, "train")
     start = copy_start(examples.bucket[0])
     d = DISTANCES[int(examples.bucket[0, start])]
     outside = np.ones(T, dtype=bool)
     outside[start - d : start - d + SPAN] = outside[start : start + SPAN] = False
-    assert (examples.input[0][outside] == text_row.input[0][outside]).all()
-    assert (examples.input[0][~outside] != text_row.input[0][~outside]).mean() > 0.9
+    assert (examples.input[0][outside] == text_mode.input[0][outside]).all()
+    assert (examples.input[0][~outside] != text_mode.input[0][~outside]).mean() > 0.9
 
 
 def test_repeat_text_and_scored_targets_by_hand() -> None:
