@@ -265,3 +265,40 @@ def test_preset_composes_and_trains(preset: str) -> None:
         model.codebook_step()
         losses.append(loss.item())
     assert sum(losses[-3:]) / 3 < losses[0] - 0.3, losses
+
+
+# ---------------------------------------------------------------- GAU key_norm
+def gau_pair(backend: dict, norm: str) -> GAUBlock:
+    torch.manual_seed(0)
+    attn = functools.partial(build_attention, **backend)
+    return GAUBlock(d_model=16, attention=attn, d_k=8, heads=2, position="xl", key_norm=norm).double().eval()
+
+
+def test_unit_keys_are_the_rms_keys_on_the_unit_sphere() -> None:
+    """``key_norm="unit"``: the attention sees ``hW_k/||hW_k||``, the official keys divided by ``d_k^1/4``."""
+    seen: dict[str, torch.Tensor] = {}
+    blocks = {norm: gau_pair({"name": "dense", "window_len": 4}, norm) for norm in ("rms", "unit")}
+    for norm, blk in blocks.items():
+        blk.attn.register_forward_hook(lambda m, args, out, norm=norm: seen.__setitem__(norm, args[1]))
+        blk(torch.randn(2, 9, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+    assert torch.allclose(seen["unit"].norm(dim=-1), torch.ones(()).double())
+    assert torch.allclose(seen["unit"] * 8**0.25, seen["rms"], atol=1e-5)
+
+
+def test_unit_keys_are_the_cosine_codebooks_keys() -> None:
+    """VQ with ``codebook.normalize=true`` quantises the same keys whichever ``key_norm``: equal outputs."""
+    vq = {"name": "vq", "codebook_size": 8, "block_len": 4, "codebook": {"normalize": True}}
+    x = torch.randn(2, 12, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    rms, unit = (gau_pair(vq, norm)(x)[0] for norm in ("rms", "unit"))
+    assert torch.allclose(rms, unit, atol=1e-12)
+    plain = gau_pair({"name": "vq", "codebook_size": 8, "block_len": 4}, "unit")(x)[0]
+    assert (plain - unit).abs().max() > 1e-3  # the codes differ without normalize: the test can fail
+
+
+def test_key_norm_refused_when_the_config_is_composed() -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(
+            overrides=["+model=gau_dense", "+data.vocab_size=256", "+block_len=8", "+model.block.key_norm=l2"]
+        )
+    with pytest.raises(InstantiationException, match="key_norm.*'l2'.*rms, unit"):
+        instantiate(cfg.model)

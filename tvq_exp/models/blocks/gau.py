@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Unpack
+from typing import Annotated, Unpack
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,14 +11,17 @@ from tvq_exp.attention.base import Aux
 from tvq_exp.measure.flops import mm
 from tvq_exp.models.blocks.common import BlockOptions, BlockState, ResidualBlock
 from tvq_exp.nn.norms import RMSNorm, rms_normalize
-from tvq_exp.options import OptionError, PositiveInt, checked
+from tvq_exp.options import OneOf, OptionError, PositiveInt, checked
 
 
 class GAUBlock(ResidualBlock):
     """Pre-norm GAU, as the official Transformer-VQ code: ``x + LayerDrop(Dropout(W_o(attn(q, k, v) ⊙ g)))``.
 
     ``h = RMSNorm(x)`` (gain and bias, eps 1e-6); ``q = RMS(hW_q)·d_k^-1/4``, ``k = RMS(hW_k)·d_k^-1/4``,
-    ``v = SiLU(hW_v)``, ``g = SiLU(hW_g)`` with ``d_v = expansion·d_model`` split over ``heads``. Residual
+    ``v = SiLU(hW_v)``, ``g = SiLU(hW_g)`` with ``d_v = expansion·d_model`` split over ``heads``.
+    ``key_norm="unit"`` l2-normalises the keys instead, ``k = hW_k/||hW_k||`` (norm 1 rather than
+    ``d_k^1/4``): the keys of the cosine codebook (``codebook.normalize=true``), so a dense model can be given
+    them; every score is then ``d_k^-1/4`` times the official one (a lower attention temperature). Residual
     dropout is applied once, to the branch's output. The options every block shares (``position``, dropout,
     LayerDrop, the XL bias's sinusoids): :class:`~tvq_exp.models.blocks.common.ResidualBlock`.
 
@@ -32,6 +35,7 @@ class GAUBlock(ResidualBlock):
         d_k: PositiveInt = 128,
         expansion: PositiveInt = 2,
         heads: PositiveInt = 1,
+        key_norm: Annotated[str, OneOf("rms", "unit")] = "rms",
         **options: Unpack[BlockOptions],
     ) -> None:
         super().__init__(**options)
@@ -40,6 +44,7 @@ class GAUBlock(ResidualBlock):
         if d_v % heads:
             raise OptionError("heads", heads, f"must divide expansion*d_model={d_v}", type(self))
         self.expansion, self.heads, self.d_k, self.d_v = expansion, heads, d_k, d_v
+        self.key_norm = key_norm
         self.norm = RMSNorm(d_model)
         self.w_qk = nn.Linear(d_model, 2 * heads * d_k, bias=False)
         self.w_vg = nn.Linear(d_model, 2 * d_v, bias=False)
@@ -60,7 +65,8 @@ class GAUBlock(ResidualBlock):
         h = self.norm(x)
         scale = self.d_k**-0.25
         q, k = self.w_qk(h).view(b, t, 2, self.heads, self.d_k).permute(2, 0, 3, 1, 4)
-        q, k = rms_normalize(q) * scale, rms_normalize(k) * scale
+        q = rms_normalize(q) * scale
+        k = F.normalize(k, dim=-1) if self.key_norm == "unit" else rms_normalize(k) * scale
         v, g = F.silu(self.w_vg(h)).chunk(2, dim=-1)
         v = v.view(b, t, self.heads, -1).transpose(1, 2)
         o, attn_state, aux = self.attend(q, k, v, state)
