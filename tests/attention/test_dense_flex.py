@@ -21,7 +21,13 @@ from tests.attention.backends import build
 from tvq_exp.attention.base import causal_mask
 from tvq_exp.attention.dense.flex import causal_mask_mod
 from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
-from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FlexUnsupported, flex_support
+from tvq_exp.attention.flex_runtime import (
+    FLEX_AVAILABLE,
+    FLEX_CUDA_WIDE_BACKWARD,
+    FlexUnsupported,
+    flex_kernel_options,
+    flex_support,
+)
 
 pytestmark = [
     pytest.mark.skipif(not FLEX_AVAILABLE, reason="torch has no flex_attention"),
@@ -59,10 +65,12 @@ def _qkv(t_q: int, past: int, device: str):
     return q, k, v
 
 
-def _close(out: torch.Tensor, ref: torch.Tensor, params: tuple[torch.Tensor, ...] = ()) -> None:
+def _close(
+    out: torch.Tensor, ref: torch.Tensor, params: tuple[torch.Tensor, ...] = (), tol: float = ATOL
+) -> None:
     """``out`` equals ``ref`` (flex's tolerance), and so do their gradients to ``params`` (by position in a
     failure's message)."""
-    torch.testing.assert_close(out, ref, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
     if not params:
         return
     g = torch.randn_like(ref)
@@ -70,7 +78,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor, params: tuple[torch.Tensor, ...
     ref_grads = torch.autograd.grad((ref * g).sum(), params)
     for i, (a, b) in enumerate(zip(grads, ref_grads, strict=True)):
         assert a is not None, f"no gradient to parameter {i}"
-        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL, msg=lambda m, i=i: f"gradient {i}: {m}")
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m, i=i: f"gradient {i}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -172,6 +180,31 @@ def test_unsupported_options_say_why() -> None:
     assert not narrow and "at least 16 (q, k, v: 8, 8, 6)" in narrow.reason
     assert flex_support("cuda", compiled=False, head_dims=(8, 8, 6))  # the eager form has no such limit
     assert flex_support("cpu", compiled=True, head_dims=(8, 8, 6))
+
+
+def test_wide_cuda_heads_get_smaller_backward_blocks() -> None:
+    """torch's default CUDA backward blocks do not fit the shared memory for heads wider than 128 (the GAU's d_v):
+    such calls with gradients get FLEX_CUDA_WIDE_BACKWARD; other calls, and every CPU call, keep torch's defaults."""
+    assert flex_kernel_options("cuda", (128, 128, 256), backward=True) == FLEX_CUDA_WIDE_BACKWARD
+    assert flex_kernel_options("cuda:0", (256, 256, 64), backward=True) == FLEX_CUDA_WIDE_BACKWARD
+    assert flex_kernel_options("cuda", (128, 128, 256), backward=False) is None  # the forward fits as it is
+    assert flex_kernel_options("cuda", (128, 128, 128), backward=True) is None
+    assert flex_kernel_options("cpu", (128, 128, 256), backward=True) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_compiled_flex_trains_wide_heads_on_cuda() -> None:
+    """The compiled CUDA backward at the GAU's width (d_k 128, d_v 256, XL bias): it runs (torch's default blocks
+    ran out of shared memory) and its gradients equal the plain path's, in fp32."""
+    attn = build("dense", d_k=128, d_v=256, heads=1, window_bias=True, window_len=M).to("cuda")
+    torch.nn.init.normal_(attn.bias.u)
+    torch.nn.init.normal_(attn.bias.v)
+    q = (torch.randn(1, 1, 256, 128, device="cuda") / 128**0.25).requires_grad_()
+    k = (torch.randn(1, 1, 256, 128, device="cuda") / 128**0.25).requires_grad_()
+    v = torch.randn(1, 1, 256, 256, device="cuda", requires_grad=True)
+    ref = attn.attend_plain(q, k, v, 0)
+    out = attn.attend_flex(q, k, v, 0, compiled=True)
+    _close(out, ref, (q, k, v, attn.bias.u, attn.bias.v), tol=1e-4)  # sums over 128-256 terms
 
 
 def test_the_kernel_option_dispatches_and_streams_like_the_plain_path() -> None:

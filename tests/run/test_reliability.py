@@ -6,6 +6,7 @@ Test-only callbacks from ``reliability_helpers`` record losses, send real signal
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -449,3 +450,17 @@ def test_a_versioned_last_checkpoint_is_refused() -> None:
     with pytest.raises(OptionError, match="enable_version_counter=True: must be false"):
         BestAndLastCheckpoint(enable_version_counter=True)
     assert BestAndLastCheckpoint()._enable_version_counter is False
+
+
+def test_a_run_with_a_time_budget_is_finished_when_the_time_is_spent(tmp_path: Path) -> None:
+    # a wall-clock budget (trainer.max_time) ends the run long before its max_steps: it is finished (finished.json,
+    # so resume=auto and the study runner take it as done), validated at its last step and checkpointed there
+    summary = run_train(
+        ["trainer.max_steps=1000000", "+trainer.max_time=00:00:00:02", *auto("t")], tmp_path / "t"
+    )
+    assert 0 < summary["global_step"] < 1_000_000
+    finished = json.loads((tmp_path / "t" / "finished.json").read_text())
+    assert finished["global_step"] == summary["global_step"] and finished["val"]["bpb"] > 0
+    assert (
+        read_checkpoint(tmp_path / "t" / "checkpoints" / "last.ckpt")["global_step"] == summary["global_step"]
+    )

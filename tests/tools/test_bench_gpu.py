@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import REPO
-from tvq_exp.tools.bench.gpu import training_section, write_report
+from tvq_exp.tools.bench.gpu import run_sections, training_section, write_report
 
 needs_data = pytest.mark.skipif(
     not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
@@ -45,3 +45,19 @@ def test_the_training_section_at_cpu_size_into_the_json_file(tmp_path: Path) -> 
     assert train["batch_size"] == 8 and train["tried"] == [] and train["last_step"] > 2
     assert train["tokens_per_s"] > 0 and train["peak_mem_mb"] > 0
     assert not (tmp_path / "bench" / "gpu.json.part").exists()
+
+
+def test_a_run_cut_short_keeps_the_sections_that_finished(tmp_path: Path) -> None:
+    # a device call's time limit kills the check mid-way: what finished before is already in the file
+    def cut() -> dict[str, str]:
+        assert json.loads(path.read_text()) == {"device": {"name": "gpu"}, "attention": {"records": [1]}}
+        raise KeyboardInterrupt  # as the limit's kill would stop it
+
+    path = tmp_path / "gpu.json"
+    with pytest.raises(KeyboardInterrupt):
+        run_sections(
+            path, {"device": {"name": "gpu"}}, [("attention", lambda: {"records": [1]}), ("training", cut)]
+        )
+    assert json.loads(path.read_text()) == {"device": {"name": "gpu"}, "attention": {"records": [1]}}
+    run_sections(path, {}, [("tests", lambda: {"tests": 3})])
+    assert json.loads(path.read_text()) == {"tests": {"tests": 3}}

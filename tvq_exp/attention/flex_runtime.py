@@ -60,6 +60,11 @@ def __getattr__(name: str) -> object:
 FLEX_MIN_QUERIES = 128
 FLEX_DEVICES = ("cuda", "cpu", "xpu")
 FLEX_CUDA_MIN_HEAD_DIM = 16  # torch's compiled CUDA kernel: "embedding dimension ... must be at least 16"
+# torch's compiled CUDA flex backward: for heads wider than this its default block sizes need more shared memory
+# than an H100/H200 has ("No valid triton configs ... out of resource: triton_tem_fused_flex_attention_backward",
+# pytorch/pytorch#133254), so such heads get backward blocks of FLEX_CUDA_WIDE_BACKWARD (the GAU's d_v is 2·d_model).
+FLEX_CUDA_WIDE_HEAD_DIM = 128
+FLEX_CUDA_WIDE_BACKWARD = {"BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
 
 KERNELS = ("plain", "flex", "auto")  # a backend's ``kernel`` option, where it has a flex kernel
 
@@ -131,6 +136,17 @@ def flex_support(
             "train on CUDA, or use compiled=False (eager, materialises the scores)",
         )
     return FlexSupport(True)
+
+
+def flex_kernel_options(
+    device: torch.device | str, head_dims: Sequence[int], backward: bool
+) -> dict[str, int] | None:
+    """The ``kernel_options`` a flex call on ``device`` with heads of ``head_dims`` (q, k, v) needs: the smaller
+    backward blocks :data:`FLEX_CUDA_WIDE_BACKWARD` for a call with gradients (``backward``) on CUDA heads wider
+    than :data:`FLEX_CUDA_WIDE_HEAD_DIM`, else None (torch's autotuned defaults; the forward fits with them)."""
+    if backward and torch.device(device).type == "cuda" and max(head_dims) > FLEX_CUDA_WIDE_HEAD_DIM:
+        return dict(FLEX_CUDA_WIDE_BACKWARD)
+    return None
 
 
 def _cxx_compiler() -> str | None:
@@ -221,6 +237,13 @@ def eager_cpu_backward() -> Iterator[None]:
             flex._validate_device = validate
 
 
+def kernel_options(q: Tensor, k: Tensor, v: Tensor) -> dict[str, int] | None:
+    """:func:`flex_kernel_options` for a kernel's ``q, k, v`` (read inside the compiled kernel, where whether they
+    need gradients is fixed for each compiled graph)."""
+    backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return flex_kernel_options(q.device, (q.shape[-1], k.shape[-1], v.shape[-1]), backward)
+
+
 def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None = None) -> Tensor:
     """``kernel(*args)`` (a function calling :func:`flex_attention`, ``args[0]`` the queries), compiled
     (:func:`compiled_kernel`) or eager as ``compiled`` says (None: compiled unless it cannot run here, CPU with
@@ -264,6 +287,8 @@ __all__ = [
     "FlexUnsupported",
     "compiled_kernel",
     "eager_cpu_backward",
+    "flex_kernel_options",
+    "kernel_options",
     "flex_module",
     "flex_support",
     "run_flex",

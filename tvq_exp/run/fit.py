@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
@@ -58,7 +58,8 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     same command (:func:`tvq_exp.run.resume.relaunch_config`).
 
     Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir`` (checkpoints
-    atomically, with RNG states); ``finished.json`` when the last step is reached. SIGTERM/SIGUSR1 save
+    atomically, with RNG states); ``finished.json`` when the last step is reached, or when a wall-clock budget
+    (``trainer.max_time``) is spent (the run's budget is then time, not steps). SIGTERM/SIGUSR1 save
     ``last.ckpt`` and return early; the numerics guard raises :class:`NumericsError` after
     ``guard.max_bad_steps`` bad steps in a row. Returns
     ``{"best_val_bpb", "best_ckpt", "last_ckpt", "global_step", "val"}``.
@@ -131,11 +132,17 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     summary = _fit_summary(trainer, module)
     if (
         preemption.signal_name is None
-        and trainer.global_step >= cfg.trainer.max_steps
+        and (trainer.global_step >= cfg.trainer.max_steps or _time_spent(trainer))
         and trainer.is_global_zero
     ):
         mark_finished(output_dir, summary)
     return summary
+
+
+def _time_spent(trainer: L.Trainer) -> bool:
+    """Whether Lightning's ``max_time`` budget stopped training (its timer has no time left)."""
+    remaining = [c.time_remaining() for c in trainer.callbacks if isinstance(c, Timer)]
+    return any(seconds is not None and seconds <= 0 for seconds in remaining)
 
 
 def _finish_runs(trainer: L.Trainer) -> None:

@@ -34,6 +34,7 @@ from tvq_exp.attention.flex_runtime import (
     create_block_mask,
     flex_attention,
     flex_support,
+    kernel_options,
     run_flex,
 )
 
@@ -127,14 +128,22 @@ def xl_score_mod(distance_logits: Tensor, past: int = 0, causal: bool = True) ->
 
 
 def _plain_kernel(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | None) -> Tensor:
-    return flex_attention(q, k, v, block_mask=mask, scale=1.0)
+    return flex_attention(q, k, v, block_mask=mask, scale=1.0, kernel_options=kernel_options(q, k, v))
 
 
 def _xl_kernel(
     q: Tensor, k: Tensor, v: Tensor, mask: BlockMask | None, table: Tensor, past: int, causal: bool
 ) -> Tensor:
     # the score_mod is built inside the compiled function, so a new table never triggers a recompile
-    return flex_attention(q, k, v, score_mod=xl_score_mod(table, past, causal), block_mask=mask, scale=1.0)
+    return flex_attention(
+        q,
+        k,
+        v,
+        score_mod=xl_score_mod(table, past, causal),
+        block_mask=mask,
+        scale=1.0,
+        kernel_options=kernel_options(q, k, v),
+    )
 
 
 def flex_dense_attention(

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
-from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, run_flex
+from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, kernel_options, run_flex
 from tvq_exp.attention.vq.kernel import WindowInputs
 
 
@@ -136,7 +136,9 @@ def _kernel(
             term = torch.where(hidden, torch.full_like(term, float("-inf")), term)
         return score + term
 
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=1.0)
+    return flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=mask, scale=1.0, kernel_options=kernel_options(q, k, v)
+    )
 
 
 __all__ = ["flex_window_cache_attention"]
