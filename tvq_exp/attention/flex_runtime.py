@@ -288,9 +288,9 @@ __all__ = [
     "compiled_kernel",
     "eager_cpu_backward",
     "flex_kernel_options",
-    "kernel_options",
     "flex_module",
     "flex_support",
+    "kernel_options",
     "run_flex",
     "wants_flex",
 ]
