@@ -15,6 +15,10 @@ BLOCKS = {
     "gau": functools.partial(GAUBlock, d_k=16, layerdrop=0.1, dropout=0.1),
     "mha": functools.partial(MHABlock, heads=2, key_size=8, kv_heads=1),
     "mha_rope": functools.partial(MHABlock, heads=2, position="rope"),
+    "gau_smear": functools.partial(GAUBlock, d_k=16, key_smear=True),
+    "mha_rope_smear": functools.partial(
+        MHABlock, heads=2, key_size=8, kv_heads=1, position="rope", key_smear=True
+    ),
 }
 ATTENTION = {
     "vq": functools.partial(build_attention, "vq", codebook_size=8, block_len=4),

@@ -37,6 +37,7 @@ BAD_OVERRIDES: list[tuple[list[str], str]] = [
     (["model.attention.name=nope"], "model.attention.name"),
     (["+model.attention.causal=abc"], "model.attention.causal"),  # declared by the base class
     (["+model.block.layerdrop=1.5"], "model.block.layerdrop"),  # likewise for the blocks
+    (["+model.block.key_smear=maybe"], "model.block.key_smear"),
     (["+model.attention.codebok_size=8"], "model.attention.codebok_size"),
     (["model.d_model=0"], "model.d_model"),
     (["model.n_layers=0"], "model.n_layers"),

@@ -139,7 +139,8 @@ class Decoder(nn.Module):
     def state_floats(self, seq_len: int) -> int:
         """Size of the recurrent inference state per layer and sequence after ``seq_len`` positions (the mean
         over layers of each attention backend's :meth:`~tvq_exp.attention.base.AttentionBackend.state_floats`):
-        what decoding carries from token to token, the recall probes' x axis."""
+        what decoding carries from token to token, the recall probes' x axis. A block with ``key_smear`` also carries
+        its last key (``H_kv·d_k`` floats), which is not counted."""
         sizes = [attn.state_floats(seq_len) for attn in self.attention_modules()]
         return sum(sizes) // max(1, len(sizes))
 

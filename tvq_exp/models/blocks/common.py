@@ -23,11 +23,13 @@ POSITIONS = ("xl", "rope", "none")
 
 @dataclass(eq=False)
 class BlockState(State):
-    """A block's carried state: its ``position``, its attention's state ``attn`` and the LayerDrop mask ``keep``
-    (``(B,)`` or None), which holds for the whole sequence."""
+    """A block's carried state: its ``position``, its attention's state ``attn``, the LayerDrop mask ``keep``
+    (``(B,)`` or None), which holds for the whole sequence, and, with ``key_smear``, the last position's key
+    before smearing, ``last_key (B, H_kv, 1, d_k)`` (else None)."""
 
     attn: State
     keep: Tensor | None = None
+    last_key: Tensor | None = None
 
 
 class BlockOptions(TypedDict, total=False):
@@ -42,6 +44,7 @@ class BlockOptions(TypedDict, total=False):
     layerdrop: float
     sinusoid_dropout: float
     sinusoid_dim: int | None
+    key_smear: bool
 
 
 class ResidualBlock(nn.Module, abc.ABC):
@@ -57,6 +60,10 @@ class ResidualBlock(nn.Module, abc.ABC):
             carried in the state).
         sinusoid_dropout, sinusoid_dim: the XL bias's sinusoids: their dropout and width (default ``d_model``, as
             the official code).
+        key_smear: smeared keys (Olsson et al. 2022, "In-context learning and induction heads"): the attention
+            sees ``k'_t = σ(a)·k_t + (1 - σ(a))·k_{t-1}`` (``k_{-1} = 0`` at the start of a stream; one learnt
+            logit ``a`` per key head, initialised at 0), so a key carries the previous position's content
+            without a previous-token head having to be learnt first. Off in the official model.
 
     A subclass registers its projections, then its attention (:meth:`build_attention`), and computes the branch
     with :meth:`attend` and :meth:`residual`. Shapes: ``x (B, T, d_model)`` -> ``(B, T, d_model)``; state: a
@@ -75,9 +82,10 @@ class ResidualBlock(nn.Module, abc.ABC):
         layerdrop: Annotated[float, Between(0, 1, "[)")] = 0.0,
         sinusoid_dropout: Annotated[float, Between(0, 1, "[)")] = 0.0,
         sinusoid_dim: Annotated[int, AtLeast(2)] | None = None,
+        key_smear: bool = False,
     ) -> None:
         super().__init__()
-        self.d_model, self.position = d_model, position
+        self.d_model, self.position, self.key_smear = d_model, position, key_smear
         self.attention_factory = attention
         self.sinusoids = (sinusoid_dim or d_model, sinusoid_dropout)
         self.dropout = nn.Dropout(dropout)
@@ -87,6 +95,7 @@ class ResidualBlock(nn.Module, abc.ABC):
         """The block's attention (``d_k, d_v`` per head): the factory's backend, given the XL bias over its window
         when ``position == 'xl'`` (a backend without one refuses it with the reason)."""
         attn = self.attention_factory(d_k=d_k, d_v=d_v, heads=heads, **extra)
+        self.smear_logit = nn.Parameter(torch.zeros(extra.get("kv_heads", heads))) if self.key_smear else None
         return with_position_bias(attn, *self.sinusoids) if self.position == "xl" else attn
 
     @abc.abstractmethod
@@ -100,20 +109,38 @@ class ResidualBlock(nn.Module, abc.ABC):
             return None
         return attn + with_backward(batch * self.projection_flops(seq_len), backward)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: BlockState | None) -> tuple[Tensor, State, Aux]:
-        """The attention of ``q, k, v (B, H, T, d)`` continuing ``state`` (RoPE at absolute positions with
-        ``position == 'rope'``): ``(out (B, H, T, d_v), its state, aux)``."""
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, state: BlockState | None
+    ) -> tuple[Tensor, State, Tensor | None, Aux]:
+        """The attention of ``q, k, v (B, H, T, d)`` continuing ``state`` (keys smeared with ``key_smear``, then
+        RoPE at absolute positions with ``position == 'rope'``): ``(out (B, H, T, d_v), its state, the last
+        key before smearing or None, aux)``."""
+        k, last_key = self.smear(k, state)
         q, k = rotate(q, k, 0 if state is None else state.position, self.position)
-        return self.attn(q, k, v, None if state is None else state.attn)
+        out, attn_state, aux = self.attn(q, k, v, None if state is None else state.attn)
+        return out, attn_state, last_key, aux
+
+    def smear(self, k: Tensor, state: BlockState | None) -> tuple[Tensor, Tensor | None]:
+        """``k (B, H_kv, T, d)`` smeared with the previous position's key (that of ``state`` before the first),
+        and the last key before smearing, when ``key_smear``; else ``(k, None)``."""
+        if self.smear_logit is None:
+            return k, None
+        before = None if state is None else state.last_key
+        first = torch.zeros_like(k[:, :, :1]) if before is None else before
+        previous = torch.cat([first, k[:, :, :-1]], dim=2)
+        mix = torch.sigmoid(self.smear_logit).to(k.dtype).view(1, -1, 1, 1)
+        return mix * k + (1 - mix) * previous, k[:, :, -1:]
 
     def residual(self, branch: Tensor, state: BlockState | None) -> tuple[Tensor, Tensor | None]:
         """The branch's output after dropout and LayerDrop (its mask from ``state``, else drawn): ``(out, keep)``."""
         return self.layerdrop(self.dropout(branch), None if state is None else state.keep)
 
     @staticmethod
-    def next_state(state: BlockState | None, t: int, attn: State, keep: Tensor | None) -> BlockState:
+    def next_state(
+        state: BlockState | None, t: int, attn: State, keep: Tensor | None, last_key: Tensor | None
+    ) -> BlockState:
         """The carried state after ``t`` more positions."""
-        return BlockState((0 if state is None else state.position) + t, attn, keep)
+        return BlockState((0 if state is None else state.position) + t, attn, keep, last_key)
 
 
 def rotate(q: Tensor, k: Tensor, t0: int, position: str) -> tuple[Tensor, Tensor]:

@@ -69,7 +69,7 @@ class GAUBlock(ResidualBlock):
         k = F.normalize(k, dim=-1) if self.key_norm == "unit" else rms_normalize(k) * scale
         v, g = F.silu(self.w_vg(h)).chunk(2, dim=-1)
         v = v.view(b, t, self.heads, -1).transpose(1, 2)
-        o, attn_state, aux = self.attend(q, k, v, state)
+        o, attn_state, last_key, aux = self.attend(q, k, v, state)
         o = o.transpose(1, 2).reshape(b, t, self.d_v)
         out, keep = self.residual(self.w_o(o * g), state)
-        return x + out, self.next_state(state, t, attn_state, keep), aux
+        return x + out, self.next_state(state, t, attn_state, keep, last_key), aux

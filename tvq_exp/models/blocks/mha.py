@@ -97,8 +97,8 @@ class MHABlock(ResidualBlock):
         if self.qk_norm:
             q, k = rms_normalize(q), rms_normalize(k)
         scale = self.key_size**-0.25
-        o, attn_state, aux = self.attend(q * scale, k * scale, v.contiguous(), state)
+        o, attn_state, last_key, aux = self.attend(q * scale, k * scale, v.contiguous(), state)
         attended, keep = self.residual(self.w_o(o.transpose(1, 2).reshape(b, t, -1)), state)
         x = x + attended
         x = x + self.layerdrop(self.dropout(self.ff(self.norm2(x))), keep)[0]
-        return x, self.next_state(state, t, attn_state, keep), aux
+        return x, self.next_state(state, t, attn_state, keep, last_key), aux
