@@ -193,13 +193,11 @@ def build_block(kind: str, backend: str) -> torch.nn.Module:
     )
 
 
-@pytest.mark.parametrize("kind", ["gau", "mha"])
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_causality_by_jacobian(kind: str, backend: str) -> None:
-    """Row ``t`` of the Jacobian (projected on a random output direction): ``d out_t / d x_s``."""
-    blk = build_block(kind, backend)
+def input_dependence(blk: torch.nn.Module, length: int) -> torch.Tensor:
+    """``(T_out, T_in)``: row ``t`` of the Jacobian of the fp64 block ``blk`` (width 16) on ``length`` random
+    inputs, projected on a random output direction, ``|d out_t / d x_s|`` summed over the input's width."""
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(1, 13, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    x = torch.randn(1, length, 16, dtype=torch.float64, generator=gen, requires_grad=True)
     out = blk(x)[0][0]
     rows = []
     for t in range(out.shape[0]):
@@ -207,7 +205,13 @@ def test_causality_by_jacobian(kind: str, backend: str) -> None:
             out[t], x, torch.randn(out[t].shape, generator=gen, dtype=torch.float64), retain_graph=True
         )
         rows.append(grad[0].abs().sum(-1))
-    dep = torch.stack(rows)  # (T_out, T_in)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind", ["gau", "mha"])
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_causality_by_jacobian(kind: str, backend: str) -> None:
+    dep = input_dependence(build_block(kind, backend), 13)
     assert dep.triu(1).max() == 0, "an output depends on a later input"
     assert (dep.tril(-1) > 0).any(), "the Jacobian is all zero below the diagonal"
     assert (dep.diagonal() > 0).all()
