@@ -110,6 +110,12 @@ def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None
     assert rec["overrides"] == ["block.position=none"] and rec["d_model"] == 32 and rec["ms"] > 0
 
 
+def test_model_bench_sets_options_the_preset_does_not_state() -> None:
+    """Presets do not restate constructor defaults, so ``--set`` must also add keys (``block.key_smear``)."""
+    args = bench.parser().parse_args(["model", "--models", "gau_vq", "--set", "gau_vq:block.key_smear=true"])
+    assert compose_model("gau_vq", model_settings(args, "gau_vq")).model.block.key_smear is True
+
+
 def test_model_bench_refuses_a_malformed_override() -> None:
     with pytest.raises(SystemExit):
         bench.parser().parse_args(["model", "--set", "gau_dense:block.position"])

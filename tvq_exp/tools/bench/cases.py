@@ -106,7 +106,7 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
     overrides = [*([f"attention.kernel={kernel}"] if kernel else []), *settings.get("overrides", ())]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(
-            overrides=[f"+model={name}", f"+codebook={codebook}", *(f"model.{item}" for item in overrides)]
+            overrides=[f"+model={name}", f"+codebook={codebook}", *(f"++model.{item}" for item in overrides)]
         )
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
