@@ -111,8 +111,8 @@ def test_model_bench_width_depth_and_per_model_overrides(tmp_path: Path) -> None
 
 
 def test_model_bench_sets_options_the_preset_does_not_state() -> None:
-    """Presets do not restate constructor defaults, so ``--set`` must also add keys (``block.key_smear``)."""
-    args = bench.parser().parse_args(["model", "--models", "gau_vq", "--set", "gau_vq:block.key_smear=true"])
+    """Presets do not restate constructor defaults, so ``--set MODEL:+KEY=VALUE`` adds a key (``block.key_smear``)."""
+    args = bench.parser().parse_args(["model", "--models", "gau_vq", "--set", "gau_vq:+block.key_smear=true"])
     assert compose_model("gau_vq", model_settings(args, "gau_vq")).model.block.key_smear is True
 
 

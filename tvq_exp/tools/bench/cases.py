@@ -105,9 +105,7 @@ def compose_model(name: str, settings: dict[str, Any]) -> Any:
         raise LookupError(f"unknown model preset {name!r}: no conf/model/{name}.yaml yet")
     overrides = [*([f"attention.kernel={kernel}"] if kernel else []), *settings.get("overrides", ())]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(
-            overrides=[f"+model={name}", f"+codebook={codebook}", *(f"++model.{item}" for item in overrides)]
-        )
+        cfg = compose(overrides=[f"+model={name}", f"+codebook={codebook}", *map(hydra_override, overrides)])
     with open_dict(cfg):
         cfg.data = OmegaConf.create({"vocab_size": settings["vocab_size"]})
         # the schedule a codebook's own may scale with (codebook=sampled): a long run's, whose first steps are timed
@@ -203,3 +201,9 @@ def worker_main(spec_json: str) -> None:
     except LookupError as err:
         result = {"error": str(err)}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def hydra_override(item: str) -> str:
+    """``KEY=VALUE`` below ``model.`` as a Hydra override; ``+KEY=VALUE`` adds a key the preset does not state (as
+    Hydra's own ``+``), so a misspelt key is still refused by name."""
+    return f"+model.{item[1:]}" if item.startswith("+") else f"model.{item}"

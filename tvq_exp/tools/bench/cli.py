@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="[MODEL:]KEY=VALUE",
-        help="override below model. for one preset (or all), e.g. gau_dense:block.position=none",
+        help="override below model. for one preset (or all), e.g. gau_dense:block.position=none; +KEY adds a key",
     )
     return p
 
