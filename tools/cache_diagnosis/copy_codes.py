@@ -9,9 +9,10 @@ accuracy of their most frequent byte and the bits of the target under their coun
 and how many cached keys share the source's code. The code also depends on the byte to copy (a smeared key mixes
 it with the previous one), which the query does not know: the last two figures, ``H(byte | code)`` and
 ``H(previous byte | code)`` over every test key (plug-in estimates, bits), say which of the two the codes name; a
-query that knows only the previous byte finds its source's code only if they name that one. Against ``copy_oracle.py``'s bound with one code per preceding
-byte (0.67 / 0.75 bits/byte on ``repeat_smear``'s probe), this says whether the codes the model learnt can carry
-the copy; whether its queries find them is the evaluation's bits. ``RUN_DIR`` is a training run's folder (its
+query that knows only the previous byte finds its source's code only if they name that one. Against
+``copy_oracle.py``'s bound with one code per preceding byte (0.67 / 0.75 bits/byte on ``repeat_smear``'s probe),
+this says whether the codes the model learnt can carry the copy; whether its queries find them is the
+evaluation's bits. ``RUN_DIR`` is a training run's folder (its
 ``config.yaml`` and ``checkpoints/last.ckpt``), e.g. ``studies/repeat_smear/runs/vq--copy_only--s1``.
 """
 
