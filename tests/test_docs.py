@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -56,12 +57,23 @@ def defined_names(path: Path) -> set[str]:
     return names
 
 
+@cache
+def ignored_by_git(path: str) -> bool:
+    """Whether git ignores ``path`` (relative to the repository): a clean clone does not have it, even where this
+    checkout does (a run folder, a checkpoint). False outside a git checkout."""
+    run = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, capture_output=True)
+    return run.returncode == 0
+
+
 def missing_path(cited: str) -> str | None:
-    """Why ``cited`` (``a/b.py``, ``a/b.py::test_x[param]``, ``docs/x.md``) does not exist, or None."""
+    """Why ``cited`` (``a/b.py``, ``a/b.py::test_x[param]``, ``docs/x.md``) does not exist on a clean clone, or
+    None."""
     path, _, test = cited.partition("::")
     target = REPO / path.rstrip("/")
     if not target.exists():
         return f"{path} does not exist"
+    if ignored_by_git(path.rstrip("/")):
+        return f"{path} is ignored by git: a clean clone does not have it"
     name = test.split("[")[0]
     if name and name not in defined_names(target):
         return f"{path} has no {name}"
@@ -80,6 +92,23 @@ def missing_module(dotted: str) -> str | None:
                 return None
             return f"{dotted}: {'.'.join(parts[:split])} defines no {rest[0]}"
     return f"{dotted}: no such module"
+
+
+def test_a_cited_path_that_git_ignores_is_refused() -> None:
+    """A file this checkout has but git ignores (here under ``outputs/``) is missing from the clean clone CI runs."""
+    probe = REPO / "outputs" / "test_docs_probe.txt"
+    created = not probe.parent.exists()
+    probe.parent.mkdir(exist_ok=True)
+    probe.write_text("a run's output")
+    try:
+        assert missing_path("outputs/test_docs_probe.txt") == (
+            "outputs/test_docs_probe.txt is ignored by git: a clean clone does not have it"
+        )
+        assert missing_path("studies/codebooks/results") is None  # results are kept (.gitignore's exception)
+    finally:
+        probe.unlink()
+        if created:
+            probe.parent.rmdir()
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
