@@ -292,6 +292,15 @@ def test_init_from_dense_loads_weights_and_kmeans_codebooks(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="does not match"):
         load_dense_weights(wrong, {k: v for k, v in dense_weights.items() if "w_o" not in k})
 
+    # into a model without quantisers (the dense control of a converted run): the weights alone, every one of them
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["model=gau_dense", *TINY, *SMOKE, "paths.output_dir=/tmp/x"])
+    again = build_module(to_dict(cfg)).model
+    init_from_dense(again, read_weights(dense["last_ckpt"]), iter(batches), num_batches=2)
+    assert again.state_dict().keys() == dense_weights.keys()
+    for name, value in again.state_dict().items():
+        torch.testing.assert_close(value, dense_weights[name], msg=name)
+
     converted = run_train(
         [
             "model=gau_vq",

@@ -228,7 +228,7 @@ def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
 # the docs page that holds each study's generated report (regenerate it with the study's report command)
 STUDY_PAGES = {"long_context": "long_context.md", "codebooks": "codebooks.md", "recall": "recall.md",
                "repeat": "long_context.md", "repeat_gpu": "long_context.md",
-               "repeat_smear": "long_context.md"}  # fmt: skip
+               "repeat_smear": "long_context.md", "repeat_from_dense": "long_context.md"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(STUDY_PAGES))

@@ -1,4 +1,5 @@
-"""Dense -> VQ fine-tuning: load a dense checkpoint into a VQ model and k-means-initialise its codebooks."""
+"""Dense -> VQ fine-tuning: load a dense checkpoint into a VQ model and k-means-initialise its codebooks (into a
+model without quantisers, e.g. dense again: the weights alone, a fine-tuning start)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def init_from_dense(
 ) -> None:
     """Convert ``model`` (VQ) from a dense ``checkpoint`` (loaded ``weights_only`` by
     :func:`tvq_exp.run.checkpoints.read_weights`): load its weights, then initialise the codebooks by k-means
-    over the keys of the first ``num_batches`` of ``batches``."""
+    over the keys of the first ``num_batches`` of ``batches``. A model with no quantiser (dense, linear, ...)
+    takes the weights alone: the same start for a control that fine-tunes without VQ."""
     load_dense_weights(model, dense_weights(checkpoint))
-    init_codebooks(model, itertools.islice(batches, num_batches))
+    if quantizer_prefixes(model):
+        init_codebooks(model, itertools.islice(batches, num_batches))

@@ -80,7 +80,7 @@ def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def init_from_checkpoint(
     module: AutoregressiveLitModule, path: str, batches: Iterable[Any], count: int
 ) -> None:
-    """``init_from``: the dense weights at ``path`` (read ``weights_only``) into ``module``'s VQ model, its
+    """``init_from``: the dense weights at ``path`` (read ``weights_only``) into ``module``'s model, a VQ model's
     codebooks k-means-initialised over ``count`` of ``batches``; a checkpoint that does not fit is refused on
     ``init_from``."""
     try:

@@ -101,7 +101,10 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         datamodule.prepare_data()
         datamodule.setup("fit")
         init_from_checkpoint(module, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
-        say(f"initialised from {cfg.init_from} (k-means codebooks over {cfg.init_batches} batches)")
+        codebooks = (
+            f" (k-means codebooks over {cfg.init_batches} batches)" if module.model.quantizers() else ""
+        )
+        say(f"initialised from {cfg.init_from}{codebooks}")
 
     preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
     trainer: L.Trainer = instantiate(
