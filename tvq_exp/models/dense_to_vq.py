@@ -92,8 +92,8 @@ def init_from_dense(
 ) -> None:
     """Convert ``model`` (VQ) from a dense ``checkpoint`` (loaded ``weights_only`` by
     :func:`tvq_exp.run.checkpoints.read_weights`): load its weights, then initialise the codebooks by k-means
-    over the keys of the first ``num_batches`` of ``batches``. A model with no quantiser (dense, linear, ...)
-    takes the weights alone: the same start for a control that fine-tunes without VQ."""
+    over the keys of the first ``num_batches`` of ``batches``. A model with no quantiser (dense again, FLASH)
+    takes the weights alone, under the same rule: the same start for a control that fine-tunes without VQ."""
     load_dense_weights(model, dense_weights(checkpoint))
     if quantizer_prefixes(model):
         init_codebooks(model, itertools.islice(batches, num_batches))
