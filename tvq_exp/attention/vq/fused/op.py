@@ -1,0 +1,267 @@
+"""The fused window + cache step of Transformer-VQ attention in Triton: forward and backward.
+
+Computes :func:`tvq_exp.attention.vq.kernel.window_cache_attention` (same inputs, same result; its plain
+reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-attention style:
+
+- **forward** (one program per ``BM`` rows of one head of one item, values ``BDV`` wide): an online softmax
+  over the window's key tiles, then the cache's code tiles, in fp32; writes the output and the rows'
+  log-sum-exp. Key tiles no row of the program can see (the causal mask, a sliding window, item 0's missing
+  previous block) are skipped, as the visibility table of the index says.
+- **backward** (recomputes the probabilities from the log-sum-exp; no atomics, so deterministic):
+  ``dq`` and the distance logits' gradient per row block; the keys' and values' gradient per key tile of each
+  key block, looping over the two items that see the block; the codes' means (and a per-item codebook)
+  per code tile, looping over the item's rows.
+
+The XL bias enters as the distance logits ``(q + v)·r_d`` of every row, ``(N, I, R, M + 1)`` in fp32, made by one
+matmul before the kernel (torch takes their gradient to the bias queries and the embeddings): the window
+term of key ``j`` of row ``r`` is column ``index[p, j]`` of that row (zero past the bias window, ``-inf`` where
+masked). Each bias column appears at most once in a row of ``index`` (a column is a distance): so the logits'
+gradient is written, not added, column by column.
+
+Where it runs: CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``, how kernels are debugged):
+:func:`unsupported` says why not elsewhere. Operands fp32, bf16 or fp16.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.vq.fused.config import Tiles, padded_dim, tiles
+from tvq_exp.attention.vq.kernel import WindowInputs
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreted() -> bool:
+    """Whether Triton's interpreter is asked for (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def has_triton() -> bool:
+    """Whether Triton can be imported."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = None) -> str | None:
+    """Why the Triton kernel cannot run on ``device`` (None: anywhere it may, CUDA or the interpreter) with
+    ``dtype`` operands; None when it can."""
+    if not has_triton():
+        return "needs Triton, which is not installed"
+    kind = None if device is None else torch.device(device).type
+    if kind is None and not (torch.cuda.is_available() or interpreted()):
+        return "runs on CUDA, or on CPU under Triton's interpreter (TRITON_INTERPRET=1); neither is here"
+    if kind == "cpu" and not interpreted():
+        return "runs on CPU only under Triton's interpreter (set TRITON_INTERPRET=1), else on CUDA"
+    if kind not in (None, "cpu", "cuda"):
+        return f"runs on CUDA (or CPU under TRITON_INTERPRET=1), not {kind}"
+    if dtype is not None and dtype not in DTYPES:
+        return f"takes fp32, bf16 or fp16 operands, not {dtype}"
+    return None
+
+
+@functools.cache
+def kernels(interpret: bool) -> ModuleType:
+    """The kernel module decorated for the interpreter (``interpret``) or for the GPU: Triton reads
+    ``TRITON_INTERPRET`` when it decorates, so each mode loads its own copy."""
+    path = Path(__file__).with_name("kernels.py")
+    name = f"{__package__}.kernels_{'interpreted' if interpret else 'compiled'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+    return module
+
+
+def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
+    """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` in Triton (shapes there): ``(N, I, R, d_v)``.
+
+    Raises ValueError (one line) where it cannot run (:func:`unsupported`)."""
+    q, kb, vb, index, bias, cache, prev_masked = inputs
+    reason = unsupported(q.device, q.dtype)
+    if reason:
+        raise ValueError(f"window_cache_attention kernel=triton: {reason}")
+    dl = None
+    if bias is not None:
+        bias_q, rel = bias
+        n, items, rows, d_k = q.shape
+        with torch.autocast(q.device.type, enabled=False):
+            bq = bias_q.reshape(n, items, rel.shape[1], -1, d_k).float()
+            dl = (bq @ rel[:, None].float().transpose(-1, -2)).reshape(n, items, rows, -1)  # (N, I, R, M + 1)
+    codebook, log_n, mu = (None, None, None) if cache is None else cache
+    return _Fused.apply(q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad)
+
+
+class _Layout:
+    """The sizes, tiles and flat arguments of one call (shared by the forward and the backward)."""
+
+    def __init__(self, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+                 codebook: Tensor | None, prev_masked: bool) -> None:  # fmt: skip
+        self.interpret = q.device.type == "cpu"
+        self.n, self.items, self.rows, self.d_k = q.shape
+        self.ib, self.block, self.d_v = kb.shape[1], kb.shape[2], vb.shape[-1]
+        self.blocks = self.ib - self.items + 1
+        self.lq, self.width = index.shape
+        self.g = self.rows // self.lq
+        self.m1 = 0 if dl is None else dl.shape[-1]
+        self.s = 0 if codebook is None else codebook.shape[-2]
+        self.per_item = codebook is not None and codebook.dim() == 4
+        self.code_strides = (0, 0) if codebook is None else (
+            (self.items * self.s * self.d_k, self.s * self.d_k) if self.per_item else (self.s * self.d_k, 0)
+        )  # fmt: skip
+        self.prev_masked = int(prev_masked)
+        self.index = index.to(device=q.device, dtype=torch.int32).contiguous()
+        lowp = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and not self.interpret else None
+        tl = kernels(self.interpret).tl
+        self.dot = {None: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[lowp]
+        self.prec = "ieee" if lowp is None else "tf32"  # fp32 dots exactly; ignored for bf16/fp16
+        self.dk_pad = padded_dim(self.d_k)
+        self._vis: dict[tuple[int, int], Tensor] = {}
+
+    def tiles(self, kernel: str) -> Tiles:
+        return tiles(kernel, self.d_k, self.d_v, self.interpret)
+
+    def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
+        """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
+        tpb = triton_cdiv(self.block, t.bn)
+        return triton_cdiv(self.lq, t.bm), self.blocks * tpb, tpb
+
+    def visible(self, t: Tiles) -> Tensor:
+        """``(NPB, NWT)`` int32: whether any row of a row block sees any key of a window tile."""
+        key = (t.bm, t.bn)
+        if key not in self._vis:
+            npb, nwt, tpb = self.tile_counts(t)
+            masked = self.m1 + 1
+            pad = self.index.new_full((npb * t.bm, self.blocks, tpb * t.bn), masked)
+            pad[: self.lq, :, : self.block] = self.index.view(self.lq, self.blocks, self.block)
+            seen = (pad != masked).view(npb, t.bm, self.blocks, tpb, t.bn).any(4).any(1)
+            self._vis[key] = seen.reshape(npb, nwt).to(torch.int32).contiguous()
+        return self._vis[key]
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _contiguous(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.contiguous()
+
+
+class _Fused(torch.autograd.Function):
+    """Forward and backward of :func:`fused_window_cache_attention` (autocast off inside)."""
+
+    @staticmethod
+    def forward(ctx, q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad):  # noqa: ANN001
+        q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
+        log_n = None if log_n is None else log_n.float().contiguous()
+        lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
+        out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
+        lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
+        t = lay.tiles("forward")
+        npb, nwt, tpb = lay.tile_counts(t)
+        ndv = triton_cdiv(lay.d_v, t.bdv)
+        dummy = q
+        kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
+            q, kb, vb, lay.index, lay.visible(t), _or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy),
+            _or(mu, dummy), out, lse,
+            lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+            *lay.code_strides, lay.prev_masked, npb, nwt, tpb,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, DOT=lay.dot,
+            PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+        ctx.save_for_backward(q, kb, vb, index, dl, codebook, log_n, mu, out, lse)
+        ctx.prev_masked, ctx.prev_grad = prev_masked, prev_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001
+        q, kb, vb, index, dl, codebook, log_n, mu, out, lse = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        lay = _Layout(q, kb, vb, index, dl, codebook, ctx.prev_masked)
+        do = grad_out.contiguous()
+        delta = (do.float() * out.float()).sum(-1)  # (N, I, R): Σ dO·O per row
+        dummy = q
+        common = (_or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy), _or(mu, dummy))
+        dq = ddl = None
+        if need[0] or need[4]:
+            dq = torch.empty_like(q)  # written whenever the kernel runs
+            ddl = torch.zeros_like(dl) if need[4] else None
+            t = lay.tiles("dq")
+            npb, nwt, tpb = lay.tile_counts(t)
+            kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
+                q, kb, vb, lay.index, lay.visible(t), *common, do, lse, delta,
+                dq, _or(ddl, dummy),
+                lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+                *lay.code_strides, lay.prev_masked, npb, nwt, tpb,
+                BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
+                BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
+                num_warps=t.num_warps, num_stages=t.num_stages,
+            )  # fmt: skip
+        dkb = torch.empty_like(kb) if need[1] else None
+        dvb = torch.empty_like(vb) if need[2] else None
+        if dkb is not None or dvb is not None:
+            _window_key_grads(lay, q, kb, vb, dl, do, lse, delta, dkb, dvb, ctx.prev_grad)
+        dcode = torch.empty_like(codebook) if need[5] and lay.per_item else None
+        dmu = torch.empty_like(mu) if need[7] else None
+        if dcode is not None or dmu is not None:
+            _code_grads(lay, q, codebook, log_n, mu, do, lse, delta, dcode, dmu)
+        return dq if need[0] else None, dkb, dvb, None, ddl, dcode, None, dmu, None, None
+
+
+def _or(x: Tensor | None, dummy: Tensor) -> Tensor:
+    """``x``, or a placeholder pointer for an absent input (the kernel never reads it)."""
+    return dummy if x is None else x
+
+
+def _passes(lay: _Layout, t: Tiles, want_k: bool, want_v: bool) -> list[tuple[bool, bool, int]]:
+    """The launches of a key-gradient kernel: ``(DO_DK, DO_DV, value chunks)``; one when ``d_v`` fits one
+    chunk, else the values' chunks and the keys apart (the keys' gradient needs all of ``d_v``)."""
+    ndv = triton_cdiv(lay.d_v, t.bdv)
+    if ndv == 1:
+        return [(want_k, want_v, 1)]
+    return [p for p in [(False, True, ndv), (True, False, 1)] if (p[0] and want_k) or (p[1] and want_v)]
+
+
+def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tensor | None, do: Tensor,
+                      lse: Tensor, delta: Tensor, dkb: Tensor | None, dvb: Tensor | None,
+                      prev_grad: bool) -> None:  # fmt: skip
+    t = lay.tiles("window_key")
+    npb, nwt, tpb = lay.tile_counts(t)
+    for do_k, do_v, chunks in _passes(lay, t, dkb is not None, dvb is not None):
+        kernels(lay.interpret).window_key_kernel[(tpb * chunks, lay.ib, lay.n)](
+            q, kb, vb, lay.index, lay.visible(t), _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
+            lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.width, lay.m1, lay.d_k, lay.d_v,
+            lay.prev_masked, int(prev_grad), lay.blocks, npb, nwt, tpb, chunks,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
+            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+
+def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Tensor, do: Tensor,
+                lse: Tensor, delta: Tensor, dcode: Tensor | None, dmu: Tensor | None) -> None:  # fmt: skip
+    t = lay.tiles("code")
+    npb = triton_cdiv(lay.lq, t.bm)
+    for do_k, do_v, chunks in _passes(lay, t, dcode is not None, dmu is not None):
+        kernels(lay.interpret).code_kernel[(triton_cdiv(lay.s, t.bn) * chunks, lay.items, lay.n)](
+            q, codebook, log_n, mu, do, lse, delta, _or(dcode, q), _or(dmu, q),
+            lay.items, lay.rows, lay.g, lay.lq, lay.s, lay.d_k, lay.d_v, *lay.code_strides, npb, chunks,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
+            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+
+__all__ = ["DTYPES", "fused_window_cache_attention", "has_triton", "interpreted", "kernels", "unsupported"]
