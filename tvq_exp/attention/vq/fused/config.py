@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import triton
-
 KERNEL_NAMES = ("forward", "dq", "window_key", "code")
 MIN_TILE = 16  # tl.dot needs every dimension >= 16
 H100_SHARED_BYTES = 232_448  # the most shared memory one block may take on sm_90 (227 KB)
@@ -33,7 +31,7 @@ class Tiles:
 
 def padded_dim(d: int) -> int:
     """A head dimension as the kernels tile it: the next power of two, at least :data:`MIN_TILE`."""
-    return max(MIN_TILE, triton.next_power_of_2(d))
+    return max(MIN_TILE, 1 << (d - 1).bit_length())
 
 
 def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False) -> Tiles:
@@ -42,12 +40,10 @@ def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False) -> Tiles:
     dv = padded_dim(d_v)
     if interpret:
         return Tiles(MIN_TILE, MIN_TILE, dv)
-    wide = padded_dim(d_k) > 64
-    if kernel == "forward":
-        return Tiles(64, 64, min(dv, 128), num_warps=4, num_stages=2)
-    if kernel == "dq":
-        return Tiles(64, 64 if not wide else 32, min(dv, 128), num_warps=4, num_stages=1)
-    return Tiles(64, 64, min(dv, 128), num_warps=4, num_stages=1)  # window_key, code
-
+    warps = 8 if max(padded_dim(d_k), dv) > 64 else 4  # two warpgroups share the 64 rows past 64 columns
+    if kernel == "forward":  # the values in one chunk up to 256: the scores are computed once per chunk
+        return Tiles(64, 64, min(dv, 256), num_warps=warps, num_stages=2)
+    # dq, window_key, code: values in chunks of 128 (the keys' gradient, dp over all chunks, apart past 128)
+    return Tiles(64, 64, min(dv, 128), num_warps=warps, num_stages=1)
 
 __all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]

@@ -33,6 +33,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from tvq_exp.attention.flex_runtime import FLEX_MIN_QUERIES
 from tvq_exp.attention.vq.fused.config import Tiles, padded_dim, tiles
 from tvq_exp.attention.vq.kernel import WindowInputs
 
@@ -85,6 +86,15 @@ def kernels(interpret: bool) -> ModuleType:
         else:
             os.environ["TRITON_INTERPRET"] = before
     return module
+
+
+def wants_triton(kernel: str, q: Tensor) -> bool:
+    """A layer's ``kernel`` choice for one call of ``q (B, H, Tq, d)``: ``triton`` always (it raises where it
+    cannot run), ``auto`` on CUDA for calls of at least :data:`~tvq_exp.attention.flex_runtime.FLEX_MIN_QUERIES`
+    queries (decoding steps stay plain) with operands it takes; else never."""
+    if kernel != "auto":
+        return kernel == "triton"
+    return q.device.type == "cuda" and q.shape[2] >= FLEX_MIN_QUERIES and unsupported(q.device, q.dtype) is None
 
 
 def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
@@ -264,4 +274,12 @@ def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Te
         )  # fmt: skip
 
 
-__all__ = ["DTYPES", "fused_window_cache_attention", "has_triton", "interpreted", "kernels", "unsupported"]
+__all__ = [
+    "DTYPES",
+    "fused_window_cache_attention",
+    "has_triton",
+    "interpreted",
+    "kernels",
+    "unsupported",
+    "wants_triton",
+]
