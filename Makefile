@@ -3,7 +3,7 @@ PYTEST = $(PY) -m pytest
 export TVQ_DATA_DIR ?= $(abspath ../shared/datasets)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow test-all bench bench-gpu train tensorboard lint format clean
+.PHONY: help install test test-slow test-all bench bench-gpu kernel-report train tensorboard lint format clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ bench: ## attention and model benchmarks (CPU), tables into bench/
 
 bench-gpu: ## the GPU check on one CUDA device into bench/gpu.json (skips in one line without one)
 	$(PY) -m tvq_exp.tools.bench.gpu --out bench/gpu.json
+
+kernel-report: ## compile the fused VQ Triton kernels for sm_90a (no GPU needed): registers, spills, shared memory; fails on spills
+	$(PY) -m tvq_exp.attention.vq.fused.report
 
 train: ## train the default model (override with ARGS="model=gau_vq data=gutenberg ...")
 	$(PY) train.py $(ARGS)

@@ -51,7 +51,6 @@ from tvq_exp.nn.position import window_distances
 from tvq_exp.options import NonNegativeInt, OneOf, OptionError, PositiveInt, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
-
 VQ_KERNELS = (*KERNELS, "triton")  # the window + cache step: flex's choices and the fused Triton kernel
 
 

@@ -34,16 +34,17 @@ def padded_dim(d: int) -> int:
     return max(MIN_TILE, 1 << (d - 1).bit_length())
 
 
-def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False) -> Tiles:
-    """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v``. Under the interpreter the
-    smallest tiles (its cost grows with the padding, not with the tile count on these test sizes)."""
+def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False) -> Tiles:
+    """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
+    (``fp32``: fp32 operands, twice the bytes per tile). Under the interpreter the smallest tiles (its cost grows
+    with the padding, not with the tile count on these test sizes)."""
     dv = padded_dim(d_v)
     if interpret:
         return Tiles(MIN_TILE, MIN_TILE, dv)
-    warps = 8 if max(padded_dim(d_k), dv) > 64 else 4  # two warpgroups share the 64 rows past 64 columns
-    if kernel == "forward":  # the values in one chunk up to 256: the scores are computed once per chunk
-        return Tiles(64, 64, min(dv, 256), num_warps=warps, num_stages=2)
+    if kernel == "forward":  # the values in one chunk up to 256 (128 for fp32): the scores once per chunk
+        return Tiles(64, 64, min(dv, 128 if fp32 else 256), num_warps=8, num_stages=2)
     # dq, window_key, code: values in chunks of 128 (the keys' gradient, dp over all chunks, apart past 128)
-    return Tiles(64, 64, min(dv, 128), num_warps=warps, num_stages=1)
+    return Tiles(64, 64, min(dv, 128), num_warps=8, num_stages=1)
+
 
 __all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]

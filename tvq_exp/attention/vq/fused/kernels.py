@@ -49,12 +49,12 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 @triton.jit
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, idx_ptr, vis_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
-    I, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, NWT, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(G·NPB, I, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
+    """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
     writes ``out`` and (chunk 0) the rows' ``lse``."""
     pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ndv = tl.cdiv(dv, BDV)
@@ -63,7 +63,7 @@ def forward_kernel(
     p = pp * BM + tl.arange(0, BM)
     p_ok = p < Lq
     r = g * Lq + p
-    item = n * I + i
+    item = n * ITEMS + i
     row = item * R + r
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv
@@ -93,7 +93,9 @@ def forward_kernel(
                            mask=c_ok[:, None] & dk_ok[None, :], other=0.0)  # fmt: skip
             log_n = tl.load(ln_ptr + item * S + c, mask=c_ok, other=float("-inf"))
             s = tl.dot(q, tl.trans(code.to(DOT)), input_precision=PREC) + log_n[None, :] * LOG2E
-            mu = tl.load(mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :])
+            mu = tl.load(
+                mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :]
+            )
             m_i, l_i, acc = _online_step(m_i, l_i, acc, s, mu.to(DOT), DOT, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -115,7 +117,9 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
     for d0 in range(0, dv, BDV):
         dvo = d0 + tl.arange(0, BDV)
         d_ok = dvo < dv
-        do_c = tl.load(do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
+        do_c = tl.load(
+            do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0
+        )
         v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :])
         dp += tl.dot(do_c.to(DOT), tl.trans(v.to(DOT)), input_precision=PREC)
     return dp
@@ -125,20 +129,20 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, idx_ptr, vis_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr,
     dq_ptr, ddl_ptr,
-    I, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, NWT, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(G·NPB, I, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
+    """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
     logits (``ddl``, each column written by the one key at that distance: no atomics)."""
     pb, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, pp = pb // NPB, pb % NPB
     p = pp * BM + tl.arange(0, BM)
     p_ok = p < Lq
     r = g * Lq + p
-    item = n * I + i
+    item = n * ITEMS + i
     row = item * R + r
     dko = tl.arange(0, DK)
     dk_ok = dko < dk
@@ -147,7 +151,9 @@ def dq_kernel(
     lse = tl.load(lse_ptr + row, mask=p_ok, other=0.0)
     delta = tl.load(delta_ptr + row, mask=p_ok, other=0.0)
     dvo = tl.arange(0, BDV)
-    do = tl.load(do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0)
+    do = tl.load(
+        do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0
+    )
     do = do.to(DOT)
     dq = tl.zeros([BM, DK], tl.float32)
     key0 = (n * IB + i) * L
@@ -158,7 +164,9 @@ def dq_kernel(
             jl = t * BN + tl.arange(0, BN)
             j_ok = jl < L
             j = h * L + jl
-            k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(DOT)
+            k = tl.load(
+                k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]
+            ).to(DOT)
             term, col = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
             s = tl.dot(q, tl.trans(k), input_precision=PREC) + term * LOG2E
             pr = tl.exp2(s - lse[:, None])
@@ -210,7 +218,9 @@ def _key_tile_grads(
     p_t = tl.exp2(s_t - lse[None, :])
     if ONE_CHUNK or DO_DV:
         dvo = dv0 + tl.arange(0, BDV)
-        do = tl.load(do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0)
+        do = tl.load(
+            do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0
+        )
         do = do.to(DOT)
     if DO_DV:
         dv_acc += tl.dot(p_t.to(DOT), do, input_precision=PREC)
@@ -223,8 +233,12 @@ def _key_tile_grads(
             for d0 in range(0, dv, BDV):
                 dvo = d0 + tl.arange(0, BDV)
                 d_ok = dvo < dv
-                do_c = tl.load(do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
-                v_c = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :])
+                do_c = tl.load(
+                    do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0
+                )
+                v_c = tl.load(
+                    v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :]
+                )
                 dp_t += tl.dot(v_c.to(DOT), tl.trans(do_c.to(DOT)), input_precision=PREC)
         ds_t = p_t * (dp_t - delta[None, :])
         dk_acc += tl.dot(ds_t.to(DOT), q, input_precision=PREC)
@@ -234,12 +248,12 @@ def _key_tile_grads(
 @triton.jit
 def window_key_kernel(
     q_ptr, k_ptr, v_ptr, idx_ptr, vis_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    I, IB, R, G, Lq, L, W, M1, dk, dv, prev_masked, prev_grad, blocks,
+    ITEMS, IB, R, G, Lq, L, W, M1, dk, dv, prev_masked, prev_grad, blocks,
     NPB, NWT, TPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(TPB·NDVG, I + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
+    """Grid ``(TPB·NDVG, ITEMS + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
     chunk ``dc``) from the (at most two) items that see the block: item ``b`` (block ``b`` is its previous block,
     window half 0; not without ``prev_grad``) and item ``b - 1`` (its own block, half 1). Every key block is
     written by its programs only: no atomics."""
@@ -258,7 +272,7 @@ def window_key_kernel(
     dv_acc = tl.zeros([BN, BDV], tl.float32)
     for h in range(0, blocks):
         it = b - h
-        use = (it >= 0) & (it < I)
+        use = (it >= 0) & (it < ITEMS)
         use = use & ((h > 0) | (blocks == 1) | (prev_grad != 0)) & ((h > 0) | (it > 0) | (prev_masked == 0))
         if use:
             wt = h * TPB + t
@@ -268,7 +282,7 @@ def window_key_kernel(
                 if tl.load(vis_ptr + pp * NWT + wt) != 0:
                     p = pp * BM + tl.arange(0, BM)
                     p_ok = p < Lq
-                    row = (n * I + it) * R + g * Lq + p
+                    row = (n * ITEMS + it) * R + g * Lq + p
                     term_t = _window_term_t(idx_ptr, dl_ptr, row * M1, p, p_ok, j, k_ok, W, M1)
                     dk_acc, dv_acc = _key_tile_grads(
                         dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
@@ -285,18 +299,18 @@ def window_key_kernel(
 @triton.jit
 def code_kernel(
     q_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dc_ptr, dmu_ptr,
-    I, R, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
+    ITEMS, R, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
     NPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(cdiv(S, BN)·NDVG, I, N)``: the gradient of ``BN`` codes of item ``i``'s cache: its means (chunk
+    """Grid ``(cdiv(S, BN)·NDVG, ITEMS, N)``: the gradient of ``BN`` codes of item ``i``'s cache: its means (chunk
     ``dc``) and, for a per-item codebook, its code vectors, from every row of the item."""
     z, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ct, dc = z // NDVG, z % NDVG
     c = ct * BN + tl.arange(0, BN)
     c_ok = c < S
-    item = n * I + i
+    item = n * ITEMS + i
     mu_row = item * S + c
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv

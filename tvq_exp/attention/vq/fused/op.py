@@ -94,7 +94,9 @@ def wants_triton(kernel: str, q: Tensor) -> bool:
     queries (decoding steps stay plain) with operands it takes; else never."""
     if kernel != "auto":
         return kernel == "triton"
-    return q.device.type == "cuda" and q.shape[2] >= FLEX_MIN_QUERIES and unsupported(q.device, q.dtype) is None
+    return (
+        q.device.type == "cuda" and q.shape[2] >= FLEX_MIN_QUERIES and unsupported(q.device, q.dtype) is None
+    )
 
 
 def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
@@ -138,12 +140,15 @@ class _Layout:
         lowp = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and not self.interpret else None
         tl = kernels(self.interpret).tl
         self.dot = {None: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[lowp]
-        self.prec = "ieee" if lowp is None else "tf32"  # fp32 dots exactly; ignored for bf16/fp16
+        # fp32 dots: exact under the interpreter, three tf32 products on the GPU (fp32's accuracy on the
+        # tensor cores; plain fp32 dots spill: docs/design.md); ignored for bf16/fp16
+        self.fp32 = q.dtype == torch.float32
+        self.prec = "ieee" if self.interpret else "tf32x3" if lowp is None else "tf32"
         self.dk_pad = padded_dim(self.d_k)
         self._vis: dict[tuple[int, int], Tensor] = {}
 
     def tiles(self, kernel: str) -> Tiles:
-        return tiles(kernel, self.d_k, self.d_v, self.interpret)
+        return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32)
 
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
