@@ -38,6 +38,7 @@ from tvq_exp.attention.vq.fused.config import Tiles, padded_dim, tiles
 from tvq_exp.attention.vq.kernel import WindowInputs
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
 
 
 def interpreted() -> bool:
@@ -107,6 +108,13 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
     reason = unsupported(q.device, q.dtype)
     if reason:
         raise ValueError(f"window_cache_attention kernel=triton: {reason}")
+    largest = max(x.numel() for x in (q, kb, vb, index))
+    rows_out = q.numel() // q.shape[-1] * max(vb.shape[-1], 1 if bias is None else bias.rel.shape[-2])
+    if max(largest, rows_out) >= MAX_ELEMENTS:
+        raise ValueError(
+            f"window_cache_attention kernel=triton: tensors of {max(largest, rows_out)} elements; the kernels' "
+            f"offsets are int32 (< {MAX_ELEMENTS}): split the batch"
+        )
     dl = None
     if bias is not None:
         bias_q, rel = bias
@@ -141,7 +149,7 @@ class _Layout:
         tl = kernels(self.interpret).tl
         self.dot = {None: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[lowp]
         # fp32 dots: exact under the interpreter, three tf32 products on the GPU (fp32's accuracy on the
-        # tensor cores; plain fp32 dots spill: docs/design.md); ignored for bf16/fp16
+        # tensor cores; ieee fp32 dots take none); ignored for bf16/fp16
         self.fp32 = q.dtype == torch.float32
         self.prec = "ieee" if self.interpret else "tf32x3" if lowp is None else "tf32"
         self.dk_pad = padded_dim(self.d_k)
@@ -152,8 +160,8 @@ class _Layout:
 
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
-        tpb = triton_cdiv(self.block, t.bn)
-        return triton_cdiv(self.lq, t.bm), self.blocks * tpb, tpb
+        tpb = _cdiv(self.block, t.bn)
+        return _cdiv(self.lq, t.bm), self.blocks * tpb, tpb
 
     def visible(self, t: Tiles) -> Tensor:
         """``(NPB, NWT)`` int32: whether any row of a row block sees any key of a window tile."""
@@ -168,7 +176,8 @@ class _Layout:
         return self._vis[key]
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)``."""
     return -(-a // b)
 
 
@@ -188,7 +197,7 @@ class _Fused(torch.autograd.Function):
         lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
         t = lay.tiles("forward")
         npb, nwt, tpb = lay.tile_counts(t)
-        ndv = triton_cdiv(lay.d_v, t.bdv)
+        ndv = _cdiv(lay.d_v, t.bdv)
         dummy = q
         kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
             q, kb, vb, lay.index, lay.visible(t), _or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy),
@@ -245,7 +254,7 @@ def _or(x: Tensor | None, dummy: Tensor) -> Tensor:
 def _passes(lay: _Layout, t: Tiles, want_k: bool, want_v: bool) -> list[tuple[bool, bool, int]]:
     """The launches of a key-gradient kernel: ``(DO_DK, DO_DV, value chunks)``; one when ``d_v`` fits one
     chunk, else the values' chunks and the keys apart (the keys' gradient needs all of ``d_v``)."""
-    ndv = triton_cdiv(lay.d_v, t.bdv)
+    ndv = _cdiv(lay.d_v, t.bdv)
     if ndv == 1:
         return [(want_k, want_v, 1)]
     return [p for p in [(False, True, ndv), (True, False, 1)] if (p[0] and want_k) or (p[1] and want_v)]
@@ -269,9 +278,9 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
 def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Tensor, do: Tensor,
                 lse: Tensor, delta: Tensor, dcode: Tensor | None, dmu: Tensor | None) -> None:  # fmt: skip
     t = lay.tiles("code")
-    npb = triton_cdiv(lay.lq, t.bm)
+    npb = _cdiv(lay.lq, t.bm)
     for do_k, do_v, chunks in _passes(lay, t, dcode is not None, dmu is not None):
-        kernels(lay.interpret).code_kernel[(triton_cdiv(lay.s, t.bn) * chunks, lay.items, lay.n)](
+        kernels(lay.interpret).code_kernel[(_cdiv(lay.s, t.bn) * chunks, lay.items, lay.n)](
             q, codebook, log_n, mu, do, lse, delta, _or(dcode, q), _or(dmu, q),
             lay.items, lay.rows, lay.g, lay.lq, lay.s, lay.d_k, lay.d_v, *lay.code_strides, npb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,

@@ -142,15 +142,15 @@ def table(rows: list[Row]) -> str:
     """The report as a Markdown table."""
     lines = [
         "| kernel | flags | d_k | d_v | dtype | BM×BN×BDV | warps | stages | regs | spills (B) | stack (B) "
-        "| smem (B) | wgmma | ok |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| smem (B) | wgmma | spills gated | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         t = r.tiles
         lines.append(
             f"| {r.kernel} | {r.flags} | {r.d_k} | {r.d_v} | {r.dtype} | {t.bm}×{t.bn}×{t.bdv} | {t.num_warps} "
             f"| {t.num_stages} | {r.registers} | {r.spill_bytes} | {r.stack_bytes} | {r.shared_bytes} "
-            f"| {'yes' if r.wgmma else 'no'} | {'yes' if r.ok else 'NO'} |"
+            f"| {'yes' if r.wgmma else 'no'} | {'yes' if r.gated else 'no'} | {'yes' if r.ok else 'NO'} |"
         )
     return "\n".join(lines)
 
