@@ -48,9 +48,9 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def forward_kernel(
-    q_ptr, k_ptr, v_ptr, idx_ptr, vis_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, idx_ptr, kr_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
     ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    NPB, NWT, TPB,
+    NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -73,18 +73,18 @@ def forward_kernel(
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
     key0 = (n * IB + i) * L  # window key j is key row key0 + j
-    for wt in range(0, NWT):
+    # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
+    lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    for wt in range(lo, tl.load(kr_ptr + 2 * pp + 1)):
         h, t = wt // TPB, wt % TPB
-        seen = tl.load(vis_ptr + pp * NWT + wt) != 0
-        if seen & ((prev_masked == 0) | (i > 0) | (h > 0)):
-            jl = t * BN + tl.arange(0, BN)
-            j_ok = jl < L
-            j = h * L + jl
-            k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
-            term, _ = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
-            s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PREC) + term * LOG2E
-            v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
-            m_i, l_i, acc = _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
+        jl = t * BN + tl.arange(0, BN)
+        j_ok = jl < L
+        j = h * L + jl
+        k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
+        term, _ = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
+        s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PREC) + term * LOG2E
+        v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
@@ -127,10 +127,10 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
 
 @triton.jit
 def dq_kernel(
-    q_ptr, k_ptr, v_ptr, idx_ptr, vis_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr,
+    q_ptr, k_ptr, v_ptr, idx_ptr, kr_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr,
     dq_ptr, ddl_ptr,
     ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    NPB, NWT, TPB,
+    NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT: tl.constexpr,
     PREC: tl.constexpr,
@@ -157,25 +157,25 @@ def dq_kernel(
     do = do.to(DOT)
     dq = tl.zeros([BM, DK], tl.float32)
     key0 = (n * IB + i) * L
-    for wt in range(0, NWT):
+    # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
+    lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    for wt in range(lo, tl.load(kr_ptr + 2 * pp + 1)):
         h, t = wt // TPB, wt % TPB
-        seen = tl.load(vis_ptr + pp * NWT + wt) != 0
-        if seen & ((prev_masked == 0) | (i > 0) | (h > 0)):
-            jl = t * BN + tl.arange(0, BN)
-            j_ok = jl < L
-            j = h * L + jl
-            k = tl.load(
-                k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]
-            ).to(DOT)
-            term, col = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) + term * LOG2E
-            pr = tl.exp2(s - lse[:, None])
-            dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
-            ds = pr * (dp - delta[:, None])
-            dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
-            if BIAS_GRAD:
-                ok = p_ok[:, None] & j_ok[None, :] & (col < M1)
-                tl.store(ddl_ptr + (row * M1)[:, None] + col, ds, mask=ok)
+        jl = t * BN + tl.arange(0, BN)
+        j_ok = jl < L
+        j = h * L + jl
+        k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(
+            DOT
+        )
+        term, col = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) + term * LOG2E
+        pr = tl.exp2(s - lse[:, None])
+        dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
+        ds = pr * (dp - delta[:, None])
+        dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
+        if BIAS_GRAD:
+            ok = p_ok[:, None] & j_ok[None, :] & (col < M1)
+            tl.store(ddl_ptr + (row * M1)[:, None] + col, ds, mask=ok)
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
@@ -247,9 +247,9 @@ def _key_tile_grads(
 
 @triton.jit
 def window_key_kernel(
-    q_ptr, k_ptr, v_ptr, idx_ptr, vis_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    q_ptr, k_ptr, v_ptr, idx_ptr, rr_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     ITEMS, IB, R, G, Lq, L, W, M1, dk, dv, prev_masked, prev_grad, blocks,
-    NPB, NWT, TPB, NDVG,
+    TPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -277,9 +277,8 @@ def window_key_kernel(
         if use:
             wt = h * TPB + t
             j = h * L + kl
-            for pb in range(0, G * NPB):
-                g, pp = pb // NPB, pb % NPB
-                if tl.load(vis_ptr + pp * NWT + wt) != 0:
+            for g in range(0, G):  # the row blocks of each head that see this tile
+                for pp in range(tl.load(rr_ptr + 2 * wt), tl.load(rr_ptr + 2 * wt + 1)):
                     p = pp * BM + tl.arange(0, BM)
                     p_ok = p < Lq
                     row = (n * ITEMS + it) * R + g * Lq + p

@@ -163,17 +163,27 @@ class _Layout:
         tpb = _cdiv(self.block, t.bn)
         return _cdiv(self.lq, t.bm), self.blocks * tpb, tpb
 
-    def visible(self, t: Tiles) -> Tensor:
-        """``(NPB, NWT)`` int32: whether any row of a row block sees any key of a window tile."""
+    def visible(self, t: Tiles) -> tuple[Tensor, Tensor]:
+        """Which tiles to visit: per row block, the window tiles ``[lo, hi)`` any of its rows sees ``(NPB, 2)``;
+        per window tile, the row blocks ``[lo, hi)`` any of whose rows sees it ``(NWT, 2)`` (int32; the masks inside
+        a visited tile stay exact, so a range only skips work)."""
         key = (t.bm, t.bn)
         if key not in self._vis:
             npb, nwt, tpb = self.tile_counts(t)
             masked = self.m1 + 1
             pad = self.index.new_full((npb * t.bm, self.blocks, tpb * t.bn), masked)
             pad[: self.lq, :, : self.block] = self.index.view(self.lq, self.blocks, self.block)
-            seen = (pad != masked).view(npb, t.bm, self.blocks, tpb, t.bn).any(4).any(1)
-            self._vis[key] = seen.reshape(npb, nwt).to(torch.int32).contiguous()
+            seen = (pad != masked).view(npb, t.bm, self.blocks, tpb, t.bn).any(4).any(1).reshape(npb, nwt)
+            self._vis[key] = (_span(seen), _span(seen.T))
         return self._vis[key]
+
+
+def _span(seen: Tensor) -> Tensor:
+    """``(rows, 2)`` int32: the first and one past the last True column of each row of ``seen`` (0, 0 if none)."""
+    col = torch.arange(seen.shape[1], device=seen.device)
+    lo = torch.where(seen, col, seen.shape[1]).amin(1)
+    hi = torch.where(seen, col + 1, 0).amax(1)
+    return torch.stack([torch.where(hi > 0, lo, 0), hi], 1).to(torch.int32).contiguous()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -196,14 +206,14 @@ class _Fused(torch.autograd.Function):
         out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
         lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
         t = lay.tiles("forward")
-        npb, nwt, tpb = lay.tile_counts(t)
+        npb, _, tpb = lay.tile_counts(t)
         ndv = _cdiv(lay.d_v, t.bdv)
         dummy = q
         kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
-            q, kb, vb, lay.index, lay.visible(t), _or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy),
+            q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy),
             _or(mu, dummy), out, lse,
             lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
-            *lay.code_strides, lay.prev_masked, npb, nwt, tpb,
+            *lay.code_strides, lay.prev_masked, npb, tpb,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, DOT=lay.dot,
             PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
@@ -225,12 +235,12 @@ class _Fused(torch.autograd.Function):
             dq = torch.empty_like(q)  # written whenever the kernel runs
             ddl = torch.zeros_like(dl) if need[4] else None
             t = lay.tiles("dq")
-            npb, nwt, tpb = lay.tile_counts(t)
+            npb, _, tpb = lay.tile_counts(t)
             kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
-                q, kb, vb, lay.index, lay.visible(t), *common, do, lse, delta,
+                q, kb, vb, lay.index, lay.visible(t)[0], *common, do, lse, delta,
                 dq, _or(ddl, dummy),
                 lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
-                *lay.code_strides, lay.prev_masked, npb, nwt, tpb,
+                *lay.code_strides, lay.prev_masked, npb, tpb,
                 BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
                 BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
                 num_warps=t.num_warps, num_stages=t.num_stages,
@@ -264,12 +274,12 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
                       lse: Tensor, delta: Tensor, dkb: Tensor | None, dvb: Tensor | None,
                       prev_grad: bool) -> None:  # fmt: skip
     t = lay.tiles("window_key")
-    npb, nwt, tpb = lay.tile_counts(t)
+    tpb = lay.tile_counts(t)[2]
     for do_k, do_v, chunks in _passes(lay, t, dkb is not None, dvb is not None):
         kernels(lay.interpret).window_key_kernel[(tpb * chunks, lay.ib, lay.n)](
-            q, kb, vb, lay.index, lay.visible(t), _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
+            q, kb, vb, lay.index, lay.visible(t)[1], _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
             lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.width, lay.m1, lay.d_k, lay.d_v,
-            lay.prev_masked, int(prev_grad), lay.blocks, npb, nwt, tpb, chunks,
+            lay.prev_masked, int(prev_grad), lay.blocks, tpb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
             DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip

@@ -24,7 +24,7 @@ from tvq_exp.attention.vq.fused.config import H100_SHARED_BYTES, SHIPPED, Tiles,
 # the pointer arguments' element types, by name (``T``: the operands' dtype)
 POINTERS = {
     "q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "c_ptr": "T", "do_ptr": "T", "out_ptr": "T", "dq_ptr": "T",
-    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "idx_ptr": "i32", "vis_ptr": "i32", "dl_ptr": "fp32",
+    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "idx_ptr": "i32", "kr_ptr": "i32", "rr_ptr": "i32", "dl_ptr": "fp32",
     "ln_ptr": "fp32", "mu_ptr": "fp32", "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32",
     "dmu_ptr": "fp32",
 }  # fmt: skip
@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     bad = [r for r in rows if not r.ok]
     if bad:
-        print(f"{len(bad)} configuration(s) spill registers (bf16) or exceed {H100_SHARED_BYTES} B of shared memory")
+        print(
+            f"{len(bad)} configuration(s) spill registers (bf16) or exceed {H100_SHARED_BYTES} B of shared memory"
+        )
     return 1 if bad else 0
 
 
