@@ -57,7 +57,7 @@ def forward_kernel(
     """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
     writes ``out`` and (chunk 0) the rows' ``lse``."""
     pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    ndv = tl.cdiv(dv, BDV)
+    ndv = (dv + BDV - 1) // BDV
     n, dc = z // ndv, z % ndv
     g, pp = pb // NPB, pb % NPB
     p = pp * BM + tl.arange(0, BM)
