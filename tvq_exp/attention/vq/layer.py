@@ -38,7 +38,8 @@ from tvq_exp.attention.blocked import (
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
-from tvq_exp.attention.vq.fused.op import fused_window_cache_attention, unsupported, wants_triton
+from tvq_exp.attention.vq.fused.op import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.support import unsupported, wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,

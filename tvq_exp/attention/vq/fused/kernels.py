@@ -3,7 +3,7 @@
 Over 300 lines: one forward and three backward kernels sharing two tile helpers; splitting them would
 scatter one algorithm over several files.
 
-Loaded by :func:`tvq_exp.attention.vq.fused.op.kernels` (never imported directly): Triton reads
+Loaded by :func:`tvq_exp.attention.vq.fused.support.kernels` (never imported directly): Triton reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so the module is loaded once per mode (compiled, or
 interpreted on the CPU).
 

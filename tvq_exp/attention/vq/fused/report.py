@@ -85,7 +85,7 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from tvq_exp.attention.vq.fused.op import kernels
+    from tvq_exp.attention.vq.fused.support import kernels
 
     fn = getattr(kernels(interpret=False), f"{kernel}_kernel")
     t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32")
