@@ -24,6 +24,20 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
+# Only Triton's builtins and this module's functions are called: the standard library's jit functions (``tl.max``,
+# ``tl.sum``, ``tl.zeros``, ``tl.cdiv``) take the mode Triton was first imported in, so one process could not run
+# these kernels both interpreted and compiled. The row reductions name the standard combine functions, which the
+# interpreter recognises (numpy) without calling them and the compiler inlines.
+@triton.jit
+def _row_max(x):
+    return tl.reduce(x, 1, tl.standard._elementwise_max)
+
+
+@triton.jit
+def _row_sum(x):
+    return tl.reduce(x, 1, tl.standard._sum_combine)
+
+
 @triton.jit
 def _window_term(idx_ptr, dl_ptr, dl_row, p, p_ok, j, j_ok, W, M1):
     """The additive term ``(len(p), len(j))`` of window keys ``j`` for rows at positions ``p`` (fp32,
@@ -37,11 +51,11 @@ def _window_term(idx_ptr, dl_ptr, dl_row, p, p_ok, j, j_ok, W, M1):
 @triton.jit
 def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
     """One online-softmax step: base-2 scores ``s (BM, BN)`` with values ``v (BN, BDV)``."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_new = tl.maximum(m_i, _row_max(s))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
     p = tl.exp2(s - m_use[:, None])
     alpha = tl.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    l_i = l_i * alpha + _row_sum(p)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PREC)
     return m_new, l_i, acc
 
@@ -70,8 +84,8 @@ def forward_kernel(
     q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
     q = (q.to(tl.float32) * LOG2E).to(DOT)  # base-2 scores straight from the product
     m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, BDV], tl.float32)
+    l_i = tl.full([BM], 0.0, tl.float32)
+    acc = tl.full([BM, BDV], 0.0, tl.float32)
     key0 = (n * IB + i) * L  # window key j is key row key0 + j
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
     lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
@@ -113,7 +127,7 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
         dvo = tl.arange(0, BDV)
         v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & (dvo < dv)[None, :])
         return tl.dot(do, tl.trans(v.to(DOT)), input_precision=PREC)
-    dp = tl.zeros([BM, BN], tl.float32)
+    dp = tl.full([BM, BN], 0.0, tl.float32)
     for d0 in range(0, dv, BDV):
         dvo = d0 + tl.arange(0, BDV)
         d_ok = dvo < dv
@@ -155,7 +169,7 @@ def dq_kernel(
         do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0
     )
     do = do.to(DOT)
-    dq = tl.zeros([BM, DK], tl.float32)
+    dq = tl.full([BM, DK], 0.0, tl.float32)
     key0 = (n * IB + i) * L
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
     lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
@@ -229,7 +243,7 @@ def _key_tile_grads(
         if ONE_CHUNK:
             dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
         else:
-            dp_t = tl.zeros([BN, BM], tl.float32)
+            dp_t = tl.full([BN, BM], 0.0, tl.float32)
             for d0 in range(0, dv, BDV):
                 dvo = d0 + tl.arange(0, BDV)
                 d_ok = dvo < dv
@@ -268,8 +282,8 @@ def window_key_kernel(
     k = k.to(DOT)
     v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=k_ok[:, None] & dv_ok[None, :], other=0.0)
     v = v.to(DOT)
-    dk_acc = tl.zeros([BN, DK], tl.float32)
-    dv_acc = tl.zeros([BN, BDV], tl.float32)
+    dk_acc = tl.full([BN, DK], 0.0, tl.float32)
+    dv_acc = tl.full([BN, BDV], 0.0, tl.float32)
     for h in range(0, blocks):
         it = b - h
         use = (it >= 0) & (it < ITEMS)
@@ -318,9 +332,9 @@ def code_kernel(
     mu = tl.load(mu_ptr + mu_row[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
     mu = mu.to(DOT)
     log_n = tl.load(ln_ptr + mu_row, mask=c_ok, other=float("-inf"))
-    term_t = log_n[:, None] + tl.zeros([BN, BM], tl.float32)
-    dc_acc = tl.zeros([BN, DK], tl.float32)
-    dmu_acc = tl.zeros([BN, BDV], tl.float32)
+    term_t = log_n[:, None] + tl.full([BN, BM], 0.0, tl.float32)
+    dc_acc = tl.full([BN, DK], 0.0, tl.float32)
+    dmu_acc = tl.full([BN, BDV], 0.0, tl.float32)
     for pb in range(0, G * NPB):
         g, pp = pb // NPB, pb % NPB
         p = pp * BM + tl.arange(0, BM)

@@ -79,15 +79,17 @@ def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, o
 
 def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype: str) -> Row:
     """Compile one configuration for sm_90a and read ``ptxas -v``."""
+    from tvq_exp.attention.vq.fused.support import kernels
+
+    fn = getattr(
+        kernels(interpret=False), f"{kernel}_kernel"
+    )  # first: it imports Triton in the compiled mode
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from tvq_exp.attention.vq.fused.support import kernels
-
-    fn = getattr(kernels(interpret=False), f"{kernel}_kernel")
     t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32")
     dot = tl.float32 if dtype == "fp32" else tl.bfloat16
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
@@ -108,9 +110,13 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
         if name in POINTERS or name in DIVISIBLE
     }
     src = ASTSource(fn, signature, constexprs=const, attrs=attrs)
-    compiled = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t.num_warps, "num_stages": t.num_stages}
-    )
+    with triton.knobs.runtime.scope():  # compiled for the GPU, even in a process set to interpret
+        triton.knobs.runtime.interpret = False
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": t.num_warps, "num_stages": t.num_stages},
+        )
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"

@@ -52,14 +52,18 @@ def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = N
 @functools.cache
 def kernels(interpret: bool) -> ModuleType:
     """The kernel module decorated for the interpreter (``interpret``) or for the GPU: Triton reads
-    ``TRITON_INTERPRET`` when it decorates, so each mode loads its own copy."""
-    path = Path(__file__).with_name("kernels.py")
-    name = f"{__package__}.kernels_{'interpreted' if interpret else 'compiled'}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    ``TRITON_INTERPRET`` when it decorates, so each mode loads its own copy. Triton itself (its standard library's
+    jit functions, which the kernels only name, never call) is imported in the compiled mode, so that both copies
+    work in one process."""
     before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
+        os.environ["TRITON_INTERPRET"] = "0"
+        importlib.import_module("triton")
+        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+        path = Path(__file__).with_name("kernels.py")
+        name = f"{__package__}.kernels_{'interpreted' if interpret else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     finally:
         if before is None:
