@@ -286,3 +286,22 @@ def continue_run(args: list[str], base: Path) -> None:
         run_dir(base).name
     ]  # in the run's own dir
     _CONTINUED.add(tuple(budgeted))
+
+
+def help_examples(cwd: Path) -> list[list[str]]:
+    """The arguments of each ``python train.py ...`` line under "Examples:" in ``train.py --help``."""
+    run = train_command.run_train(["--help"], cwd, timeout=120)
+    examples = run.stdout.split("Examples:", 1)[1].split("\n\n", 1)[0]
+    return [shlex.split(line.strip().split("  ")[0])[2:] for line in examples.splitlines() if line.strip()]
+
+
+def test_the_help_examples_run_here(tmp_path: Path) -> None:
+    """``train.py --help``'s examples compose, and its one-batch example runs on this machine's data (no
+    download)."""
+    examples = help_examples(tmp_path)
+    assert len(examples) >= 3, examples
+    for args in examples:
+        compose_train(args)
+    (one_batch,) = [args for args in examples if "debug=fdr" in args]
+    run = train_command.run_train([*one_batch, "trainer.enable_progress_bar=false"], tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
