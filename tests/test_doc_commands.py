@@ -254,7 +254,8 @@ def test_a_documented_command_runs_or_composes(
     ):
         continue_run(filled(args, fixture_run), fixture_run)
     elif args is not None:
-        compose_train(filled(args, fixture_run))
+        with contextlib.chdir(fixture_run):  # where the placeholders' run is
+            compose_train(filled(args, fixture_run))
     elif argv[:2] == ["python", "eval.py"]:
         budget = {"limit_batches": "2", "accelerator": "cpu", "progress_bar": "false", "output": "eval.json"}
         run_in_process("eval", with_budget(filled(argv[2:], fixture_run), budget), fixture_run)
@@ -305,3 +306,18 @@ def test_the_help_examples_run_here(tmp_path: Path) -> None:
     (one_batch,) = [args for args in examples if "debug=fdr" in args]
     run = train_command.run_train([*one_batch, "trainer.enable_progress_bar=false"], tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def run_dir_files() -> list[str]:
+    """The paths of docs/training.md's table of what a run directory holds (``…`` read as a glob's ``*``)."""
+    text = (REPO / "docs" / "training.md").read_text()
+    table = text.split("Each run writes into", 1)[1].split("\n\n", 2)[1]
+    cells = [line.split("|")[1] for line in table.splitlines()[2:]]
+    return [path.replace("…", "*") for cell in cells for path in re.findall(r"`([^`]+)`", cell)]
+
+
+def test_the_run_dir_holds_what_training_md_lists(fixture_run: Path) -> None:
+    listed = run_dir_files()
+    assert "config.yaml" in listed and len(listed) >= 4, listed
+    missing = [path for path in listed if not list(run_dir(fixture_run).glob(path.rstrip("/")))]
+    assert not missing, f"docs/training.md lists {missing}, which the README's main command does not write"

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
-from tvq_exp.run.validation import ConfigError
+from tvq_exp.run.validation import Command, ConfigError, validate
 
 TAG = re.compile(r"[\w.+-]+")
 RANK_VARIABLES = (
@@ -72,9 +72,12 @@ def print_config(cfg: DictConfig) -> None:
 
 def extras(cfg: DictConfig) -> None:
     """At the start of a checked train config: its tags checked, its tree printed unless ``print_config=false`` or
-    the run continues a checkpoint (its config is then composed with the stored run's: ``<run dir>/config.yaml``)."""
+    the run continues a checkpoint (its config is then composed with the stored run's: ``<run dir>/config.yaml``).
+    The tree is printed once the whole config passed (:func:`~tvq_exp.run.validation.validate`'s dry run: the
+    constructors' rules too), so a refused config prints its one error line alone."""
     check_tags(cfg)
     if cfg.get("print_config", True) and not (cfg.get("ckpt_path") or cfg.get("resume")):
+        validate(cfg, Command.TRAIN)
         print_config(cfg)
 
 
