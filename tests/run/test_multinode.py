@@ -24,8 +24,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_nodes(run_dir: Path, cwd: Path) -> list[subprocess.CompletedProcess[str]]:
-    """Start both "nodes" at once (the same command line, as docs/distributed.md says) and wait for them."""
+def torchrun_nodes(run_dir: Path, cwd: Path, *extra: str) -> list[subprocess.CompletedProcess[str]]:
+    """Start both "nodes" at once (the same command line, as docs/distributed.md says, ``extra`` at its end) and
+    wait for them."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "multinode_test",
@@ -33,7 +34,7 @@ def torchrun_nodes(run_dir: Path, cwd: Path) -> list[subprocess.CompletedProcess
         f"hydra.run.dir={run_dir}", f"trainer.max_steps={STEPS}", f"trainer.val_check_interval={STEPS}",
         "trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "print_config=false", "torch_threads=1",
         "++callbacks.rank_weights._target_=tests.helpers.rank_weights.RankWeights",
-        f"++callbacks.rank_weights.output_dir={run_dir}",
+        f"++callbacks.rank_weights.output_dir={run_dir}", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "GLOO_SOCKET_IFNAME": "lo",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
@@ -59,6 +60,10 @@ def test_two_torchrun_nodes_train_one_run_with_identical_weights(tmp_path: Path)
         "run"
     ]  # one run dir, no other (no logs/ of a second node)
     ranks = [torch.load(run_dir / f"weights-rank{r}.pt", weights_only=True) for r in (0, 1)]
+    inputs = [rank.pop("first batch:input") for rank in ranks]
+    assert not torch.equal(
+        inputs[0], inputs[1]
+    )  # each rank trained on its own data: the sameness is DDP's doing
     stored = gather_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     assert stored["global_step"] == STEPS
     assert ranks[0].keys() == ranks[1].keys() == stored["state_dict"].keys()
