@@ -282,7 +282,9 @@ def continue_run(args: list[str], base: Path) -> None:
         return
     run = train_command.run_train(budgeted, base, timeout=300)
     assert run.returncode == 0, f"train.py {' '.join(budgeted)}:\n{run.stderr[-3000:]}"
-    assert re.search(rf"resuming \S*last\.ckpt at step {FIXTURE_STEPS}\b", run.stdout + run.stderr), run.stdout
+    assert re.search(rf"resuming \S*last\.ckpt at step {FIXTURE_STEPS}\b", run.stdout + run.stderr), (
+        run.stdout
+    )
     assert [p.name for p in (base / "logs" / "runs").iterdir()] == [
         run_dir(base).name
     ]  # in the run's own dir
