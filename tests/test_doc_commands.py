@@ -14,6 +14,8 @@
 
 The fixture run is the README's main command (``experiment=smoke``) at two steps; ``<run>``, ``<dense run>``,
 ``ckpt_path=...`` and the like name it. GPU, multi-GPU, multi-node and download commands compose only.
+
+Over 300 lines: one checker per kind of command, kept in one file so that a new kind of command is taught here.
 """
 
 from __future__ import annotations
