@@ -7,6 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from tvq_exp.run.extras import extras
 from tvq_exp.run.validation import Command, check
 
 
@@ -19,4 +20,5 @@ def train(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, 
     check(cfg, Command.TRAIN)
     from tvq_exp.run.fit import fit  # noqa: PLC0415 - Lightning is imported only for a config that passed
 
+    extras(cfg)
     return fit(cfg, overrides)
