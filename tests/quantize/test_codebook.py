@@ -156,3 +156,17 @@ def test_laplace_smoothing_moves_rarely_used_codes_by_hand(smoothing: float, exp
     vq.update()
     assert vq.ema_count.tolist() == [[0.5, 3.5]]
     assert vq.codebook.flatten().tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_long_unused_code_shrinks_to_its_sum_over_the_count_floor() -> None:
+    """Code ``+1`` (count 1, sum 1) unused for 10 steps at decay 0.5: count and sum both fall to ``2^-10``, below
+    the count floor 0.01, so the read-out is ``2^-10 / 0.01`` (the floor keeps an empty code finite)."""
+    vq = VectorQuantizer(1, 2, 1, decay=0.5, count_floor=0.01)
+    with torch.no_grad():
+        vq.embed.copy_(torch.tensor([[[-1.0], [1.0]]]))
+        vq.ema_sum.copy_(vq.embed)
+    for _ in range(10):
+        vq(torch.full((1, 1, 4, 1), -1.0))  # every key to code 0
+        vq.update()
+    assert vq.ema_count[0, 1].item() == pytest.approx(2.0**-10, rel=1e-6)
+    assert vq.codebook[0, 1, 0].item() == pytest.approx(2.0**-10 / 0.01, rel=1e-5)
