@@ -55,6 +55,7 @@ class Outcome:
     status: str  # caught | SURVIVED | ERROR
     detail: str
     seconds: float
+    output: str = ""
 
 
 def load(path: Path = LIST) -> list[Mutation]:
@@ -138,7 +139,7 @@ def check(tree: Path, mutation: Mutation) -> Outcome:
         return Outcome(mutation, "SURVIVED", "the tests passed", seconds)
     failed = FAILED.search(output)
     if status == 1 and failed:
-        return Outcome(mutation, "caught", failed.group(1), seconds)
+        return Outcome(mutation, "caught", failed.group(1), seconds, output)
     tail = " | ".join(output.strip().splitlines()[-3:])
     return Outcome(mutation, "ERROR", f"pytest exit {status}, not a test failure: {tail}", seconds)
 
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="workers, each with its own copy (default 2)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the tests")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--show", action="store_true", help="print each catching failure's assertion lines")
     args = parser.parse_args(argv)
     mutations = load()
     if args.only:
@@ -197,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 trees.put(tree)
             print(f"{outcome.status:8} {mutation.id} ({outcome.seconds:.0f} s) {outcome.detail}", flush=True)
+            if args.show:
+                asserted = [line for line in outcome.output.splitlines() if line.startswith("E ")][:6]
+                print("".join(f"    {line}\n" for line in asserted), end="", flush=True)
             return outcome
 
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
