@@ -3,7 +3,7 @@ PYTEST = $(PY) -m pytest
 export TVQ_DATA_DIR ?= $(abspath ../shared/datasets)
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-slow test-all bench bench-gpu kernel-report train tensorboard lint format clean
+.PHONY: help install test test-slow test-all test-mutations bench bench-gpu kernel-report train tensorboard lint format clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ test-slow: ## run the slow checks (long training comparisons, full benchmarks)
 
 test-all: ## run every test
 	$(PYTEST)
+
+test-mutations: ## plant each bug of tools/mutations/mutations.yaml, expect its tests to fail (not in `make test`)
+	$(PY) tools/mutations/run.py
 
 bench: ## attention and model benchmarks (CPU), tables into bench/
 	mkdir -p bench

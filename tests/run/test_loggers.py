@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import struct
 import time
 from collections.abc import Iterator
@@ -22,10 +21,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tests.helpers.paths import CONF
 from tvq_exp.run.train import train
 
-needs_data = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+needs_data = pytest.mark.needs_data("text/gutenberg")
 BLOCK = 32768  # bytes per block of a .wandb log
 SWEPT = "model.attention.codebook_size=24"  # a value no preset has: it must reach the logger from the config
 RUN = ["experiment=smoke", "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.enable_progress_bar=false",
