@@ -34,9 +34,9 @@ from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE
 U = 2.0**-8  # unit roundoff of bf16: 8 significant bits, round to nearest
 D = 16
 
-# the VQ window + cache kernels on this branch; a new kernel joins here (a Triton one runs on CPU with
-# TRITON_INTERPRET=1)
-VQ_KERNELS = ["plain", *(["flex"] if FLEX_AVAILABLE else [])]
+# the VQ window + cache kernels; the Triton one runs on CPU under its interpreter (TRITON_INTERPRET=1), whose
+# dots are fp32, so there it checks the kernel's own roundings (storage, the log-sum-exp, the cache's sums)
+VQ_KERNELS = ["plain", "triton", *(["flex"] if FLEX_AVAILABLE else [])]
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -79,7 +79,9 @@ def _two_clusters(t: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @pytest.mark.parametrize("kernel", VQ_KERNELS)
-def test_vq_in_bf16_errs_only_by_bf16_storage(kernel: str) -> None:
+def test_vq_in_bf16_errs_only_by_bf16_storage(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if kernel == "triton" and not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     attn = build("vq", d_k=D, d_v=D, heads=2, codebook_size=4, block_len=16, kernel=kernel).eval()
     q, k, v = _two_clusters(2048)
     ref, low = _both(attn, q, k, v)

@@ -142,9 +142,9 @@ class _Fused(torch.autograd.Function):
         t = lay.tiles("forward")
         npb, _, tpb = lay.tile_counts(t)
         ndv = _cdiv(lay.d_v, t.bdv)
-        dummy = q
+        dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
         kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
-            q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy),
+            q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32),
             _or(mu, dummy), out, lse,
             lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
             *lay.code_strides, lay.prev_masked, npb, tpb,
@@ -163,7 +163,7 @@ class _Fused(torch.autograd.Function):
         do = grad_out.contiguous()
         delta = (do.float() * out.float()).sum(-1)  # (N, I, R): Σ dO·O per row
         dummy = q
-        common = (_or(dl, dummy), _or(codebook, dummy), _or(log_n, dummy), _or(mu, dummy))
+        common = (_or(dl, lse), _or(codebook, dummy), _or(log_n, lse), _or(mu, dummy))
         dq = ddl = None
         if need[0] or need[4]:
             dq = torch.empty_like(q)  # written whenever the kernel runs
@@ -172,7 +172,7 @@ class _Fused(torch.autograd.Function):
             npb, _, tpb = lay.tile_counts(t)
             kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
                 q, kb, vb, lay.index, lay.visible(t)[0], *common, do, lse, delta,
-                dq, _or(ddl, dummy),
+                dq, _or(ddl, lse),
                 lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
                 *lay.code_strides, lay.prev_masked, npb, tpb,
                 BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
