@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 from pathlib import Path
 
 import lightning as L
@@ -11,12 +12,13 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from tests.helpers.config import data_preset, train_run
+from tests.helpers.config import compose_config, data_preset, train_run
 from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data import DataNotFoundError, TextDataModule
 from tvq_exp.data.samplers import EvalSegmentSampler, RandomWindowSampler, StreamSampler
 from tvq_exp.data.text import GutenbergCorpus, MahoneyCorpus, PG19Corpus, TextFilesCorpus
+from tvq_exp.data.text.embedded import EMBEDDED, SHA256
 
 CONF = CONF_ROOT / "data"
 
@@ -378,3 +380,27 @@ def test_lightning_validate_sees_whole_split(data_dir: Path, tmp_path: Path) -> 
     counter = _TargetCounter()
     _trainer(tmp_path, 1, [], val_batches=1.0).validate(counter, datamodule=module, verbose=False)
     assert counter.targets == module.split_tokens("validation") == 111_540 - 5
+
+
+def test_smoke_data_is_gutenberg_else_the_shipped_tiny_shakespeare(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The smoke preset trains on the Gutenberg books where the data root holds them, else (a fresh machine,
+    no data root) on the tiny Shakespeare shipped in the package, saying so in one line; the shipped file is
+    the published one, byte for byte."""
+    assert hashlib.sha256(EMBEDDED.read_bytes()).hexdigest() == SHA256
+    splits = {}
+    for name, root in (("shipped", tmp_path), ("gutenberg", data_dir)):
+        cfg = compose_config("train", ["experiment=smoke", f"data.root={root}", f"data.seq_len={SEQ_LEN}"])
+        module = instantiate(cfg.data)
+        module.prepare_data()
+        module.setup("fit")
+        splits[name] = module.splits
+    said = [line for line in capsys.readouterr().out.splitlines() if "shipped in the package" in line]
+    assert len(said) == 1 and str(tmp_path) in said[0]
+    shakespeare = EMBEDDED.read_bytes()
+    assert splits["shipped"]["train"].tobytes() + splits["shipped"]["validation"].tobytes() == shakespeare
+    assert len(splits["gutenberg"]["train"]) > 10 * len(shakespeare)
+    assert (CONF_ROOT / "experiment" / "smoke.yaml").read_text().count(
+        "override /data: gutenberg_or_shipped"
+    ) == 1
