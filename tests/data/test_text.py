@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import time
 from pathlib import Path
 
 import lightning as L
@@ -16,6 +17,7 @@ from tests.helpers.config import compose_config, data_preset, train_run
 from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data import DataNotFoundError, TextDataModule
+from tvq_exp.data.paths import CorruptFileError
 from tvq_exp.data.samplers import EvalSegmentSampler, RandomWindowSampler, StreamSampler
 from tvq_exp.data.text import GutenbergCorpus, MahoneyCorpus, PG19Corpus, TextFilesCorpus
 from tvq_exp.data.text.embedded import EMBEDDED, SHA256
@@ -142,6 +144,29 @@ def test_pg19_official_layout(tmp_path: Path) -> None:
     )
     again = PG19Corpus(hub=False).load(tmp_path)
     assert np.array_equal(again["train"], splits["train"])
+    del splits, again
+    (cached,) = tmp_path.joinpath("pg19").glob("train-*.bin")
+    data = bytearray(cached.read_bytes())
+    data[3] ^= 1  # edited in place: same size, same inputs
+    cached.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match=r"train-\w+\.bin: content digest xxh3_64 \w+ differs"):
+        PG19Corpus(hub=False).load(tmp_path)
+
+
+def test_pg19_offline_fails_at_once_without_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no way to the hub, prepare() says so at once, before ``datasets`` retries for half a minute."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the hub was tried"))
+    start = time.perf_counter()
+    with pytest.raises(DataNotFoundError, match=r"cannot reach 127\.0\.0\.1:9 \(offline\?\)"):
+        PG19Corpus().prepare(tmp_path)
+    assert time.perf_counter() - start < 5
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataNotFoundError, match="HF_HUB_OFFLINE is set"):
+        PG19Corpus().prepare(tmp_path)
 
 
 def test_split_smaller_than_window_is_refused(tmp_path: Path) -> None:
