@@ -101,6 +101,23 @@ def test_text_files_on_one_file_splits_by_bytes_says_so_and_trains(
     assert result["global_step"] == 2 and 0 < result["val"]["bpb"] < 9
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_text_files_on_a_folder_of_fewer_than_3_files_splits_by_bytes(
+    tmp_path: Path, count: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fewer files than splits cannot be split by file (a traceback before): the bytes are, and one line says so."""
+    for index in range(count):
+        (tmp_path / "books" / f"{index}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "books" / f"{index}.txt").write_text(f"book {index} " * 400)
+    splits = TextFilesCorpus(path="books").load(tmp_path)
+    by_bytes = TextFilesCorpus(path="books", split_by="bytes").load(tmp_path)
+    assert all(np.array_equal(splits[s], by_bytes[s]) and len(splits[s]) for s in by_bytes)
+    assert capsys.readouterr().out == (
+        f"data=text_files: {tmp_path / 'books'} holds {count} files, fewer than one per split: "
+        "split by bytes 90/5/5 (data.corpus.split_by=bytes)\n"
+    )
+
+
 def test_shakespeare_and_kjv(data_dir: Path) -> None:
     shakespeare = instantiate(data_preset("shakespeare"))
     shakespeare.setup("fit")
