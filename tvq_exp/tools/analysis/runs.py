@@ -26,14 +26,23 @@ SUMMARY_METRICS = ("val/bpb", "val/loss", "train/loss", "train/bpb", "throughput
 LOWER_IS_BETTER_PREFIXES = ("val/", "train/")
 
 
-def latest_sweep(log_dir: str | Path = "logs") -> Path:
-    """The newest sweep directory ``<log_dir>/multiruns/<time>_<id>`` (by name: names start with the time)."""
-    sweeps = sorted(path for path in (Path(log_dir) / "multiruns").glob("*") if path.is_dir())
+def log_dir_above(start: str | Path | None = None) -> Path:
+    """The ``logs`` folder that holds sweeps (``logs/multiruns``) in ``start`` (default: the working directory) or
+    the nearest folder above it, so a notebook run from ``notebooks/`` (Jupyter's working directory) finds the
+    repository's; ``<start>/logs`` when none does."""
+    here = Path(start or Path.cwd()).resolve()
+    found = next((d / "logs" for d in (here, *here.parents) if (d / "logs" / "multiruns").is_dir()), None)
+    return found or here / "logs"
+
+
+def latest_sweep(log_dir: str | Path | None = None) -> Path:
+    """The newest sweep directory under ``<log_dir>/multiruns`` (default :func:`log_dir_above`), by modification
+    time: a named sweep (``run_name=...``) and a timestamped one are compared by when they were written."""
+    root = Path(log_dir) if log_dir is not None else log_dir_above()
+    sweeps = [path for path in (root / "multiruns").glob("*") if path.is_dir()]
     if not sweeps:
-        raise FileNotFoundError(
-            f"no sweeps under {Path(log_dir) / 'multiruns'}: run `python train.py -m ...` first"
-        )
-    return sweeps[-1]
+        raise FileNotFoundError(f"no sweeps under {root / 'multiruns'}: run `python train.py -m ...` first")
+    return max(sweeps, key=lambda path: (path.stat().st_mtime_ns, path.name))
 
 
 def is_run_dir(path: Path) -> bool:
