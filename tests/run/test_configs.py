@@ -175,6 +175,14 @@ def test_tiny_model_takes_every_attention_preset(attention: str) -> None:
     assert (cfg.model.attention.name, cfg.model.d_model, cfg.block_len) == (attention, 64, 32)
 
 
+@pytest.mark.parametrize("data", ["digits", "mnist", "cifar10", "gutenberg", "mqar"])
+def test_best_checkpoint_is_named_after_the_datas_bits_metric(data: str) -> None:
+    """Image runs report bits per dim: their best checkpoint says ``bpd``, a text (or probe) run's ``bpb``."""
+    cfg = compose_train(["experiment=smoke", f"data={data}"])
+    unit = "bpd" if cfg.data.kind == "image" else "bpb"
+    assert cfg.callbacks.model_checkpoint.filename == f"best-step{{step:07d}}-{unit}{{val/bpb:.4f}}"
+
+
 def test_run_dirs_are_unique_within_one_second() -> None:
     dirs = [compose_train([], hydra=True).hydra.run.dir for _ in range(5)]
     assert len(set(dirs)) == 5
