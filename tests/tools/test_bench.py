@@ -191,14 +191,14 @@ def test_bench_creates_its_folders_and_keeps_each_record_as_it_finishes(
     bench.main([*argv, "--lengths", "32,64", "--json", str(out), "--plot", str(png)])
     assert [rec["seq_len"] for rec in json.loads(out.read_text())] == [32, 64] and png.stat().st_size > 0
 
-    measured = driver._measure_one
+    measured = driver.measure
 
-    def killed_at_64(args: Any, kind: str, name: str, mode: str, t: int, last: Any) -> dict[str, Any]:
-        if t == 64:
+    def killed_at_64(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        if spec["seq_len"] == 64:
             raise KeyboardInterrupt
-        return measured(args, kind, name, mode, t, last)
+        return measured(spec, timeout_s)
 
-    monkeypatch.setattr(driver, "_measure_one", killed_at_64)
+    monkeypatch.setattr(driver, "measure", killed_at_64)
     fresh = tmp_path / "again" / "attn.json"
     with pytest.raises(KeyboardInterrupt):
         bench.main([*argv, "--lengths", "32,64", "--json", str(fresh)])
