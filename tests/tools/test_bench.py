@@ -194,7 +194,7 @@ def test_bench_creates_its_folders_and_keeps_each_record_as_it_finishes(
     measured = driver.measure
 
     def killed_at_64(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        if spec["seq_len"] == 64:
+        if spec.get("seq_len") == 64:  # the torch.mm reference has no length
             raise KeyboardInterrupt
         return measured(spec, timeout_s)
 
