@@ -23,9 +23,10 @@ from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tvq_exp.data.paths import DataNotFoundError
 from tvq_exp.run import sweeps
 from tvq_exp.run.build import build_module, to_dict
-from tvq_exp.run.routes import ROUTES, check_routes
+from tvq_exp.run.routes import ROUTES, check_routes, command_line_conflict
 from tvq_exp.run.train import train
 from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.tools import train_command
 
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -193,6 +194,20 @@ def test_two_routes_to_one_option_with_different_values_are_refused(overrides: l
         check_routes(_compose(given), given)
     same = [*given[:-1], given[-1].replace("32", "16")]
     check_routes(_compose(same), same)  # the same value by both routes is one value
+
+
+def test_a_multirun_over_two_routes_to_one_option_is_refused_before_it_launches(tmp_path: Path) -> None:
+    """``-m codebook_size=16,32 model.attention.codebook_size=32`` would run 2 jobs, one of them with its
+    codebook_size ignored: refused in one line, exit 2, before any job or run dir."""
+    args = ["-m", "experiment=smoke", "codebook_size=16,32", "model.attention.codebook_size=32"]
+    proc = train_command.run_train(args, tmp_path, 120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: model.attention.codebook_size='32': differs from codebook_size=16,32, its route (conf/train.yaml): "
+        "give one of codebook_size=... and model.attention.codebook_size=..., or the same values to both"
+    ]
+    assert not list(tmp_path.iterdir())
+    assert command_line_conflict(["block_len=16", "+model.attention.group_size=16"]) is None
+    assert command_line_conflict(["-m", "block_len=16,32", "model.attention.block_len=32,16"]) is None
 
 
 def test_expected_sweep_presets_exist() -> None:

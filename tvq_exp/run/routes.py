@@ -26,6 +26,35 @@ ROUTES: dict[str, dict[str, str]] = {
 }
 
 
+# the attention options that are a top-level size's route in every backend that has them (dense's window_len is
+# not: VQ's window_len is an option of its own), checked on the command line before a multirun launches its jobs
+COMMAND_LINE_ROUTES = {
+    "codebook_size": ("model.attention.codebook_size", "model.attention.num_centroids"),
+    "block_len": ("model.attention.block_len", "model.attention.group_size"),
+}
+
+
+def command_line_conflict(args: Sequence[str]) -> ConfigError | None:
+    """The first top-level size and attention option of :data:`COMMAND_LINE_ROUTES` that ``args`` (a command line)
+    both set, to different values or value lists (``codebook_size=16,32 model.attention.codebook_size=32``: a
+    multirun's cross product, one axis ignored), as a :class:`ConfigError`; ``None`` when there is none."""
+    values = {
+        arg.split("=", 1)[0].lstrip("+~"): set(arg.split("=", 1)[1].split(","))
+        for arg in args
+        if "=" in arg and not arg.startswith("-")
+    }
+    for top, options in COMMAND_LINE_ROUTES.items():
+        for option in (o for o in options if top in values and o in values and values[o] != values[top]):
+            given = ",".join(sorted(values[top], key=str))
+            return ConfigError(
+                option,
+                ",".join(sorted(values[option], key=str)),
+                f"differs from {top}={given}, its route (conf/train.yaml): give one of {top}=... and {option}=..., "
+                "or the same values to both",
+            )
+    return None
+
+
 def given_keys(overrides: Sequence[str]) -> set[str]:
     """The keys that ``overrides`` (``key=value``, ``+key=value``, ``++key=value``, ``~key``) set."""
     return {item.split("=", 1)[0].lstrip("+~") for item in overrides if "=" in item}
@@ -53,4 +82,4 @@ def check_routes(cfg: DictConfig, overrides: Sequence[str] | None = None) -> Non
             )
 
 
-__all__ = ["ROUTES", "check_routes", "given_keys"]
+__all__ = ["COMMAND_LINE_ROUTES", "ROUTES", "check_routes", "command_line_conflict", "given_keys"]
