@@ -207,14 +207,16 @@ class _Parts:
         return x.expand(self.n, c, *x.shape[-2:])
 
     def distance_logits(self, i0: int, i1: int) -> Tensor:
-        """``(q + v)·r_d`` of items ``i0..i1-1``: ``(N, c, R, M + 1)`` (per head of the rows)."""
-        n, c, g = self.n, i1 - i0, self.rel.shape[1]
+        """``(q + v)·r_d`` of items ``i0..i1-1``: ``(N, c, R, M + 1)`` (per head of the rows), in fp32."""
+        n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
         bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
-        return (bq @ self.rel[:, None].transpose(-1, -2)).view(n, c, self.rows, -1)
+        dl = bq.new_empty(n, c, g, bq.shape[3], m1, dtype=self.acc)
+        _matmul(bq, self.rel[:, None].transpose(-1, -2).expand(n, c, -1, -1, -1), dl)
+        return dl.view(n, c, self.rows, -1)
 
     def window_logits(self, i0: int, i1: int) -> Tensor:
         """Additive window terms ``(N, c, R, W)`` of the XL bias."""
-        dl = self.distance_logits(i0, i1).to(self.acc)
+        dl = self.distance_logits(i0, i1)
         edge = dl.new_tensor([0.0, float("-inf")]).expand(*dl.shape[:-1], 2)
         return torch.cat([dl, edge], dim=-1).gather(-1, self._expand(self.index, i1 - i0))
 
