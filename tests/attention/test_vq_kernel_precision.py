@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from tests.attention.test_vq import grouped, kernel_inputs
-from tvq_exp.attention.vq.kernel import _Parts, window_cache_attention
+from tvq_exp.attention.vq.kernel import ChunkParts, window_cache_attention
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
 
 U_BF16, U_FP32 = 2.0**-8, 2.0**-24  # unit roundoffs: 8 and 24 significant bits
@@ -74,13 +74,13 @@ def test_bf16_logit_gradient_is_formed_in_fp32() -> None:
     do = torch.randn(n, items, rows, dv).bfloat16()
     out = window_cache_attention(grouped(same)).bfloat16()
 
-    def parts(x: dict) -> _Parts:
+    def parts(x: dict) -> ChunkParts:
         inputs = grouped(x)
-        return _Parts(*inputs[:4], *inputs.bias, *inputs.cache, inputs.prev_masked)
+        return ChunkParts(*inputs[:4], *inputs.bias, *inputs.cache, inputs.prev_masked)
 
     p = parts(same).probabilities(0, items)  # the same weights in both
-    ds_low = parts(low)._logit_grad(p, do, out, 0, items)
-    ds = parts(same)._logit_grad(p, do.float(), out.float(), 0, items)
+    ds_low = parts(low).logit_grad(p, do, out, 0, items)
+    ds = parts(same).logit_grad(p, do.float(), out.float(), 0, items)
     assert ds_low.dtype == torch.float32
     # |dO|·[|V|; |μ|]^T and |dO|·|O|: each fp32 dot of dv terms is off by <= dv·u of its absolute sum; then
     # the difference and the product with p round once each (u·|dS| each); the bound itself in fp64

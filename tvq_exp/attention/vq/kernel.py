@@ -1,5 +1,9 @@
 """The fused window + cache step of Transformer-VQ attention: chunked, recomputed in the backward.
 
+Over 300 lines: the forward and the backward share one set of per-chunk pieces (the fp32 logits from the
+window views and the codes, the weighted values, the bias lookup) and its inputs' layout; the plain
+reference is in ``naive.py``.
+
 Each **item** is one query block: ``R = G·Lq`` query rows (``G`` grouped query heads stacked, ``Lq``
 positions) that attend to
 
@@ -129,7 +133,7 @@ class _WindowCache(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad):  # noqa: ANN001
         with torch.autocast(q.device.type, enabled=False):
-            parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
             for i0, i1 in _chunks(q.shape[1], chunk):
                 parts.weighted_values(parts.probabilities(i0, i1), i0, i1, out[:, i0:i1])
@@ -141,7 +145,7 @@ class _WindowCache(torch.autograd.Function):
     def backward(ctx, grad_out):  # noqa: ANN001
         q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
             dq, dkb, dvb, dbq, drel, dcode, dmu = parts.backward(
                 grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad,
                 ctx.needs_input_grad[6] and codebook.dim() == 4,
@@ -167,8 +171,10 @@ def _matmul(a: Tensor, b: Tensor, out: Tensor, add: bool = False) -> None:
         out.copy_(prod)
 
 
-class _Parts:
-    """The tensors of one call and the per-chunk pieces shared by the forward and the backward.
+class ChunkParts:
+    """The tensors of one call (:class:`WindowInputs`' fields, flat) and the per-chunk pieces shared by the
+    forward and the backward: items ``i0..i1-1``' weights ``(N, c, R, W [+ S])`` (:meth:`probabilities`), their
+    values' product and the gradient of their logits (:meth:`logit_grad`).
 
     Item ``i``'s window (blocks ``i..i + blocks - 1``) is a run of consecutive rows of the blocks: every item's
     keys and values are views (``unfold``) of ``kb`` and ``vb``, never copies, and the products with the window
@@ -195,10 +201,9 @@ class _Parts:
         self.blocks = kb.shape[1] - q.shape[1] + 1  # blocks per window: 2, or 1 for a lone first block
         self.width = self.blocks * self.block  # W
         self.columns = self.width + (0 if codebook is None else codebook.shape[-2])
-        self.keys_t = kb.flatten(1, 2).unfold(
-            1, self.width, self.block
-        )  # (N, I, d_k, W): item i's keys, transposed
-        self.values = vb.flatten(1, 2).unfold(1, self.width, self.block).transpose(-1, -2)  # (N, I, W, d_v)
+        # (N, I, d_k, W) and (N, I, W, d_v): item i's keys (transposed) and values
+        self.keys_t = kb.flatten(1, 2).unfold(1, self.width, self.block)
+        self.values = vb.flatten(1, 2).unfold(1, self.width, self.block).transpose(-1, -2)
         self.index = index.repeat(self.rows // index.shape[0], 1)  # (R, W): the same for every head
         if rel is None:  # the table [0, -inf] of every row: its masked keys
             self.masked = self.index == 1
@@ -220,14 +225,18 @@ class _Parts:
         edge = dl.new_tensor([0.0, float("-inf")]).expand(*dl.shape[:-1], 2)
         return torch.cat([dl, edge], dim=-1).gather(-1, self._expand(self.index, i1 - i0))
 
-    def _codes_product(self, a: Tensor, i0: int, i1: int, out: Tensor, add: bool = False) -> None:
-        """``out (+)= a @ codebook^T`` for the rows ``a (N, c, R, d_k)`` of items ``i0..i1-1`` (one codebook:
-        every item's rows in one product)."""
-        if self.codebook.dim() == 4:
-            _matmul(a, self.codebook[:, i0:i1].transpose(-1, -2), out, add)
+    def _codes_product(
+        self, a: Tensor, i0: int, i1: int, out: Tensor, transpose: bool = True, add: bool = False
+    ) -> None:
+        """``out (+)= a @ codebook^T`` (``transpose`` False: ``a @ codebook``) for the rows ``a (N, c, R, ·)`` of
+        items ``i0..i1-1`` (one codebook: every item's rows in one product)."""
+        code = self.codebook if self.codebook.dim() == 3 else self.codebook[:, i0:i1]
+        code = code.transpose(-1, -2) if transpose else code
+        if code.dim() == 4:
+            _matmul(a, code, out, add)
         else:
             n, rows = self.n, (i1 - i0) * self.rows
-            _matmul(a.reshape(n, rows, -1), self.codebook.transpose(-1, -2), out.view(n, rows, -1), add)
+            _matmul(a.reshape(n, rows, -1), code, out.view(n, rows, -1), add)
 
     def probabilities(self, i0: int, i1: int) -> Tensor:
         """Attention weights ``(N, c, R, W [+ S])`` of items ``i0..i1-1`` (fp32 logits, one softmax).
@@ -285,7 +294,7 @@ class _Parts:
             dvw = p_low[..., :w].transpose(-1, -2) @ do  # (N, c, W, d_v)
             if dmu is not None:
                 dmu[:, i0:i1] = p_low[..., w:].transpose(-1, -2) @ do
-            ds = self._logit_grad(p, do, out[:, i0:i1], i0, i1)
+            ds = self.logit_grad(p, do, out[:, i0:i1], i0, i1)
             ds_low = ds.to(q.dtype)
             self._query_grad(ds_low, i0, i1, dq[:, i0:i1])
             dkw = ds_low[..., :w].transpose(-1, -2) @ qc  # (N, c, W, d_k)
@@ -298,7 +307,7 @@ class _Parts:
                 self._bias_backward(ds[..., :w], i0, i1, dbq, drel)
         return dq, dkb, dvb, dbq, None if drel is None else drel.to(self.rel.dtype), dcode, dmu
 
-    def _logit_grad(self, p: Tensor, do: Tensor, out: Tensor, i0: int, i1: int) -> Tensor:
+    def logit_grad(self, p: Tensor, do: Tensor, out: Tensor, i0: int, i1: int) -> Tensor:
         """``dS = p·(dO·[values; means]^T − Σ dO·O)`` of items ``i0..i1-1``, formed in fp32."""
         w = self.width
         delta = (do.to(self.acc) * out.to(self.acc)).sum(-1, keepdim=True)
@@ -314,12 +323,7 @@ class _Parts:
         acc = dq if dq.dtype == self.acc else torch.empty_like(dq, dtype=self.acc)
         _matmul(ds_low[..., :w], self.keys_t[:, i0:i1].transpose(-1, -2), acc)
         if self.codebook is not None:
-            code = self.codebook if self.codebook.dim() == 3 else self.codebook[:, i0:i1]
-            if code.dim() == 3:
-                n, rows = self.n, (i1 - i0) * self.rows
-                _matmul(ds_low[..., w:].reshape(n, rows, -1), code, acc.view(n, rows, -1), add=True)
-            else:
-                _matmul(ds_low[..., w:], code, acc, add=True)
+            self._codes_product(ds_low[..., w:], i0, i1, acc, transpose=False, add=True)
         if acc is not dq:
             dq.copy_(acc)
 
@@ -343,6 +347,7 @@ def _chunks(items: int, chunk: int) -> Iterator[tuple[int, int]]:
 
 __all__ = [
     "CHUNK_BYTES",
+    "ChunkParts",
     "CodeCache",
     "WindowBias",
     "default_chunk",
