@@ -132,18 +132,15 @@ def atomic_write(
         folder = _open_folder(base, parts[:-1], create=True)
     except OSError as error:
         raise _output_error(target, error) from None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
         _check_target(folder, name, target)
         try:
-            fd = os.open(
-                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder
-            )
-        except FileExistsError:
-            os.unlink(temporary, dir_fd=folder)  # this process's own leftover (a failed earlier write)
-            fd = os.open(
-                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder
-            )
-        try:
+            try:
+                fd = os.open(temporary, flags, 0o644, dir_fd=folder)
+            except FileExistsError:  # this process's own leftover (a failed earlier write)
+                os.unlink(temporary, dir_fd=folder)
+                fd = os.open(temporary, flags, 0o644, dir_fd=folder)
             with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
                 yield handle
                 handle.flush()
@@ -158,7 +155,7 @@ def atomic_write(
         finally:
             try:
                 os.unlink(temporary, dir_fd=folder)
-            except FileNotFoundError:
+            except (FileNotFoundError, PermissionError):  # renamed into place, or never created
                 pass
     finally:
         os.close(folder)
