@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tvq_exp.attention import BACKENDS
+from tvq_exp.files import atomic_write, write_text
 from tvq_exp.tools.bench.cases import KERNEL_VARIANTS
 from tvq_exp.tools.bench.report import plot, print_table, row
 
@@ -148,7 +149,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             rec.setdefault(field, None)
     print_table(records)
     if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1))
+        write_text(args.json, Path(args.json).parent, json.dumps(records, indent=1))
     if args.plot:
-        plot(records, args.plot, kind)
+        with atomic_write(args.plot, Path(args.plot).parent) as png:
+            plot(records, png, kind)
     return records
