@@ -1,9 +1,11 @@
 """`python train.py [key=value ...]`: see conf/train.yaml and tvq_exp.run.train."""
 
+import sys
+
 from omegaconf import DictConfig
 
 from tvq_exp.run.errors import run
-from tvq_exp.run.sweeps import objective
+from tvq_exp.run.sweeps import SweepStatus, objective
 from tvq_exp.run.train import train
 
 
@@ -15,3 +17,6 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     run("train", main)
+    if SweepStatus.failed:  # a multirun whose jobs failed: the others ran, the command still reports failure
+        names = ", ".join(str(path.parent) for path in SweepStatus.failed[:3])
+        sys.exit(f"error: {len(SweepStatus.failed)} sweep job(s) failed ({names}); see their error.txt")

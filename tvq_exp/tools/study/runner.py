@@ -93,9 +93,7 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
         return path
     start = time.time()
     summary = train_job(job, out, threads)
-    evaluations = {
-        e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job)
-    }
+    evaluations = {e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job)}
     config = yaml.safe_load((run_dir(out, job) / "config.yaml").read_text())
     result = {
         "study": study.name, "run": job.run, "regime": job.regime, "seed": job.seed, "id": job.id,
