@@ -76,9 +76,12 @@ def _parts_below(path: Path, root: str | os.PathLike[str]) -> tuple[Path, tuple[
 def _open_folder(base: Path, parts: tuple[str, ...], create: bool) -> int:
     """A descriptor of ``base/parts...``, each part opened with ``O_NOFOLLOW`` (created when ``create``)."""
     flags = os.O_RDONLY | os.O_DIRECTORY
-    if create:
-        base.mkdir(parents=True, exist_ok=True)
-    fd = os.open(base, flags)
+    try:
+        if create:
+            base.mkdir(parents=True, exist_ok=True)
+        fd = os.open(base, flags)
+    except (FileExistsError, NotADirectoryError):
+        raise UnsafePathError(f"{base}: is a file, not a folder; name a folder to write in") from None
     try:
         for part in parts:
             try:

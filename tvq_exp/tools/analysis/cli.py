@@ -50,7 +50,7 @@ def report_main(argv: Sequence[str]) -> None:
             f"error: {folder} holds no run (no folder with .hydra/, config.yaml or error.txt); give a sweep "
             "directory (logs/multiruns/<name>) or a run directory"
         )
-    check_writable(args.out)  # a read-only or full folder stops now, before the runs are read
+    writable(args.out)  # a read-only or full folder stops now, before the runs are read
     table = write_report(folder, args.out)
     failed = int(table["status"].ne("ok").sum()) if "status" in table else 0
     print(f"{len(table)} runs ({failed} failed) -> {Path(args.out) / 'summary.md'}")
@@ -82,7 +82,7 @@ def frontier_main(argv: Sequence[str]) -> None:
     if bad:
         parser.error(f"override {bad[0]!r}: must be key=value of train.py (not hydra.* or paths.*: the frontier "
                      "places its runs in --out)")  # fmt: skip
-    check_writable(args.out)  # before the first model trains, not after the last
+    writable(args.out)  # before the first model trains, not after the last
     try:
         table = run_frontier(args.out, args.models, args.budget, args.overrides)
     except subprocess.CalledProcessError as error:
@@ -91,6 +91,14 @@ def frontier_main(argv: Sequence[str]) -> None:
             "its error is above"
         ) from None
     print(markdown_table(table.drop(columns=["run"])))
+
+
+def writable(folder: str | Path) -> None:
+    """:func:`~tvq_exp.files.check_writable` with its refusal as one ``error:`` line (exit 1)."""
+    try:
+        check_writable(folder)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: --out {folder}: {' '.join(str(error).split())}") from None
 
 
 def model_presets(text: str) -> list[str]:
@@ -145,10 +153,7 @@ def study_main(argv: Sequence[str]) -> None:
     if unknown:
         raise SystemExit(f"error: {unknown[0]}: not in {args.study} (runs: {', '.join(study.runs)}; regimes: "
                          f"{', '.join(study.regimes)})")  # fmt: skip
-    try:
-        check_writable(out)  # before the first job trains
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {' '.join(str(error).split())}") from None
+    writable(out)  # before the first job trains
     jobs = select(study, split(args.runs), split(args.regimes), args.seeds)
     if not jobs:
         raise SystemExit(f"error: --runs/--regimes/--seeds select no job of {args.study}")

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from tvq_exp.files import check_writable
+from tvq_exp.files import OutputError, UnsafePathError, check_writable
 from tvq_exp.tools.arguments import (
     OneLineParser,
     non_negative_float,
@@ -165,10 +165,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
         return None
     args = parser().parse_args(argv)
     check_names(args)
-    for output in (args.json, args.plot):
-        if output is not None:
-            check_writable(output.parent)  # a read-only or full folder stops now, not after the sweep
-    records = run(args)
+    try:
+        for output in (args.json, args.plot):
+            if output is not None:
+                check_writable(output.parent)  # a read-only or full folder stops now, not after the sweep
+        records = run(args)
+    except (OutputError, UnsafePathError) as error:
+        raise SystemExit(f"error: {' '.join(str(error).split())}") from None
     failed = [f"{r['backend']} {r['mode']} T={r['seq_len']}" for r in records if failed_record(r)]
     if failed:
         raise SystemExit(
