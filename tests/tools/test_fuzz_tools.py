@@ -9,6 +9,7 @@ name belongs, a folder or device where a file belongs) and per file from the way
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -348,3 +349,16 @@ def test_damaged_run_dirs_are_never_reported_ok(tmp_path: Path, capsys: pytest.C
                         ([str(cases[0][1]), "--out", str(tmp_path / "good.txt")], "good.txt")):  # fmt: skip
         (tmp_path / "good.txt").write_text("a file, not a folder")
         assert words in _refusal(lambda argv=argv: analysis.main(argv), capsys)
+
+
+def test_a_bench_with_a_failed_configuration_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A configuration whose worker fails (here: an option the model does not have) is recorded, the records are
+    written, and the command exits non-zero naming it; being out of memory or too slow is a measurement."""
+    out = tmp_path / "records.json"
+    argv = [*SAFE["model"], "--set", "gau_dense:block.no_such_option=1", "--json", str(out)]
+    message = _refusal(lambda: bench.main(["model", *argv]), capsys)
+    assert message.startswith("error: 1 of 1 configurations failed (gau_dense fwd T=16)"), message
+    (record,) = json.loads(out.read_text())
+    assert record["error"].startswith("worker failed")
