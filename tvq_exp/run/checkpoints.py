@@ -203,8 +203,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         path = Path(os.path.abspath(path))
         checkpoint[SAVED_AT] = time.time()  # where a resumed run cuts its logs (tvq_exp.run.loggers)
-        # contained in the run dir (no link followed), whole or absent (tvq_exp.files.atomic_write)
-        where = Path(path.parent.name, path.name)  # the checkpoint folder itself may not be a link either
+        # whole or absent, no link followed below the run dir (tvq_exp.files.atomic_write); Lightning hands a
+        # resolved path, so a linked checkpoint folder is refused by fit's scan of the run dir (refuse_links)
+        where = Path(path.parent.name, path.name)
         with atomic_write(where, path.parent.parent, keep_previous=previous_path(path).name) as file:
             torch.save(checkpoint, file)
 
