@@ -145,7 +145,13 @@ def atomic_write(
                 os.unlink(temporary, dir_fd=folder)
                 fd = os.open(temporary, flags, 0o644, dir_fd=folder)
             with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
-                yield handle
+                recording = _Recording(handle)
+                try:
+                    yield recording
+                except Exception:
+                    if recording.failure is not None:  # a writer that wraps the disk's error (torch.save does)
+                        raise recording.failure from None
+                    raise
                 handle.flush()
                 os.fsync(handle.fileno())
             _check_target(folder, name, target)
@@ -162,6 +168,25 @@ def atomic_write(
                 pass
     finally:
         os.close(folder)
+
+
+class _Recording:
+    """A file that remembers the first ``OSError`` its ``write`` met (everything else passes through), so that a
+    writer reporting a full disk as its own error (``torch.save``: "unexpected pos") still ends as that error."""
+
+    def __init__(self, file: IO[Any]) -> None:
+        self._file = file
+        self.failure: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            self.failure = self.failure or error
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
 
 
 def _is_file(folder: int, name: str) -> bool:

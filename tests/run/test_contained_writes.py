@@ -1,12 +1,15 @@
 """A training run writes only inside its run dir and leaves whole logs (docs/reliability.md, "Contained writes and
 faults"): a run dir holding a link to outside is refused before anything is written through it; a second run with
 the same ``run_name`` refuses while the first one runs; a run killed before its first checkpoint and launched
-again leaves TensorBoard and ``metrics.csv`` with every step once; ``eval.py output=/dev/null`` is refused."""
+again leaves TensorBoard and ``metrics.csv`` with every step once; a checkpoint write that fails on disk stops in one
+line and keeps the last good checkpoint; ``eval.py output=/dev/null`` is refused."""
 
 from __future__ import annotations
 
 import csv
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +22,7 @@ from tests.helpers.paths import CONF, REPO
 from tests.run.test_kill9_logs import BASE
 from tests.run.test_reliability import needs_data
 from tvq_exp.files import lock_run_dir
+from tvq_exp.run.checkpoints import read_checkpoint
 from tvq_exp.run.validation import Command, ConfigError, validate
 
 pytestmark = needs_data
@@ -109,3 +113,30 @@ def test_a_device_as_output_is_refused(command: str, device: str, tmp_path: Path
     with pytest.raises(ConfigError, match=r"is a symbolic link"):
         validate(cfg, kind)
     assert not Path(device + ".png").exists() and not (tmp_path / "elsewhere.json").exists()
+
+
+def _file_size_limit() -> None:
+    """In the child: writes past 1 MiB fail with ``EFBIG``, as a full disk fails them with ``ENOSPC``."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+def test_a_checkpoint_write_that_fails_stops_in_one_line_and_keeps_the_last_good_one(tmp_path: Path) -> None:
+    """A real write failure during training (the process's file-size limit, below one checkpoint's size): one
+    ``error:`` line naming the file, exit 1; the last good checkpoint is whole and loads; no temporary is left."""
+    run_dir = tmp_path / "r"
+    assert _train(run_dir, "trainer.max_steps=4", "resume=auto").returncode == 0
+    before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    command = [sys.executable, str(REPO / "train.py"), *BASE, "run_name=r", f"hydra.run.dir={run_dir}",
+               "trainer.max_steps=8", "resume=auto"]  # fmt: skip
+    proc = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
+                          preexec_fn=_file_size_limit)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
+        lines[-1].startswith(f"error: {run_dir / 'checkpoints'}/")
+        and "cannot write (File too large)" in lines[-1]
+    )
+    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
