@@ -17,6 +17,7 @@ from tvq_exp.files import (
     OutputError,
     RunLockedError,
     UnsafePathError,
+    append_to,
     atomic_write,
     check_writable,
     contained,
@@ -145,3 +146,16 @@ def test_a_locked_run_dir_refuses_a_second_writer(root: Path) -> None:
     finally:
         held.close()
     lock_run_dir(root / "run").close()  # released with its holder (a killed run releases it too)
+
+
+def test_a_log_is_appended_to_never_through_a_link(root: Path, outside: Path) -> None:
+    with append_to("runs/a/job.log", root) as handle:
+        handle.write("one\n")
+    with append_to("runs/a/job.log", root) as handle:
+        handle.write("two\n")
+    assert (root / "runs" / "a" / "job.log").read_text() == "one\ntwo\n"
+    (root / "runs" / "b").mkdir()
+    (root / "runs" / "b" / "job.log").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        append_to("runs/b/job.log", root)
+    assert outside.read_text() == "precious"

@@ -149,7 +149,9 @@ def atomic_write(
                 try:
                     yield recording
                 except Exception:
-                    if recording.failure is not None:  # a writer that wraps the disk's error (torch.save does)
+                    if (
+                        recording.failure is not None
+                    ):  # a writer that wraps the disk's error (torch.save does)
                         raise recording.failure from None
                     raise
                 handle.flush()
@@ -221,6 +223,19 @@ def write_bytes(path: str | os.PathLike[str], root: str | os.PathLike[str], data
     return contained(path, root)
 
 
+def append_to(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> IO[str]:
+    """``path`` inside ``root`` (folders created) opened to append text, never through a link (a log)."""
+    target = make_dirs(Path(path).parent, root) / Path(path).name
+    contained(target, root)
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafePathError(f"{target}: is a symbolic link; a write never follows one") from None
+        raise _output_error(target, error) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def _output_error(path: Path, error: OSError) -> OSError:
     """A write's ``OSError`` as one :class:`OutputError` line naming ``path`` (other errors unchanged)."""
     if isinstance(error, UnsafePathError | OutputError) or error.errno not in DISK_ERRNOS:
@@ -278,6 +293,7 @@ def lock_run_dir(folder: str | os.PathLike[str]) -> IO[bytes]:
 
 __all__ = [
     "DISK_ERRNOS",
+    "append_to",
     "LOCK_FILE",
     "OutputError",
     "RunLockedError",
