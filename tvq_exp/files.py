@@ -251,8 +251,11 @@ def check_writable(folder: str | os.PathLike[str], root: str | os.PathLike[str] 
     computation: :class:`OutputError` (or :class:`UnsafePathError`) now rather than after it."""
     folder = Path(os.path.abspath(os.fspath(folder)))
     probe = folder / f".write-probe-{os.getpid()}"
-    with atomic_write(probe, root if root is not None else folder) as handle:
-        handle.write(b"probe")
+    try:
+        with atomic_write(probe, root if root is not None else folder) as handle:
+            handle.write(b"probe")
+    except OutputError as error:  # name the folder the user gave, not the probe
+        raise OutputError(str(error).replace(str(probe), str(folder), 1)) from None
     probe.unlink()
     return folder
 

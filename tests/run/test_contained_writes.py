@@ -140,3 +140,15 @@ def test_a_checkpoint_write_that_fails_stops_in_one_line_and_keeps_the_last_good
     assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
     assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 4
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_eval_into_a_folder_that_takes_no_file_stops_before_evaluating(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    assert _train(run_dir, "trainer.max_steps=2").returncode == 0
+    command = [sys.executable, str(REPO / "eval.py"), f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+               "output=/sys/tvq-eval.json", "progress_bar=false"]  # fmt: skip
+    proc = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1].startswith("error: /sys: cannot write (Permission denied)"), lines[-1]
+    assert "bits/byte" not in proc.stdout + proc.stderr  # refused before the evaluation ran
