@@ -1,5 +1,8 @@
 """Contained writes: every file a command writes lies inside the folder it belongs in, and is whole or absent.
 
+Over 300 lines: one module for the one rule (the check, the descriptor walk, the atomic writer, the append for logs,
+the probe and the run-dir lock all share it); split, each writer would restate the checks it needs.
+
 One rule serves every writer (run dirs, checkpoints, ``config.yaml``, eval JSON and figures, study runs and
 reports, analysis reports, bench output): a path is written relative to its *root* (a run dir, a checkpoint
 folder, ``--out``, the folder of a file the user named), and :func:`contained` refuses it when a part is ``..``,
