@@ -15,7 +15,6 @@ import pytest
 from tests.helpers.paths import REPO
 from tvq_exp.files import (
     OutputError,
-    RunLockedError,
     UnsafePathError,
     append_to,
     atomic_write,
@@ -139,13 +138,26 @@ def test_an_unwritable_folder_is_found_before_the_work() -> None:
 
 
 def test_a_locked_run_dir_refuses_a_second_writer(root: Path) -> None:
+    """Another process is refused while the lock is held; this process's own later run gets it back; a closed
+    holder releases it."""
+    script = (
+        "import sys\nfrom tvq_exp.files import RunLockedError, lock_run_dir\n"
+        f"try:\n    lock_run_dir({str(root / 'run')!r})\n"
+        "except RunLockedError as error:\n    sys.exit(f'error: {error}')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def second() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+
     held = lock_run_dir(root / "run")
-    try:
-        with pytest.raises(RunLockedError, match="is in use by another run"):
-            lock_run_dir(root / "run")
-    finally:
-        held.close()
-    lock_run_dir(root / "run").close()  # released with its holder (a killed run releases it too)
+    assert lock_run_dir(root / "run") is held
+    refused = second()
+    assert refused.returncode == 1 and "is in use by another run" in refused.stderr, refused.stderr
+    held.close()
+    assert second().returncode == 0
 
 
 def test_a_log_is_appended_to_never_through_a_link(root: Path, outside: Path) -> None:

@@ -23,12 +23,16 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 LOCK_FILE = ".lock"
+_HELD: weakref.WeakValueDictionary[str, IO[bytes]] = (
+    weakref.WeakValueDictionary()
+)  # run dirs this process locks
 # what a full disk, a quota, a read-only or foreign folder, or a size limit look like to a write
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
 
@@ -278,8 +282,14 @@ def refuse_links(folder: str | os.PathLike[str]) -> None:
 
 def lock_run_dir(folder: str | os.PathLike[str]) -> IO[bytes]:
     """Take the run dir's lock (``<folder>/.lock``, ``fcntl``; the folder is created), held until the returned
-    file is closed or the process ends; :class:`RunLockedError` when another live process holds it."""
+    file is closed or dropped, or the process ends; :class:`RunLockedError` when another live process holds it
+    (a lock this process still holds is handed back: runs in one process are sequential)."""
     folder = make_dirs(folder, folder)
+    held = _HELD.get(str(folder))
+    if (
+        held is not None and not held.closed
+    ):  # this process's own earlier run (kept alive by a traceback, say)
+        return held
     path = contained(LOCK_FILE, folder)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -294,6 +304,7 @@ def lock_run_dir(folder: str | os.PathLike[str]) -> IO[bytes]:
             f"run dir {folder} is in use by another run (its {LOCK_FILE} is locked); wait for it to end or choose "
             "another run_name"
         ) from None
+    _HELD[str(folder)] = handle
     return handle
 
 
