@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from tvq_exp.run.errors import USAGE_STATUS, fail, run
 from tvq_exp.run.routes import command_line_conflict
-from tvq_exp.run.sweeps import objective
+from tvq_exp.run.sweeps import SweepStatus, objective
 from tvq_exp.run.train import train
 
 
@@ -21,3 +21,6 @@ if __name__ == "__main__":
     if (conflict := command_line_conflict(sys.argv[1:])) is not None:
         fail(conflict, USAGE_STATUS)
     run("train", main)
+    if SweepStatus.failed:  # a multirun whose jobs failed: the others ran, the command still reports failure
+        names = ", ".join(str(path.parent) for path in SweepStatus.failed[:3])
+        sys.exit(f"error: {len(SweepStatus.failed)} sweep job(s) failed ({names}); see their error.txt")

@@ -3,7 +3,8 @@ dense attention) on byte-level language modelling and pixel-level image modellin
 
 The package is arranged by job; lower floors never import higher ones (tests/test_layout.py holds it):
 
-- ``measure``, ``options``, ``batch``, ``console``, ``resolvers``, ``plots``: small shared pieces (no other tvq_exp import);
+- ``measure``, ``options``, ``batch``, ``console``, ``resolvers``, ``plots``, ``files`` (contained writes): small
+  shared pieces (no other tvq_exp import);
 - ``nn`` (norms, positions), ``quantize`` (codebooks): layers;
 - ``attention``: the backends behind one contract, each with a ``naive`` reference beside it;
 - ``models``: blocks, the decoder, the Lightning module, generation;

@@ -140,20 +140,25 @@ class PlainName(Constraint):
 @dataclass(frozen=True)
 class NewFile(Constraint):
     """A file a command writes (``eval.py output=``, ``sample.py output=``): its folder must exist, since no
-    command creates folders the user named, and it must not be a folder itself."""
+    command creates folders the user named, and it must be a regular file or new (not a folder, a link or a
+    device such as ``/dev/null``, beside which ``eval.py`` would write ``/dev/null.png``)."""
 
     def violation(self, value: Any) -> str | None:
         if not isinstance(value, str):
             return None  # a type error, reported by the type check
         path = Path(value).expanduser()
+        if path.is_symlink():
+            return "is a symbolic link: a command never writes through one; give a file name"
         if path.is_dir():
             return "is a folder: give a file name"
+        if path.exists() and not path.is_file():
+            return "is not a regular file (a device, pipe or socket): give a file name"
         if not path.parent.is_dir():
             return f"its folder {path.parent} does not exist: create it first (no command creates it for you)"
         return None
 
     def bad_values(self) -> list[Any]:
-        return ["/no-such-folder-of-tvq_exp/out.json", "/"]
+        return ["/no-such-folder-of-tvq_exp/out.json", "/", "/dev/null", "/dev/full"]
 
 
 def _number(x: float) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from matplotlib.figure import Figure  # a bare Figure: no pyplot, so importing this never changes the backend
 
@@ -77,9 +77,10 @@ def heatmap_figure(
     return figure
 
 
-def save_figure(figure: Figure, path: str) -> str:
-    """Write ``figure`` as PNG; returns the path."""
-    figure.savefig(path, dpi=110)
+def save_figure(figure: Figure, path: str | IO[bytes]) -> str | IO[bytes]:
+    """Write ``figure`` as PNG to the file ``path`` names, or into an open binary file (a contained write,
+    :func:`tvq_exp.files.atomic_write`); returns ``path``."""
+    figure.savefig(path, dpi=110, format="png")
     return path
 
 

@@ -1,32 +1,26 @@
-"""Data integrity (docs/reliability.md, "Data integrity"): the Gutenberg catalogue's checksums (hashed once per
-file, cached by size and mtime outside the data root), a truncated or edited catalogue, binary or compressed
+"""Data integrity (docs/reliability.md, "Data integrity"): the Gutenberg catalogue's checksums (hashed from the
+bytes on every load), its rows (unique, inside the folder) and UTF-8 throughout, a truncated or edited catalogue, binary or compressed
 files given as text, the PG-19 concatenation cache keyed by content, and the sha256 of a downloaded corpus."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tvq_exp.data import ChecksumError, CorruptFileError
-from tvq_exp.data.digests import CACHE_ENV, CACHE_FILE, file_sha256
+from tvq_exp.data.digests import sha256_of
 from tvq_exp.data.text import MahoneyCorpus
 from tvq_exp.data.text.files import concat_files
 from tvq_exp.data.text.gutenberg import GutenbergCorpus
 from tvq_exp.data.text.local import SingleFileCorpus, TextFilesCorpus
 
 HEADER = "file\tsplit\tbytes\tsha256\ttitle\n"
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def _library(root: Path) -> Path:
@@ -58,11 +52,10 @@ def test_a_same_size_edit_of_a_book_is_refused(tmp_path: Path) -> None:
         _files(tmp_path)
 
 
-def test_an_edit_past_the_first_mebibyte_of_a_large_book_is_refused(tmp_path: Path, _cache: Path) -> None:
+def test_an_edit_past_the_first_mebibyte_of_a_large_book_is_refused(tmp_path: Path) -> None:
     """A 2.5 MiB book (the digest reads 1 MiB at a time: three reads) edited in its last half MiB, same size,
-    with an empty digest cache: its whole content is hashed, so the edit is seen."""
+    with nothing cached: its whole content is hashed, so the edit is seen."""
     folder = _library(tmp_path)
-    assert not (_cache / CACHE_FILE).exists()
     book = folder / "b0.txt"
     text = b"a large book. It was a dark and stormy night.\n" * (5 * 2**20 // 2 // 46 + 1)
     assert len(text) > 2.5 * 2**20
@@ -71,41 +64,88 @@ def test_an_edit_past_the_first_mebibyte_of_a_large_book_is_refused(tmp_path: Pa
     rows = catalog.read_text().splitlines(keepends=True)
     rows[1] = f"b0.txt\ttrain\t{len(text)}\t{hashlib.sha256(text).hexdigest()}\tBook 0\n"
     catalog.write_text("".join(rows))
-    assert file_sha256(book) == hashlib.sha256(text).hexdigest()
+    assert sha256_of(book) == hashlib.sha256(text).hexdigest()
     assert _files(tmp_path)["train"] == ["b0.txt", "b1.txt"]
     edited = bytearray(text)
     edited[-1000] = ord("X")
-    (_cache / CACHE_FILE).unlink()  # empty again: nothing remembered from the good file
     book.write_bytes(bytes(edited))
     with pytest.raises(CorruptFileError, match=r"b0\.txt: sha256 .* differs from CATALOG\.tsv's"):
         _files(tmp_path)
 
 
-def test_the_digest_is_paid_once_per_file_and_cached_outside_the_data_root(
-    tmp_path: Path, _cache: Path
+def test_a_same_size_edit_with_its_mtime_restored_is_refused(tmp_path: Path) -> None:
+    """Digests come from the bytes on every load: no cache keyed by size and mtime to fool."""
+    folder = _library(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert _files(tmp_path)["train"] == ["b0.txt", "b1.txt"]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written anywhere
+    book = folder / "b0.txt"
+    stat = book.stat()
+    data = bytearray(book.read_bytes())
+    data[3] = ord("K")
+    book.write_bytes(bytes(data))
+    os.utime(book, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert book.stat().st_mtime_ns == stat.st_mtime_ns and book.stat().st_size == stat.st_size
+    with pytest.raises(CorruptFileError, match=r"b0\.txt: sha256 .* differs from CATALOG\.tsv's"):
+        _files(tmp_path)
+
+
+def _rewrite_rows(folder: Path, edit: Callable[[list[str]], list[str]]) -> None:
+    catalog = folder / "CATALOG.tsv"
+    lines = catalog.read_text().splitlines(keepends=True)
+    catalog.write_text(lines[0] + "".join(edit(lines[1:])))
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda rows: [*rows, rows[0]], r"'b0\.txt' is listed again \(first on line 2\)"),
+        (
+            lambda rows: [rows[0].replace("b0.txt", "../outside.txt", 1), *rows[1:]],
+            "is not a relative path inside",
+        ),
+        (
+            lambda rows: [rows[0].replace("b0.txt", "/etc/hostname", 1), *rows[1:]],
+            "is not a relative path inside",
+        ),
+        (
+            lambda rows: [rows[0].replace("b0.txt", "sub/../../outside.txt", 1), *rows[1:]],
+            "not a relative path",
+        ),
+        (lambda rows: [rows[0].replace("b0.txt", "link.txt", 1), *rows[1:]], "is not a relative path inside"),
+    ],
+)
+def test_catalogue_rows_are_unique_relative_and_inside_the_folder(
+    tmp_path: Path, edit: Callable[[list[str]], list[str]], words: str
 ) -> None:
     folder = _library(tmp_path)
-    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "text").rglob("*"))
-    _files(tmp_path)
-    assert (
-        sorted(p.relative_to(tmp_path) for p in (tmp_path / "text").rglob("*")) == before
-    )  # nothing written there
-    cache = json.loads((_cache / CACHE_FILE).read_text())
-    book = folder / "b0.txt"
-    size, mtime, digest = cache[str(book.resolve())]
-    assert (size, mtime, digest) == (
-        book.stat().st_size,
-        book.stat().st_mtime_ns,
-        hashlib.sha256(book.read_bytes()).hexdigest(),
-    )
-    # the cached digest is what the next run uses: a planted wrong one (same size and mtime) is believed ...
-    cache[str(book.resolve())] = [size, mtime, "0" * 64]
-    (_cache / CACHE_FILE).write_text(json.dumps(cache))
-    with pytest.raises(CorruptFileError, match="b0.txt: sha256 0{64}"):
+    outside = tmp_path / "text" / "outside.txt"
+    outside.write_bytes((folder / "b0.txt").read_bytes())
+    (folder / "link.txt").symlink_to(outside)
+    _rewrite_rows(folder, edit)
+    with pytest.raises(CorruptFileError, match=words) as error:
         _files(tmp_path)
-    # ... until the file's mtime changes: then it is hashed again
-    os.utime(book, ns=(mtime + 10**9, mtime + 10**9))
-    assert _files(tmp_path)["train"] == ["b0.txt", "b1.txt"]
+    assert "\n" not in str(error.value)
+
+
+def test_a_book_or_catalogue_that_is_not_utf8_throughout_is_refused(tmp_path: Path) -> None:
+    """Binary bytes after the first 64 KiB (where the text sniff of other corpora looks) are found too."""
+    folder = _library(tmp_path)
+    book = folder / "b2.txt"
+    data = b"plain words. " * 10_000 + b"\xff\xfe\x00\x01" + b"more words. " * 10
+    book.write_bytes(data)
+    _rewrite_rows(folder, lambda rows: [rows[0], rows[1], f"b2.txt\tvalidation\t{len(data)}\n", rows[3]])
+    with pytest.raises(CorruptFileError, match=r"b2\.txt is not valid UTF-8 \(byte 130000"):
+        _files(tmp_path)
+    book.write_bytes(data.replace(b"\xff\xfe", b"ab"))
+    with pytest.raises(CorruptFileError, match=r"b2\.txt holds a NUL byte at character 130002"):
+        _files(tmp_path)
+    book.write_bytes(b"x" * len(data))
+    assert _files(tmp_path)["validation"] == ["b2.txt"]
+    catalog = folder / "CATALOG.tsv"
+    catalog.write_bytes(catalog.read_bytes() + b"b9.txt\ttrain\t1\t\xc3\n")
+    with pytest.raises(CorruptFileError, match=r"CATALOG\.tsv is not valid UTF-8"):
+        _files(tmp_path)
 
 
 def test_a_truncated_or_edited_catalogue_is_refused(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import copy
 import gzip
+import hashlib
 import os
 import random
 import shutil
@@ -27,6 +28,8 @@ import torch
 
 from tests.helpers.paths import REPO
 from tvq_exp.data import CorruptFileError, DataNotFoundError
+from tvq_exp.data.text.files import concat_files
+from tvq_exp.data.text.gutenberg import GutenbergCorpus
 from tvq_exp.data.text.local import SingleFileCorpus, TextFilesCorpus
 from tvq_exp.run.checkpoints import CheckpointError, read_checkpoint, read_weights
 
@@ -185,3 +188,103 @@ def test_generated_bad_corpora_are_refused_naming_the_file(folder: Path) -> None
             load()
         message = " ".join(str(error.value).split())
         assert str(path) in message and words in message, (name, message)
+
+
+BOOK = b"It was a bright cold day in April, and the clocks were striking thirteen. " * 1200  # 88 KB, > 64 KiB
+
+
+def _library(folder: Path) -> tuple[Path, list[str]]:
+    """A Gutenberg folder of four books and its catalogue rows (without the header)."""
+    books = folder / "text" / "gutenberg"
+    books.mkdir(parents=True)
+    rows = []
+    for i, split in enumerate(["train", "train", "validation", "test"]):
+        (books / f"b{i}.txt").write_bytes(BOOK)
+        rows.append(f"b{i}.txt\t{split}\t{len(BOOK)}\t{hashlib.sha256(BOOK).hexdigest()}\n")
+    _catalogue(books, rows)
+    return books, rows
+
+
+def _catalogue(books: Path, rows: list[str]) -> None:
+    (books / "CATALOG.tsv").write_text("file\tsplit\tbytes\tsha256\n" + "".join(rows))
+
+
+def _library_cases(base: Path) -> list[tuple[str, Path, str]]:
+    """(case, data root of a damaged library, the words its refusal must hold)."""
+    cases: list[tuple[str, Path, str]] = []
+
+    def library(name: str) -> tuple[Path, Path, list[str]]:
+        root = base / name
+        books, rows = _library(root)
+        return root, books, rows
+
+    for i in range(10):  # same-size edits with the modification time put back
+        root, books, _ = library(f"edit-{i}")
+        GutenbergCorpus().split_files(root)  # read once before the edit (a digest cache would remember it)
+        book = books / f"b{RNG.randrange(4)}.txt"
+        stat, data = book.stat(), bytearray(book.read_bytes())
+        offset = RNG.randrange(len(data))
+        data[offset] = ord("#") if data[offset] != ord("#") else ord("%")
+        book.write_bytes(bytes(data))
+        os.utime(book, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        cases.append((f"same-size edit at {offset}", root, "differs from CATALOG.tsv's"))
+    for i in range(5):  # a row repeated somewhere
+        root, books, rows = library(f"repeat-{i}")
+        rows.insert(RNG.randrange(len(rows) + 1), rows[RNG.randrange(len(rows))])
+        _catalogue(books, rows)
+        cases.append(("repeated row", root, "is listed again"))
+    for i, name in enumerate(["../outside.txt", "/etc/hostname", "x/../../outside.txt", "../../../etc/passwd",
+                              "link.txt", "..\\outside.txt"]):  # fmt: skip
+        root, books, rows = library(f"outside-{i}")
+        (books.parent / "outside.txt").write_bytes(BOOK)
+        (books / "link.txt").symlink_to(books.parent / "outside.txt")
+        rows[0] = rows[0].replace("b0.txt", name, 1)
+        _catalogue(books, rows)
+        cases.append((f"row {name!r}", root, "is not a relative path inside"))
+    for i in range(13):  # bytes that are not UTF-8 text, after the first 64 KiB (or anywhere)
+        root, books, rows = library(f"binary-{i}")
+        data = bytearray(BOOK)
+        offset = RNG.randrange(1 << 16, len(data) - 4) if i < 10 else RNG.randrange(len(data) - 4)
+        bad = [b"\xff\xfe", b"\xc3", b"\x80\x80", b"\x00", b"\xed\xa0\x80"][i % 5]
+        data[offset : offset + len(bad)] = bad
+        (books / "b2.txt").write_bytes(bytes(data))
+        rows[2] = f"b2.txt\tvalidation\t{len(data)}\n"  # a catalogue without digests: the text check alone
+        _catalogue(books, rows)
+        cases.append((f"{bad!r} at {offset}", root, "NUL byte" if bad == b"\x00" else "is not valid UTF-8"))
+    for i in range(5):  # a catalogue with bytes that are not UTF-8
+        root, books, rows = library(f"catalogue-{i}")
+        text = bytearray((books / "CATALOG.tsv").read_bytes())
+        offset = RNG.randrange(len(text))
+        text[offset : offset + 1] = b"\xff"
+        (books / "CATALOG.tsv").write_bytes(bytes(text))
+        cases.append((f"catalogue byte {offset}", root, "is not valid UTF-8"))
+    return cases
+
+
+def test_generated_bad_libraries_are_refused_naming_the_file(folder: Path) -> None:
+    """Gutenberg libraries that lie: edits that keep size and mtime, repeated rows, rows outside the folder, bytes
+    that are not UTF-8 text past the first 64 KiB, a catalogue that is not UTF-8. Each refused in one line."""
+    cases = _library_cases(folder / "libraries")
+    assert len(cases) >= 35
+    for name, root, words in cases:
+        with pytest.raises(CorruptFileError) as error:
+            GutenbergCorpus().split_files(root)
+        message = str(error.value)
+        assert words in message and "\n" not in message and str(root) in message, (name, message)
+
+
+def test_a_same_size_edit_gets_a_new_concatenation(folder: Path) -> None:
+    """The concatenation cache is named by the books' content digests: an edit that keeps the size and the
+    modification time is read, never the stale concatenation."""
+    books = [folder / "cat-a.txt", folder / "cat-b.txt"]
+    for book in books:
+        book.write_bytes(BOOK)
+    cache = folder / "cat-cache" / "train"
+    for _ in range(5):
+        book = RNG.choice(books)
+        stat, data = book.stat(), bytearray(book.read_bytes())
+        data[RNG.randrange(len(data))] = RNG.randrange(97, 123)
+        book.write_bytes(bytes(data))
+        os.utime(book, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        expected = books[0].read_bytes() + b"|" + books[1].read_bytes()
+        assert concat_files(books, b"|", cache=cache).tobytes() == expected

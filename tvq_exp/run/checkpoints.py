@@ -35,6 +35,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR, LAST
+from tvq_exp.files import atomic_write, write_text
 from tvq_exp.run.legacy import upgrade_run_config
 from tvq_exp.run.trust import UntrustedError, check_dcp_metadata, check_targets, load_plain
 
@@ -200,20 +201,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
     ) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        path = Path(os.path.abspath(path))
         checkpoint[SAVED_AT] = time.time()  # where a resumed run cuts its logs (tvq_exp.run.loggers)
-        try:
-            with open(temporary, "wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            if path.is_file():
-                os.replace(path, previous_path(path))
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        # whole or absent, no link followed below the run dir (tvq_exp.files.atomic_write); Lightning hands a
+        # resolved path, so a linked checkpoint folder is refused by fit's scan of the run dir (refuse_links)
+        where = Path(path.parent.name, path.name)
+        with atomic_write(where, path.parent.parent, keep_previous=previous_path(path).name) as file:
+            torch.save(checkpoint, file)
 
     def load_checkpoint(
         self, path: str | os.PathLike[str], map_location: Any | None = None, weights_only: bool | None = None
@@ -282,7 +276,7 @@ def newest_good_checkpoint(folder: Path) -> tuple[Path | None, list[str]]:
 
 def mark_finished(run_dir: Path, summary: dict[str, Any]) -> None:
     """Record that the run in ``run_dir`` reached its last step (``resume=auto`` then skips it)."""
-    (run_dir / FINISHED).write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(FINISHED, run_dir, json.dumps(summary, indent=2) + "\n")
 
 
 def finished_summary(run_dir: Path) -> dict[str, Any] | None:

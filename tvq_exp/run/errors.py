@@ -28,6 +28,7 @@ from typing import NoReturn, TypeVar
 import hydra
 from omegaconf import DictConfig
 
+from tvq_exp.files import DISK_ERRNOS, OutputError
 from tvq_exp.run import schema
 from tvq_exp.run.validation import TRAIN_NODES
 
@@ -39,8 +40,9 @@ USAGE_ERRORS = {
     "tvq_exp.data.paths": ("DataNotFoundError", "CorruptFileError"),
     "tvq_exp.data.download": ("ChecksumError",),
     "tvq_exp.run.checkpoints": ("CheckpointError",),
+    "tvq_exp.files": ("UnsafePathError", "RunLockedError"),
 }
-FAILURE_ERRORS = {"tvq_exp.callbacks.numerics_guard": ("NumericsError",)}
+FAILURE_ERRORS = {"tvq_exp.callbacks.numerics_guard": ("NumericsError",), "tvq_exp.files": ("OutputError",)}
 USAGE_STATUS = 2
 FAILURE_STATUS = 1
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -102,6 +104,12 @@ def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
             fail(error, USAGE_STATUS)
         except loaded(FAILURE_ERRORS) as error:
             fail(error, FAILURE_STATUS)
+        except OSError as error:  # a full disk or read-only folder met by a writer outside tvq_exp.files
+            if error.errno not in DISK_ERRNOS:
+                raise
+            fail(
+                OutputError(f"{error.filename or 'a file'}: cannot write ({error.strerror})"), FAILURE_STATUS
+            )
 
     return wrapper
 

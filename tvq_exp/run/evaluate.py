@@ -69,6 +69,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     from tvq_exp.callbacks.final_hparams import state_size  # noqa: PLC0415
     from tvq_exp.callbacks.numerics_guard import NumericsError  # noqa: PLC0415
     from tvq_exp.console import quiet, say  # noqa: PLC0415
+    from tvq_exp.files import atomic_write, check_writable, write_text  # noqa: PLC0415
     from tvq_exp.plots import position_figure, save_figure  # noqa: PLC0415
     from tvq_exp.run.build import load_checkpoint, set_torch_threads  # noqa: PLC0415
 
@@ -97,6 +98,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         limit_val_batches=cfg.limit_batches or 1.0,
         limit_test_batches=cfg.limit_batches or 1.0,
     )
+    output = (
+        Path(cfg.output)
+        if cfg.get("output")
+        else default_eval_output(cfg.ckpt_path, cfg.split, protocol, cfg.get("limit_batches"))
+    )
+    check_writable(output.parent)  # a read-only or full folder stops now, not after the evaluation
     run = trainer.validate if cfg.split == "val" else trainer.test
     run(module, datamodule=datamodule, verbose=False)
     result = {
@@ -109,15 +116,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         **state_size(trainer, module),
         **({"codebook": health.results} if health.results else {}),
     }
-    output = (
-        Path(cfg.output)
-        if cfg.get("output")
-        else default_eval_output(cfg.ckpt_path, cfg.split, protocol, cfg.get("limit_batches"))
-    )
-    output.write_text(json.dumps(result, indent=2) + "\n")
+    write_text(output, output.parent, json.dumps(result, indent=2) + "\n")
     unit = "bits/dim" if module.kind == "image" else "bits/byte"
     label = f"{Path(cfg.ckpt_path).stem}, {cfg.split}, {protocol}"
-    save_figure(position_figure({label: result["position_buckets"]}, unit), str(output.with_suffix(".png")))
+    with atomic_write(output.with_suffix(".png"), output.parent) as png:
+        save_figure(position_figure({label: result["position_buckets"]}, unit), png)
     if not math.isfinite(result["bpb"]):
         raise NumericsError(
             f"eval of {cfg.ckpt_path}: {result['bpb']} bits per {'dim' if module.kind == 'image' else 'byte'} "

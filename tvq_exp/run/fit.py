@@ -19,6 +19,7 @@ from tvq_exp.callbacks.numerics_guard import NumericsError, NumericsGuard
 from tvq_exp.callbacks.preemption import Preemption
 from tvq_exp.callbacks.rng_state import RngState
 from tvq_exp.console import quiet, say
+from tvq_exp.files import lock_run_dir, refuse_links, write_text
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.build import (
     build_callbacks,
@@ -90,10 +91,13 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # held while this run writes here: a second run with this run_name refuses
+    _lock = lock_run_dir(output_dir)
+    refuse_links(output_dir)  # a link in the run dir would send a checkpoint, config or log outside it
     for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
         say(f"removed {stale}: a checkpoint save that was killed half-way")
     config = to_dict(cfg)
-    OmegaConf.save(OmegaConf.create(config), output_dir / "config.yaml")
+    write_text("config.yaml", output_dir, OmegaConf.to_yaml(OmegaConf.create(config)))
 
     model, datamodule = build_run(cfg)  # the constructors' rules between options, refused with their key
     module = build_module(config, model)

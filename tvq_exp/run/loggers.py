@@ -32,6 +32,8 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from tvq_exp.files import atomic_write
+
 WALL_TIME = "wall_time"  # the column of metrics.csv that says when a row was logged (time.time())
 
 
@@ -45,6 +47,9 @@ class ResumePoint:
     def keeps(self, step: int, wall_time: float | None) -> bool:
         """Whether a row or event logged at ``step`` and ``wall_time`` (``None``: unknown) stays in the history."""
         return step < self.step or (wall_time is not None and wall_time <= self.saved_at)
+
+
+START = ResumePoint(0, float("-inf"))  # a run from step 0: no earlier row or event is kept
 
 
 class _ContinuingWriter(ExperimentWriter):
@@ -113,10 +118,11 @@ def resume_options(target: type, resumed: ResumePoint | None) -> dict[str, Any]:
 
 
 def continue_history(logger: Logger, resumed: ResumePoint | None) -> None:
-    """Before a resumed run logs: cut a TensorBoard logger's event files at ``resumed``
-    (:func:`drop_events_after`); a :class:`CSVLogger` cuts its own file (``keep_until``)."""
-    if resumed is not None and isinstance(logger, TensorBoardLogger) and os.path.isdir(logger.log_dir):
-        drop_events_after(Path(logger.log_dir), resumed)
+    """Before a run logs: cut a TensorBoard logger's event files at ``resumed`` (:func:`drop_events_after`); a
+    run that starts at step 0 in a folder with old events (``None``: killed before its first checkpoint and
+    launched again) drops them all, as a :class:`CSVLogger` starts its file again (``keep_until``)."""
+    if isinstance(logger, TensorBoardLogger) and os.path.isdir(logger.log_dir):
+        drop_events_after(Path(logger.log_dir), resumed or START)
 
 
 def drop_events_after(folder: Path, resumed: ResumePoint) -> int:
@@ -133,13 +139,11 @@ def drop_events_after(folder: Path, resumed: ResumePoint) -> int:
         if len(kept) == len(records):
             continue
         dropped += len(records) - len(kept)
-        temporary = path.with_name(f".{path.name}.tmp")
-        with open(temporary, "wb") as file:
+        with atomic_write(path.name, folder) as file:
             writer = RecordWriter(file)
             for record in kept:
                 writer.write(record)
             writer.flush()
-        os.replace(temporary, path)
     return dropped
 
 

@@ -11,6 +11,7 @@ from typing import Any, Unpack
 import torch
 from omegaconf import DictConfig
 
+from tvq_exp.files import write_bytes
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.generation import Sampling, generate, sample_images
 from tvq_exp.run.validation import Command, ConfigError, check
@@ -58,7 +59,7 @@ def sample(cfg: DictConfig) -> list[bytes] | Path:
             say(f"--- sample {i}")
         say(printable((prompt + text).decode("utf-8", errors="replace")))
     if cfg.get("output"):
-        Path(cfg.output).write_bytes(b"\n".join(prompt + text for text in samples))
+        write_bytes(cfg.output, Path(cfg.output).parent, b"\n".join(prompt + text for text in samples))
     return samples
 
 

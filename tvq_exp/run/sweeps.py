@@ -3,19 +3,22 @@
 ``train.py`` wraps :func:`tvq_exp.run.train.train` with :func:`objective`: a single run behaves as before (an
 error propagates), while inside ``python train.py -m ...`` a failing job writes its traceback to
 ``<run dir>/error.txt`` and returns +inf (the worst value of a minimised metric), so the other jobs
-of the sweep still run and the Optuna sweeper records the trial as the worst instead of stopping.
+of the sweep still run and the Optuna sweeper records the trial as the worst instead of stopping; when the sweep
+ends, :class:`SweepStatus` lists the failed jobs and ``train.py`` exits 1 naming them.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
@@ -67,4 +70,20 @@ def objective(cfg: DictConfig, task: Callable[[DictConfig], Mapping[str, Any]]) 
         return math.inf
 
 
-__all__ = ["ERROR_FILE", "in_multirun", "metric_value", "objective", "write_error"]
+class SweepStatus(Callback):
+    """A Hydra callback (``conf/hydra/default.yaml``) that lists, when a multirun ends, the jobs that wrote an
+    ``error.txt`` during it (any launcher: it reads the sweep dir); ``train.py`` then exits non-zero."""
+
+    failed: list[Path] = []  # noqa: RUF012 - one sweep per process, read by train.py after Hydra returns
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = time.time()
+        SweepStatus.failed = []
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(config.hydra.sweep.dir)
+        errors = folder.rglob(ERROR_FILE) if folder.is_dir() else []
+        SweepStatus.failed = sorted(p for p in errors if p.stat().st_mtime >= self.started - 1)
+
+
+__all__ = ["ERROR_FILE", "SweepStatus", "in_multirun", "metric_value", "objective", "write_error"]

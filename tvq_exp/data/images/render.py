@@ -14,6 +14,8 @@ from PIL import Image
 from torch import Tensor
 from torchvision.utils import make_grid
 
+from tvq_exp.files import atomic_write
+
 
 def levels_to_uint8(images: Tensor, levels: int) -> Tensor:
     """Pixel levels ``0..levels-1`` (any integer dtype, any shape) -> uint8 ``0..255`` (same shape)."""
@@ -59,10 +61,11 @@ def image_grid(
 
 
 def save_png(grid: Tensor, path: str | Path) -> Path:
-    """Write an RGB grid ``(GH, GW, 3)`` uint8 as a PNG (parent folders created) -> the path."""
+    """Write an RGB grid ``(GH, GW, 3)`` uint8 as a PNG (parent folders created; a contained write,
+    :func:`tvq_exp.files.atomic_write`) -> the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(grid.cpu().numpy()).save(path)
+    with atomic_write(path.name, path.parent) as handle:
+        Image.fromarray(grid.cpu().numpy()).save(handle, format="PNG")
     return path
 
 

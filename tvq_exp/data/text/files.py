@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from tvq_exp.data.content import ALGORITHM, check_content, content_digest
-from tvq_exp.data.digests import file_sha256
 from tvq_exp.data.paths import CorruptFileError
 from tvq_exp.data.text.corpus import Splits
 
@@ -91,11 +90,10 @@ def concat_files(files: Sequence[Path], separator: bytes, cache: Path | None = N
     """Concatenate ``files`` with ``separator`` between them into one ``np.uint8`` array.
 
     With ``cache`` (a path inside the data root), the concatenation is written once to a file whose name
-    carries a fingerprint of the inputs' contents (names and SHA-256, :func:`~tvq_exp.data.digests.file_sha256`:
-    hashed once per file, cached by size and mtime) and memory-mapped afterwards, so an edited input (even of the
-    same size) gets a new concatenation; when that location is not writable it falls back to memory. The
-    concatenation's content digest (``<file>.xxh3_64``, :mod:`tvq_exp.data.content`) is checked on each open: a
-    concatenation edited in place is refused in one line.
+    carries a fingerprint of the inputs' contents (names and :func:`~tvq_exp.data.content.content_digest`, read
+    from the bytes every time) and memory-mapped afterwards, so an edited input (even of the same size) gets a new
+    concatenation; when that location is not writable it falls back to memory. The concatenation's own content
+    digest (``<file>.xxh3_64``) is checked on each open: a concatenation edited in place is refused in one line.
     """
     sizes = [path.stat().st_size for path in files]
     total = sum(sizes) + len(separator) * max(len(files) - 1, 0)
@@ -123,7 +121,7 @@ def _cached_concat(
     """Memory-map (building it first if needed) the fingerprinted concatenation; ``None`` if unwritable."""
     fingerprint = hashlib.sha256(
         json.dumps(
-            [[path.name, size, file_sha256(path)] for path, size in zip(files, sizes, strict=True)]
+            [[path.name, size, content_digest(path)] for path, size in zip(files, sizes, strict=True)]
             + [separator.hex()]
         ).encode()
     ).hexdigest()[:16]

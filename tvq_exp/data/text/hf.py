@@ -40,8 +40,7 @@ from typing import Annotated, Any
 import numpy as np
 
 from tvq_exp.console import say
-from tvq_exp.data.content import ALGORITHM, check_content
-from tvq_exp.data.digests import CACHE_ENV, cache_dir
+from tvq_exp.data.content import ALGORITHM, CACHE_ENV, cache_dir, check_content
 from tvq_exp.data.download import digest_file
 from tvq_exp.data.paths import CorruptFileError, DataNotFoundError
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits

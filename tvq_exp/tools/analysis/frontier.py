@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import yaml
 
+from tvq_exp.files import write_text
 from tvq_exp.tools.analysis.plots import plot_curves, save
 from tvq_exp.tools.analysis.report import markdown_table
 from tvq_exp.tools.analysis.runs import load_sweep
@@ -138,6 +139,4 @@ def write_frontier_markdown(
         "",
         "![frontier](frontier.png)",
     ]
-    path = out / "frontier.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_text("frontier.md", out, "\n".join(lines) + "\n")

@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from tvq_exp.files import atomic_write
 from tvq_exp.tools.analysis.runs import train_seconds
 
 
@@ -61,8 +62,10 @@ def plot_final_vs_param(
 
 
 def save(figure: Figure, path: Path) -> Path:
-    """Save ``figure`` as ``path`` (tight layout) and close it."""
+    """Save ``figure`` as the PNG ``path`` (tight layout; a contained write in its folder, never through a link:
+    :func:`tvq_exp.files.atomic_write`) and close it."""
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    with atomic_write(path.name, path.parent) as handle:
+        figure.savefig(handle, dpi=110, format="png")
     plt.close(figure)
     return path

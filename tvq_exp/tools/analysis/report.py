@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tvq_exp.files import make_dirs, write_text
 from tvq_exp.tools.analysis.plots import plot_curves, plot_final_vs_param, save
 from tvq_exp.tools.analysis.runs import load_sweep
 
@@ -39,8 +40,7 @@ def _slug(name: str) -> str:
 def write_report(sweep_dir: str | Path, out: str | Path) -> pd.DataFrame:
     """Write ``<out>/summary.md`` (the run table and links to the plots) and PNGs: each metric of
     ``REPORT_METRICS`` against step and wall time, and the final val/bpb against each swept key."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dirs(out, out)
     table = load_sweep(sweep_dir)
     plots = []
     for metric in REPORT_METRICS:
@@ -59,5 +59,5 @@ def write_report(sweep_dir: str | Path, out: str | Path) -> pd.DataFrame:
     ]
     lines += [markdown_table(table), ""]
     lines += [f"![{path.stem}]({path.name})" for path in plots]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text("summary.md", out, "\n".join(lines) + "\n")
     return table

@@ -7,6 +7,8 @@ is any directory above runs (``logs/multiruns/<time>/``: one run per job).
 from __future__ import annotations
 
 import math
+import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from tvq_exp.callbacks.final_hparams import FINAL_SCALARS
 from tvq_exp.callbacks.train_clock import TAG as CLOCK_TAG
@@ -106,6 +109,47 @@ def train_seconds(scalars: pd.DataFrame, steps: Sequence[int] | pd.Series) -> np
     return np.interp(np.asarray(steps, dtype=float), known_steps, known_seconds)
 
 
+def run_problem(run_dir: Path) -> str | None:
+    """Why the run's files cannot be trusted as data, or ``None``: a symbolic link inside it, a YAML file that is
+    not plain YAML (a ``!!python`` tag: a config that would run code), an event file whose records are cut or
+    corrupt (their framing and header checksums)."""
+    for current, dirs, files in os.walk(run_dir):
+        for name in sorted(dirs + files):
+            if (Path(current) / name).is_symlink():
+                return f"{Path(current) / name} is a symbolic link (a run holds real files only)"
+    for path in [run_dir / "config.yaml", *sorted((run_dir / ".hydra").glob("*.yaml"))]:
+        try:
+            if path.is_file():
+                yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            first = " ".join(str(error).split())[:120]
+            return f"{path} is not plain YAML data ({first}); a run's YAML holds plain values only"
+    for path in event_files(run_dir):
+        problem = _event_file_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def _event_file_problem(path: Path) -> str | None:
+    """A TFRecord file's framing: each record ``length (u64), masked crc32c of length, data, crc of data``."""
+    data = path.read_bytes()
+    position = 0
+    while position < len(data):
+        header = data[position : position + 12]
+        if len(header) < 12:
+            return f"{path} is cut inside a record at byte {position} (a damaged event file)"
+        (length,), (crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
+        if masked_crc32c(header[:8]) != crc:
+            return (
+                f"{path} has a corrupt record at byte {position} (not a TensorBoard event file, or damaged)"
+            )
+        position += 12 + length + 4
+        if position > len(data):
+            return f"{path} is cut inside a record (a damaged event file)"
+    return None
+
+
 def run_summary(run_dir: Path, scalars: pd.DataFrame) -> dict[str, object]:
     """One row: status, steps, training time (``final/train_time_s``, else the training clock's last value:
     :func:`train_seconds`), and final and best value of each metric in
@@ -141,16 +185,21 @@ def swept_keys(overrides: Sequence[dict[str, str]]) -> list[str]:
 
 
 def load_sweep(sweep_dir: str | Path) -> pd.DataFrame:
-    """One row per run below ``sweep_dir``: ``run``, the swept overrides, ``status``, ``steps``,
+    """One row per run below ``sweep_dir``: ``run``, the swept overrides, ``status`` (``ok``, ``failed``, or
+    ``damaged: <why>`` for a run whose files :func:`run_problem` refuses: nothing of it is read), ``steps``,
     ``wall_time_s`` and ``final``/``best`` of each summary metric. ``df.attrs["swept"]`` lists the swept
     keys and ``df.attrs["scalars"]`` maps each run directory to its :func:`load_scalars` table."""
     runs = find_runs(sweep_dir)
-    overrides = [read_overrides(run) for run in runs]
+    problems = {run: run_problem(run) for run in runs}
+    overrides = [{} if problems[run] else read_overrides(run) for run in runs]
     swept = swept_keys(overrides)
-    scalars = {str(run): load_scalars(run) for run in runs}
+    empty = pd.DataFrame(columns=["tag", "step", "wall_time", "value"])
+    scalars = {str(run): empty if problems[run] else load_scalars(run) for run in runs}
     rows = []
     for run, items in zip(runs, overrides, strict=True):
         summary = run_summary(run, scalars[str(run)])
+        if problems[run]:
+            summary["status"] = f"damaged: {problems[run]}"
         rows.append({"run": summary.pop("run"), **{key: items.get(key, "") for key in swept}, **summary})
     table = pd.DataFrame(rows)
     table.attrs["swept"] = swept

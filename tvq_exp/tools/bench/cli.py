@@ -35,6 +35,15 @@ from typing import Any
 
 import torch
 
+from tvq_exp.files import OutputError, UnsafePathError, check_writable
+from tvq_exp.tools.arguments import (
+    OneLineParser,
+    non_negative_float,
+    non_negative_int,
+    output_file,
+    positive_float,
+    positive_int,
+)
 from tvq_exp.tools.bench.cases import worker_main
 from tvq_exp.tools.bench.driver import MODEL_SETTINGS, run
 
@@ -90,26 +99,37 @@ def check_names(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The command-line interface (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m tvq_exp.bench", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m tvq_exp.bench", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument("--lengths", type=lengths, default=[1024, 2048, 4096, 8192, 16384, 32768])
-    common.add_argument("--json", help="write the records to this JSON file")
-    common.add_argument("--plot", help="write a log-log PNG plot here")
+    common.add_argument("--json", type=output_file(".json"), help="write the records to this JSON file")
+    common.add_argument("--plot", type=output_file(".png"), help="write a log-log PNG plot here")
     common.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
     )
     common.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    common.add_argument("--reps", type=int, default=5, help="timed calls after the warm-up (at most)")
-    common.add_argument("--budget", type=float, default=20.0, help="seconds of timed calls per configuration")
     common.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds per configuration before skipping"
+        "--reps", type=positive_int, default=5, help="timed calls after the warm-up (at most)"
     )
-    common.add_argument("--threads", type=int, default=0, help="torch threads (0: all available)")
-    common.add_argument("--window-bias", action="store_true", help="XL bias in the attention backends")
-    common.add_argument("--mm-size", type=int, default=2048, help="size of the torch.mm reference matmul")
     common.add_argument(
-        "--mem-limit-mb", type=float, default=0, help="CPU: memory a configuration may add (0: no limit)"
+        "--budget", type=non_negative_float, default=20.0, help="seconds of timed calls per configuration"
+    )
+    common.add_argument(
+        "--timeout", type=positive_float, default=300.0, help="seconds per configuration before skipping"
+    )
+    common.add_argument(
+        "--threads", type=non_negative_int, default=0, help="torch threads (0: all available)"
+    )
+    common.add_argument("--window-bias", action="store_true", help="XL bias in the attention backends")
+    common.add_argument(
+        "--mm-size", type=positive_int, default=2048, help="size of the torch.mm reference matmul"
+    )
+    common.add_argument(
+        "--mem-limit-mb",
+        type=non_negative_float,
+        default=0,
+        help="CPU: memory a configuration may add (0: no limit)",
     )
     att = sub.add_parser("attention", parents=[common], help="one attention backend on (B, H, T, d) inputs")
     att.add_argument("--backends", type=_csv(str), default=["dense", "vq"])
@@ -124,8 +144,8 @@ def parser() -> argparse.ArgumentParser:
         default=["train"],
         help="train (a whole training step) and/or fwd (inference)",
     )
-    mod.add_argument("--d-model", type=int, default=MODEL_SETTINGS["d_model"], help="model width")
-    mod.add_argument("--n-layers", type=int, default=MODEL_SETTINGS["n_layers"], help="blocks")
+    mod.add_argument("--d-model", type=positive_int, default=MODEL_SETTINGS["d_model"], help="model width")
+    mod.add_argument("--n-layers", type=positive_int, default=MODEL_SETTINGS["n_layers"], help="blocks")
     mod.add_argument(
         "--set",
         type=model_override,
@@ -145,4 +165,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]] | None:
         return None
     args = parser().parse_args(argv)
     check_names(args)
-    return run(args)
+    try:
+        for output in (args.json, args.plot):
+            if output is not None:
+                check_writable(output.parent)  # a read-only or full folder stops now, not after the sweep
+        records = run(args)
+    except (OutputError, UnsafePathError) as error:
+        raise SystemExit(f"error: {' '.join(str(error).split())}") from None
+    failed = [f"{r['backend']} {r['mode']} T={r['seq_len']}" for r in records if failed_record(r)]
+    if failed:
+        raise SystemExit(
+            f"error: {len(failed)} of {len(records)} configurations failed ({', '.join(failed[:4])}"
+            f"{' ...' if len(failed) > 4 else ''}): see their 'error' above"
+        )
+    return records
+
+
+def failed_record(record: dict[str, Any]) -> bool:
+    """A configuration that did not run (a crashed worker, an unknown backend); being out of memory or too slow
+    is a measurement, not a failure."""
+    error = str(record.get("error") or "")
+    return bool(error) and not error.startswith(("out of memory", "skipped: too slow"))

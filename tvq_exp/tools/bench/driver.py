@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tvq_exp.attention import BACKENDS
+from tvq_exp.files import atomic_write, write_text
 from tvq_exp.tools.bench.cases import KERNEL_VARIANTS
 from tvq_exp.tools.bench.report import plot, print_table, row
 
@@ -58,10 +59,8 @@ def write_records(path: str | None, records: list[dict[str, Any]]) -> None:
     (``None`` until known), replacing the file in one step so an interrupted run leaves the last whole one."""
     if path is None:
         return
-    target = Path(path)
-    partial = target.with_name(target.name + ".part")
-    partial.write_text(json.dumps([{f: None for f in RECORD_FIELDS} | rec for rec in records], indent=1))
-    partial.replace(target)
+    text = json.dumps([{f: None for f in RECORD_FIELDS} | rec for rec in records], indent=1)
+    write_text(path, Path(path).parent, text)
 
 
 def run_sweep(
@@ -142,12 +141,9 @@ def _measure_one(
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the ``attention`` or ``model`` benchmark; write JSON (after each record) / plot, their folders
-    created; return the records."""
+    created (:mod:`tvq_exp.files`); return the records."""
     kind = args.command
     names = args.backends if kind == "attention" else args.models
-    for path in (args.json, args.plot):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
     mm_before = mm_gflops(args)
     print(f"torch.mm {args.mm_size}^2 {args.dtype}: {mm_before:.1f} GFLOP/s", flush=True)
     records = run_sweep(args, kind, names, args.mode)
@@ -166,5 +162,6 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     print_table(records)
     write_records(args.json, records)
     if args.plot:
-        plot(records, args.plot, kind)
+        with atomic_write(args.plot, Path(args.plot).parent) as png:
+            plot(records, png, kind)
     return records

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from tvq_exp.files import write_text
 from tvq_exp.tools.train_command import run_train
 
 REPO = Path(__file__).resolve().parents[3]
@@ -138,11 +138,7 @@ def tests_section(selection: str = "cuda") -> dict[str, Any]:
 
 def write_report(path: Path, sections: dict[str, Any]) -> Path:
     """The sections as one JSON file (atomically)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.part")
-    partial.write_text(json.dumps(sections, indent=1) + "\n")
-    os.replace(partial, path)
-    return path
+    return write_text(path.name, path.parent, json.dumps(sections, indent=1) + "\n")
 
 
 def parser() -> argparse.ArgumentParser:

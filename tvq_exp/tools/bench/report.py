@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import IO, Any
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -29,7 +29,7 @@ def print_table(records: list[dict[str, Any]]) -> None:
         print(row(rec))
 
 
-def plot(records: list[dict[str, Any]], path: str, kind: str) -> None:
+def plot(records: list[dict[str, Any]], path: str | IO[bytes], kind: str) -> None:
     """Log–log plot: time (attention) or tokens/s (model) and peak memory against length."""
     import matplotlib
 
@@ -50,7 +50,7 @@ def plot(records: list[dict[str, Any]], path: str, kind: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tvq_exp.files import atomic_write
 from tvq_exp.plots import heatmap_figure, save_figure, state_figure
 from tvq_exp.tools.study.results import Group, cell, mean_and_spread
 
@@ -111,16 +112,18 @@ def accuracy_section(
         ]
     curves = state_curves(groups, labels)
     if curves:
-        path = Path(save_figure(state_figure(curves), str(figures / f"{name}-accuracy-vs-state.png")))
-        lines += [f"![accuracy against state size]({path.name})", ""]
+        with atomic_write(f"{name}-accuracy-vs-state.png", figures) as png:  # never outside figures/
+            save_figure(state_figure(curves), png)
+        lines += [f"![accuracy against state size]({name}-accuracy-vs-state.png)", ""]
     for (run, regime), evals in groups.items():
         shaped = grid(evals)
         if shaped is not None:
             figure = heatmap_figure(
                 *shaped, title=f"{run} ({regime}): accuracy, length x depth", xlabel="depth"
             )
-            path = Path(save_figure(figure, str(figures / f"{name}-{run}-{regime}-heatmap.png")))
-            lines += [f"![{run} heatmap]({path.name})", ""]
+            with atomic_write(f"{name}-{run}-{regime}-heatmap.png", figures) as png:
+                save_figure(figure, png)
+            lines += [f"![{run} heatmap]({name}-{run}-{regime}-heatmap.png)", ""]
     return lines
 
 

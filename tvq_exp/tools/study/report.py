@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tvq_exp.files import atomic_write, make_dirs, write_text
 from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.tools.study.health import health_section
 from tvq_exp.tools.study.recall import accuracy_section, backend_label
@@ -55,8 +56,7 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
     """``<out>/report.md`` (a table per evaluation) and ``<figures or out>/<evaluation>.png`` (bits against
     position, one line per run and regime); returns the report's path."""
     results = load_results(out)
-    figures = figures or out
-    figures.mkdir(parents=True, exist_ok=True)
+    figures = make_dirs(figures or out, figures or out)
     names = sorted({name for r in results for name in r["evaluations"]})
     lines = [f"# {title}", "", f"{len(results)} jobs (`{out}/results/*.json`).", ""]
     for name in names:
@@ -64,7 +64,8 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
         figure = position_figure(
             {f"{run} ({regime})": mean_buckets(evals) for (run, regime), evals in groups.items()}
         )
-        path = Path(save_figure(figure, str(figures / f"{name}.png")))
+        with atomic_write(f"{name}.png", figures) as png:  # names checked plain (load_results): never outside
+            save_figure(figure, png)
         lines += [f"## Evaluation `{name}`", ""]
         if any("accuracy" in e for evals in groups.values() for e in evals):
             labels = {r["run"]: backend_label(r["config"]) for r in results}
@@ -76,7 +77,7 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
             "",
             table(groups),
             "",
-            f"![{name}]({path.name})",
+            f"![{name}]({name}.png)",
             "",
         ]
     first = names[0] if names else None
@@ -93,9 +94,7 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
                 paired,
                 "",
             ]
-    report = out / "report.md"
-    report.write_text("\n".join(lines))
-    return report
+    return write_text("report.md", out, "\n".join(lines))
 
 
 def paired_table(base: dict[Group, list[dict[str, Any]]], other: dict[Group, list[dict[str, Any]]]) -> str:

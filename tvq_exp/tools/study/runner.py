@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from tvq_exp.files import append_to, write_text
 from tvq_exp.tools.study.spec import Evaluation, Job, Study
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,15 +46,15 @@ def flatten(options: dict[str, Any], prefix: str) -> list[str]:
     return items
 
 
-def _call(command: list[str], log: Path, threads: int) -> None:
-    """Run ``command`` in the repository with ``threads`` CPU threads, its output appended to ``log``."""
+def _call(command: list[str], log: Path, threads: int, out: Path) -> None:
+    """Run ``command`` in the repository with ``threads`` CPU threads, its output appended to ``log`` (inside the
+    study folder ``out``, never through a link)."""
     env = os.environ | {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "PYTHONUNBUFFERED": "1",
     }
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as handle:
+    with append_to(log, out) as handle:
         handle.write("$ " + " ".join(command) + "\n")
         handle.flush()
         done = subprocess.run(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
@@ -68,7 +69,7 @@ def train_job(job: Job, out: Path, threads: int) -> dict[str, Any]:
         sys.executable, "train.py", *job.overrides, f"seed={job.seed}", f"run_name={job.id}", "resume=auto",
         f"hydra.run.dir={directory}", f"torch_threads={threads}", "trainer.enable_progress_bar=false",
     ]  # fmt: skip
-    _call(command, directory / "job.log", threads)
+    _call(command, directory / "job.log", threads, out)
     return json.loads((directory / "finished.json").read_text())
 
 
@@ -82,7 +83,7 @@ def evaluate_job(job: Job, evaluation: Evaluation, out: Path, threads: int) -> d
             sys.executable, "eval.py", f"ckpt_path={directory / 'checkpoints' / 'last.ckpt'}", f"output={output}",
             "progress_bar=false", *options, *flatten(dict(evaluation.model), "model_options"),
         ]  # fmt: skip
-        _call(command, directory / "job.log", threads)
+        _call(command, directory / "job.log", threads, out)
     return json.loads(output.read_text())
 
 
@@ -93,9 +94,7 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
         return path
     start = time.time()
     summary = train_job(job, out, threads)
-    evaluations = {
-        e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job)
-    }
+    evaluations = {e.name: evaluate_job(job, e, out, threads) for e in study.evaluations if e.applies_to(job)}
     config = yaml.safe_load((run_dir(out, job) / "config.yaml").read_text())
     result = {
         "study": study.name, "run": job.run, "regime": job.regime, "seed": job.seed, "id": job.id,
@@ -103,11 +102,7 @@ def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
         "seconds": time.time() - start,
     }  # fmt: skip
     result = repo_relative(result, REPO)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.part")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, path)
-    return path
+    return write_text(path, out, json.dumps(result, indent=1) + "\n")
 
 
 def repo_relative(value: Any, root: Path) -> Any:
