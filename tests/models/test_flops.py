@@ -25,6 +25,7 @@ from tests.helpers.paths import CONF
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.vq import VQAttention
 from tvq_exp.callbacks.throughput import Throughput, precision_dtype
+from tvq_exp.measure.peaks import datasheet_peak_flops, device_peak_flops
 from tvq_exp.measure.timing import matmul_peak_flops
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
@@ -241,6 +242,30 @@ def test_throughput_logs_flop_utilisation(tmp_path: Path) -> None:
         logged["throughput/tflops_per_s"], logged["throughput/tokens_per_s"], strict=True
     ):
         assert tflops == pytest.approx(tokens * per_token / 1e12, rel=1e-9)
+
+
+def test_datasheet_peaks_by_device_name() -> None:
+    names = {
+        "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989,
+        "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100 80GB PCIe": 312, "NVIDIA L4": 121, "NVIDIA L40S": 362,
+    }  # fmt: skip
+    assert {name: datasheet_peak_flops(name) / 1e12 for name in names} == names
+    assert datasheet_peak_flops("Tesla V100-SXM2-16GB") is None  # no bf16: no datasheet MFU
+    assert device_peak_flops(torch.device("cpu")) is None
+
+
+def test_throughput_logs_the_datasheet_mfu_on_a_named_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "throughput/mfu_datasheet" not in _fit(tmp_path / "cpu", steps=2)  # a CPU has no datasheet peak
+    h100 = datasheet_peak_flops("NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("tvq_exp.callbacks.throughput.device_peak_flops", lambda device: h100)
+    logged = _fit(tmp_path / "h100", steps=4)
+    assert len(logged["throughput/mfu_datasheet"]) == 2
+    for mfu, tflops in zip(
+        logged["throughput/mfu_datasheet"], logged["throughput/tflops_per_s"], strict=True
+    ):
+        assert mfu == pytest.approx(tflops / 989, rel=1e-9)
 
 
 def test_throughput_logs_no_flops_without_a_formula(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

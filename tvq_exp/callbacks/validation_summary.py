@@ -23,7 +23,8 @@ def format_duration(seconds: float) -> str:
 def mfu_parts(trainer: L.Trainer) -> list[str]:
     """``MFU 12.3% of matmul, 10.1% of datasheet`` from the throughput callback's latest interval (nothing before
     it logged, or for a model without a FLOP count; the datasheet part on devices with a known peak)."""
-    latest = next((c.latest for c in trainer.callbacks if isinstance(c, Throughput)), {})
+    callbacks = getattr(trainer, "callbacks", [])
+    latest = next((c.latest for c in callbacks if isinstance(c, Throughput)), {})
     if "throughput/mfu" not in latest:
         return []
     text = f"MFU {100 * latest['throughput/mfu']:.1f}% of matmul"

@@ -28,7 +28,6 @@ from tvq_exp.models.decoder import Decoder, ModelState, detach_state
 from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint, upgrade_train_state
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
 from tvq_exp.models.optim import all_finite, full_tensor, parameter_groups, warmup_cosine
-from tvq_exp.quantize.sync import all_reduce_sum
 from tvq_exp.options import (
     Between,
     NonNegativeFloat,
@@ -39,6 +38,7 @@ from tvq_exp.options import (
     PositiveInt,
     checked,
 )
+from tvq_exp.quantize.sync import all_reduce_sum
 
 EVAL_STAGES = ("val", "test")
 
@@ -75,6 +75,9 @@ class AutoregressiveLitModule(L.LightningModule):
         kind: ``"text"``, ``"image"`` (also logs ``bpd``) or ``"synthetic"`` (the probes: accuracy too).
         position_bucket_len: ``u``, the unit of the log-spaced position buckets of the evaluation metrics
             (``[0, u), [u, 2u), [2u, 4u), ...`` tokens since the last state reset).
+        compile: ``torch.compile`` the training step's forward and loss (:meth:`training_loss`) and the codebook
+            update (``torch._dynamo``: one graph each, no graph break; a carried state's new position or shape
+            compiles once more, so TBPTT's few segment positions each compile once). Validation runs eager.
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
@@ -105,6 +108,7 @@ class AutoregressiveLitModule(L.LightningModule):
         grad_clip: NonNegativeFloat = 0.0,
         kind: Annotated[str, OneOf("text", "image", "synthetic")] = "text",
         position_bucket_len: PositiveInt = 128,
+        compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -120,6 +124,9 @@ class AutoregressiveLitModule(L.LightningModule):
         )
         self.grad_clip = grad_clip
         self.kind = kind
+        self.compile = compile
+        self._training_loss: Any = None  # compiled by compile_step (None: eager)
+        self._codebook_step: Any = None
         self.train_state: ModelState | None = None
         self.eval_state: ModelState | None = None
         self.eval_bits = nn.ModuleDict({stage: PositionBits(position_bucket_len) for stage in EVAL_STAGES})
@@ -161,6 +168,31 @@ class AutoregressiveLitModule(L.LightningModule):
         )
         return nats.view_as(batch["target"]), out
 
+    def training_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
+        """The training step's forward and loss: ``tokens, target (B, T)`` -> ``(mean nats over the targets,
+        the model's output)`` (what :meth:`compile_step` compiles)."""
+        nats, out = self._step({"input": tokens, "target": target}, state)
+        return nats.sum() / (target != IGNORE_INDEX).sum().clamp_min(1), out
+
+    def compile_step(self, backend: str = "inductor", fullgraph: bool = False) -> None:
+        """Compile :meth:`training_loss` and the model's codebook update with ``torch.compile`` (``backend``;
+        ``fullgraph=True`` raises at a graph break instead of splitting the graph: the tests use it)."""
+        self._training_loss = torch.compile(
+            self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False
+        )
+        self._codebook_step = torch.compile(
+            self.model.codebook_step, backend=backend, fullgraph=fullgraph, dynamic=False
+        )
+
+    def step_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
+        """:meth:`training_loss`, compiled after :meth:`compile_step`."""
+        return (self._training_loss or self.training_loss)(tokens, target, state)
+
+    def codebook_update(self, apply: Tensor) -> None:
+        """The model's codebook update (``apply``: the step's finiteness verdict), compiled after
+        :meth:`compile_step`."""
+        (self._codebook_step or self.model.codebook_step)(apply)
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Read the batch's ``reset`` flags while they are still on the host (after the transfer, reading them
         would wait for the device)."""
@@ -180,9 +212,10 @@ class AutoregressiveLitModule(L.LightningModule):
         return move_data_to_device(state, batch["input"].device)
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        nats, out = self._step(batch, self._continue(self.train_state, batch))
+        if self.compile and self._training_loss is None:
+            self.compile_step()
+        loss, out = self.step_loss(batch["input"], batch["target"], self._continue(self.train_state, batch))
         self.train_state = detach_state(out.state)
-        loss = nats.sum() / (batch["target"] != IGNORE_INDEX).sum().clamp_min(1)
         if self.answer_buckets:  # a probe: accuracy at its answer positions
             answer = batch["target"] != IGNORE_INDEX
             right = (out.logits.argmax(-1) == batch["target"]) & answer
@@ -355,9 +388,10 @@ class AutoregressiveLitModule(L.LightningModule):
             with torch.no_grad():  # p ← p - wd·p, then AdamW (no decay of its own) adds -lr·s(t)·update
                 keep = torch.where(finite, 1.0 - self.weight_decay, 1.0)
                 torch._foreach_mul_(optimizer.param_groups[0]["params"], keep)
-        optimizer.found_inf = bad.float()  # read by the fused AdamW kernel
+        # read by the fused AdamW kernel (set on torch's optimizer, not on Lightning's wrapper of it)
+        getattr(optimizer, "optimizer", optimizer).found_inf = bad.float()
         super().optimizer_step(epoch, batch_idx, optimizer, lambda: loss)
-        self.model.codebook_step(finite)
+        self.codebook_update(finite)
         self.train_state = finite_state(self.train_state)
         # a bad step drops the interval's codebook metrics so far (as if none had been gathered)
         self._codebook_sums = {name: torch.where(finite, s, 0.0) for name, s in self._codebook_sums.items()}

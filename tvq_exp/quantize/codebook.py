@@ -239,7 +239,9 @@ class VectorQuantizer(nn.Module):
         ``apply`` (a 0-d bool tensor): where False (a skipped step) every buffer keeps its value, decided on
         the device, with no host read.
         """
-        before = None if apply is None else {n: b.clone() for n, b in self.named_buffers() if "pending" not in n}
+        before = (
+            None if apply is None else {n: b.clone() for n, b in self.named_buffers() if "pending" not in n}
+        )
         all_reduce_sum(self.pending_count)
         decay = self.current_decay()
         decay_into(self.ema_count, self.pending_count, decay)
