@@ -97,6 +97,19 @@ def test_attention_flops_match_counted_matmuls(name: str, options: dict[str, Any
     _assert_counts(lambda: attn(q, k, v)[0], functools.partial(attn.flops, T, BATCH))
 
 
+def test_vq_flops_are_the_same_whatever_kernel_runs() -> None:
+    """MFU compares kernels on the same work: the count is the plain kernel's (checked above against the counted
+    matmuls) for every kernel VQ offers (a fused kernel that skips masked tiles included), before and after a
+    call."""
+    attn = build("vq", d_k=D_K, d_v=D_V, heads=2, codebook_size=16, block_len=8)
+    counts = {(T, False): attn.flops(T, BATCH), (T, True): attn.flops(T, BATCH, backward=True)}
+    q, k, v = torch.randn(BATCH, 2, T, D_K), torch.randn(BATCH, 2, T, D_K), torch.randn(BATCH, 2, T, D_V)
+    attn(q, k, v)
+    for kernel in VQAttention.kernels:
+        attn.kernel = attn.last_kernel = kernel
+        assert {key: attn.flops(key[0], BATCH, backward=key[1]) for key in counts} == counts, kernel
+
+
 def _position(name: str) -> str:
     """XL positions where the backend takes the bias, else RoPE."""
     return "xl" if backend_class(name).supports_position_bias else "rope"
