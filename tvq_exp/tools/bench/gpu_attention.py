@@ -77,12 +77,14 @@ def case(
     batch = max(1, tokens // (seq_len * HEADS))
     train = mode == "fwdbwd"
     gen = torch.Generator(device="cpu").manual_seed(0)
-    shape = (batch, HEADS, seq_len, head_dim)
-    q, k, v = (
+    # (B, T, H, d) transposed to (B, H, T, d): the layout a model's projections give (and cuDNN's kernel wants)
+    shape = (batch, seq_len, HEADS, head_dim)
+    leaves = [
         (torch.randn(shape, generator=gen) * head_dim**-0.25).to(device, torch.bfloat16).requires_grad_(train)
         for _ in range(3)
-    )
-    grad = torch.randn(shape, generator=gen).to(device, torch.bfloat16) if train else None
+    ]
+    q, k, v = (x.transpose(1, 2) for x in leaves)
+    grad = torch.randn(shape, generator=gen).to(device, torch.bfloat16).transpose(1, 2) if train else None
     if kernel.startswith("sdpa"):
         attend, flops = _sdpa(kernel), dense_flops(batch * HEADS, seq_len, head_dim, train)
     else:
