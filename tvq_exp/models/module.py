@@ -141,7 +141,6 @@ class AutoregressiveLitModule(L.LightningModule):
         self._resets: bool | None = None  # the next batch's reset flag, read on the host before its transfer
         # skipped steps (total, in a row), counted on the device: read only when the numerics guard reports
         self.bad_steps = torch.zeros(2, dtype=torch.long)
-        self.step_finite: Tensor | None = None  # the latest step's verdict (a 0-d bool tensor)
 
     # ------------------------------------------------------------------------------------ forward / loss
 
@@ -380,7 +379,6 @@ class AutoregressiveLitModule(L.LightningModule):
         """
         loss = optimizer_closure()
         finite = all_reduce_sum((~all_finite(loss, self.model.parameters())).long()) == 0  # on every rank
-        self.step_finite = finite
         self.bad_steps = self.bad_steps.to(finite.device)
         bad = (~finite).long()
         self.bad_steps = torch.stack([self.bad_steps[0] + bad, (self.bad_steps[1] + 1) * bad])
