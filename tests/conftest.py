@@ -9,11 +9,24 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.data import check_data_mark, missing_data
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "datasets"
 
 if "TVQ_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
     os.environ["TVQ_DATA_DIR"] = str(SHARED_DATA)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "needs_data(*paths): real data under TVQ_DATA_DIR; missing: fails in CI, else skips (reason shown)",
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    check_data_mark(item)
 
 
 @pytest.fixture(autouse=True)
@@ -36,5 +49,5 @@ def data_dir() -> Path:
     """The shared real-data root (``TVQ_DATA_DIR``)."""
     root = Path(os.environ.get("TVQ_DATA_DIR", SHARED_DATA))
     if not root.is_dir():
-        pytest.fail(f"TVQ_DATA_DIR={root} does not exist: the real-data tests need ../shared/datasets")
+        missing_data("the data root itself")
     return root

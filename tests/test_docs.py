@@ -119,6 +119,20 @@ def test_every_cited_path_test_and_module_exists(doc: Path) -> None:
     assert not problems, f"{doc.relative_to(REPO)} cites what is not there:\n  " + "\n  ".join(problems)
 
 
+# Markdown files the tools write (python -m tvq_exp.analysis: report/summary.md, frontier.md; a study's report.md)
+WRITTEN_DOCS = {"summary.md", "frontier.md", "report.md"}
+MD_NAME = re.compile(r"(?<![\w/.-])([A-Za-z_][\w-]*\.md)\b")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_named_markdown_file_exists(doc: Path) -> None:
+    """A page named by its file name alone (``design.md``, ``CONTRIBUTING.md``) is one of the repository's (at the
+    top or in docs/), or one the tools write: not a page that was renamed or never written."""
+    pages = {p.name for p in [*REPO.glob("*.md"), *(REPO / "docs").glob("*.md")]} | WRITTEN_DOCS
+    missing = sorted(set(MD_NAME.findall(doc.read_text())) - pages)
+    assert not missing, f"{doc.relative_to(REPO)} names pages that do not exist: {missing}"
+
+
 def readme_table() -> dict[str, str]:
     """The README's config-group table: group -> its options cell."""
     rows = re.findall(r"^\| `([\w/]+)` \| (.*?) \|", (REPO / "README.md").read_text(), flags=re.M)
@@ -127,8 +141,10 @@ def readme_table() -> dict[str, str]:
 
 # model/attention's row names examples (one preset per backend: a new backend's recipe does not edit the README)
 @pytest.mark.parametrize(
-    ("group", "every"), [("experiment", True), ("model", True), ("model/attention", False), ("sweep", True)]
-)
+    ("group", "every"),
+    [("experiment", True), ("model", True), ("model/attention", False), ("sweep", True), ("trainer", True),
+     ("logger", True), ("callbacks", True), ("codebook", True), ("debug", True), ("hparams_search", True)],
+)  # fmt: skip
 def test_every_preset_is_named_in_the_readme_table(group: str, every: bool) -> None:
     table = readme_table()
     assert group in table, f"README's config-group table has no row for `{group}`"

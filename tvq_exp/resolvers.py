@@ -2,7 +2,8 @@
 ``${tvq.uid:}`` (a short random id, unique per config), ``${tvq.eq:a,b}``, ``${tvq.or:a,b}`` (``a`` unless it
 is null or empty, else ``b``), ``${tvq.min:a,b}``, ``${tvq.steps:n,f}`` (the fraction ``f`` of ``n`` steps,
 rounded to an integer: a schedule that scales with ``module.max_steps``), ``${tvq.name:x}`` (``x`` if it is one
-plain folder name, else an error), ``${tvq.precision:}`` (``bf16-mixed`` where CUDA is available, else ``32-true``) and
+plain folder name, else an error), ``${tvq.bits:kind}`` (the name of the bits metric of a data kind: ``bpd``
+for images, else ``bpb``; checkpoint file names), ``${tvq.precision:}`` (``bf16-mixed`` where CUDA is available, else ``32-true``) and
 ``${tvq.checkpoint_run:ckpt_path,run_name}`` (the run dir a resumed run continues in, :func:`checkpoint_run_dir`)."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def register() -> None:
         "tvq.min": (lambda a, b: min(int(a), int(b)), False),
         "tvq.steps": (lambda n, f: round(int(n) * float(f)), False),
         "tvq.name": (run_dir_name, False),
+        "tvq.bits": (lambda kind: "bpd" if kind == "image" else "bpb", False),
         "tvq.precision": (lambda: "bf16-mixed" if torch.cuda.is_available() else "32-true", False),
         "tvq.checkpoint_run": (checkpoint_run_dir, False),
     }

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from tests.attention.backends import build
+from tests.helpers.xl_bias import content_query, xl_bias_matrix
 from tvq_exp.attention.base import causal_mask
 from tvq_exp.attention.dense.flex import causal_mask_mod
-from tvq_exp.attention.dense.naive import softmax_attention, window_bias_matrix
+from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.flex_runtime import (
     FLEX_AVAILABLE,
     FLEX_CUDA_WIDE_BACKWARD,
@@ -94,12 +95,9 @@ def test_flex_gradients_equal_plain_path(causal: bool, past: int, device: str) -
 
 @pytest.mark.parametrize(("causal", "past"), CASES)
 def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -> None:
-    try:
-        attn = build(
-            "dense", d_k=8, d_v=4, heads=2, causal=causal, window_bias=True, window_len=M, attention_window=4
-        )
-    except (TypeError, ValueError) as error:  # a DenseAttention without the sliding-window option
-        pytest.skip(f"DenseAttention has no attention_window: {error}")
+    attn = build(
+        "dense", d_k=8, d_v=4, heads=2, causal=causal, window_bias=True, window_len=M, attention_window=4
+    )
     torch.nn.init.normal_(attn.bias.u)
     torch.nn.init.normal_(attn.bias.v)
     q, k, v = _qkv(17, past, "cpu")
@@ -110,12 +108,11 @@ def test_flex_with_attention_window_equals_plain_path(causal: bool, past: int) -
 
 
 def test_flex_equals_explicit_bias_matrix() -> None:
-    """An independent reference: softmax(content_query(q)·kᵀ + the dense XL bias matrix)·v."""
+    """An independent reference: softmax((q + s·u)·kᵀ + the XL bias matrix from its formula)·v."""
     attn = _dense(True, "cpu")
     q, k, v = _qkv(16, 0, "cpu")
-    ref = softmax_attention(
-        attn.bias.content_query(q), k, v, causal=True, bias=window_bias_matrix(attn.bias, q, causal=True)
-    )
+    bias = xl_bias_matrix(attn.bias, q, causal=True)
+    ref = softmax_attention(content_query(attn.bias, q), k, v, causal=True, bias=bias)
     out = attn.attend_flex(q, k, v)
     _close(out, ref, (q, k, v, attn.bias.u, attn.bias.v, attn.bias.proj.weight))
 

@@ -3,6 +3,8 @@ exactly like the parallel forward, and reports its state size and matmul FLOPs e
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -49,7 +51,12 @@ def inputs(
 
 
 def state_equal(a: OVQState, b: OVQState) -> bool:
-    return a == b  # the same position and exactly the same tensors
+    """The same position and exactly the same tensors, but the dictionary's values: running means taken as one
+    prefix sum over the blocks (``vq.cache``), which a split call restarts from the carried mean, within 4 ulps
+    of the largest."""
+    eps = torch.finfo(a.values.dtype).eps
+    close = torch.allclose(a.values, b.values, rtol=0, atol=4 * eps * float(b.values.abs().max()))
+    return close and dataclasses.replace(a, values=b.values) == b
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -3,6 +3,7 @@ files with a manifest, equals the same text read from files byte for byte, and i
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from pathlib import Path
@@ -17,6 +18,14 @@ from tests.helpers.paths import CONF
 from tvq_exp.data.paths import CorruptFileError, DataNotFoundError
 from tvq_exp.data.text.hf import HFTextCorpus
 from tvq_exp.data.text.local import TextFilesCorpus
+from tvq_exp.options import OptionError
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's encodings in its own ``$TVQ_CACHE_DIR``."""
+    monkeypatch.setenv("TVQ_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 def documents() -> list[str]:
@@ -93,8 +102,8 @@ def test_one_parquet_file_gets_the_documented_holdout_split(tmp_path: Path, caps
         "validation": joined(docs[54:57]),
         "test": joined(docs[57:]),
     }
-    line = capsys.readouterr().out.strip()
-    assert "validation = train[90%:95%], test = train[95%:]" in line and "\n" not in line
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "no validation or test" in line]
+    assert "validation = train[90%:95%], test = train[95%:]" in line
     with pytest.raises(CorruptFileError, match="no column 'text'"):
         HFTextCorpus(str(tmp_path / "all.parquet")).prepare(tmp_path / "other")
 
@@ -167,3 +176,54 @@ def test_data_hf_trains_from_the_encoded_files(tmp_path: Path) -> None:
     module.setup("fit")
     batch = next(iter(module.train_dataloader()))
     assert batch["input"].shape == (cfg.data.batch_size, cfg.data.seq_len)
+
+
+@pytest.mark.parametrize("name", ["book.txt", "book.txt.gz"])
+def test_one_text_file_is_split_by_bytes_and_said_so(tmp_path: Path, name: str, capsys) -> None:
+    """A single .txt (.txt.gz) file is one document: a 5% hold-out of documents is empty (a 90-line IndexError),
+    so the bytes are split 90/5/5 as data=text_files splits one file, and one line says so."""
+    text = joined(documents()).decode()
+    path = tmp_path / "data" / name
+    path.parent.mkdir()
+    (gzip.open if name.endswith(".gz") else open)(path, "wt", encoding="utf-8").write(text)
+    splits = loaded(HFTextCorpus(str(path)), tmp_path / "root")
+    reference = TextFilesCorpus(str(tmp_path / "plain.txt"), split_by="bytes")
+    (tmp_path / "plain.txt").write_text(text, encoding="utf-8")
+    assert splits == {split: bytes(data) for split, data in reference.load(tmp_path).items()}
+    said = [line for line in capsys.readouterr().out.splitlines() if "split by bytes" in line]
+    assert len(said) == 1 and "1 document(s)" in said[0]
+
+
+def test_encodings_go_to_the_cache_dir_never_the_data_root(tmp_path: Path, cache: Path, capsys) -> None:
+    """A shared data root may be read-only: the encoded splits live under $TVQ_CACHE_DIR, nothing is written
+    under the data root; without a terminal, each split is one line, no progress bar ("0 docs" in a log)."""
+    (tmp_path / "root").mkdir()
+    as_files_and_dataset(tmp_path / "root")
+    before = sorted((tmp_path / "root").rglob("*"))
+    corpus = HFTextCorpus("saved")  # relative: under the data root
+    corpus.prepare(tmp_path / "root")
+    assert corpus.folder(tmp_path / "root").parent == cache / "hf_encoded"
+    assert sorted((tmp_path / "root").rglob("*")) == before
+    out, err = capsys.readouterr()
+    assert "docs" not in err and [line.split(":")[1] for line in out.splitlines() if "encoded" in line] == [
+        " encoded train (train)",
+        " encoded validation (validation)",
+        " encoded test (test)",
+    ]
+    with pytest.raises(OptionError, match="cache='../elsewhere': a folder name"):
+        HFTextCorpus("saved", cache="../elsewhere")
+
+
+def test_an_encoding_edited_in_place_is_refused(tmp_path: Path) -> None:
+    """Same size, new bytes: the content digest recorded at encoding differs, the run stops in one line."""
+    _, saved = as_files_and_dataset(tmp_path)
+    corpus = HFTextCorpus(str(saved))
+    corpus.prepare(tmp_path / "root")
+    target = corpus.folder(tmp_path / "root") / "validation.bin"
+    data = bytearray(target.read_bytes())
+    data[10] ^= 1
+    target.write_bytes(bytes(data))
+    with pytest.raises(
+        CorruptFileError, match=r"validation.bin: content digest xxh3_64 \w+ differs .* delete "
+    ):
+        corpus.load(tmp_path / "root")

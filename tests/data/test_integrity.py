@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tvq_exp.data import ChecksumError, CorruptFileError
-from tvq_exp.data.digests import CACHE_ENV, CACHE_FILE
+from tvq_exp.data.digests import CACHE_ENV, CACHE_FILE, file_sha256
 from tvq_exp.data.text import MahoneyCorpus
 from tvq_exp.data.text.files import concat_files
 from tvq_exp.data.text.gutenberg import GutenbergCorpus
@@ -55,6 +55,29 @@ def test_a_same_size_edit_of_a_book_is_refused(tmp_path: Path) -> None:
     data[10] = ord("X")  # same size
     book.write_bytes(bytes(data))
     with pytest.raises(CorruptFileError, match=r"b1\.txt: sha256 .* differs from CATALOG\.tsv's"):
+        _files(tmp_path)
+
+
+def test_an_edit_past_the_first_mebibyte_of_a_large_book_is_refused(tmp_path: Path, _cache: Path) -> None:
+    """A 2.5 MiB book (the digest reads 1 MiB at a time: three reads) edited in its last half MiB, same size,
+    with an empty digest cache: its whole content is hashed, so the edit is seen."""
+    folder = _library(tmp_path)
+    assert not (_cache / CACHE_FILE).exists()
+    book = folder / "b0.txt"
+    text = b"a large book. It was a dark and stormy night.\n" * (5 * 2**20 // 2 // 46 + 1)
+    assert len(text) > 2.5 * 2**20
+    book.write_bytes(text)
+    catalog = folder / "CATALOG.tsv"
+    rows = catalog.read_text().splitlines(keepends=True)
+    rows[1] = f"b0.txt\ttrain\t{len(text)}\t{hashlib.sha256(text).hexdigest()}\tBook 0\n"
+    catalog.write_text("".join(rows))
+    assert file_sha256(book) == hashlib.sha256(text).hexdigest()
+    assert _files(tmp_path)["train"] == ["b0.txt", "b1.txt"]
+    edited = bytearray(text)
+    edited[-1000] = ord("X")
+    (_cache / CACHE_FILE).unlink()  # empty again: nothing remembered from the good file
+    book.write_bytes(bytes(edited))
+    with pytest.raises(CorruptFileError, match=r"b0\.txt: sha256 .* differs from CATALOG\.tsv's"):
         _files(tmp_path)
 
 

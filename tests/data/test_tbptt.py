@@ -49,6 +49,11 @@ def test_sequences_cover_the_corpus_in_a_seeded_order_and_ranks_are_disjoint() -
     sampler = _sampler()
     every = sampler.sequences_per_epoch(one[0] % 64)
     assert len(one) == sampler.batches * 3 and every - len(one) < 3 + 1  # all but a batch's remainder
+    # each epoch draws its own offset and order, and iterating into the next epoch uses it
+    second = sampler.sequence_starts(1).flatten().tolist()
+    assert second != one and len({s % 64 for s in second}) == 1
+    batches = list(sampler) + list(sampler)
+    assert batches[len(sampler)]["input"][0].tolist() == DATA[second[0] : second[0] + 16].tolist()
 
 
 def test_resume_mid_sequence_continues_exactly() -> None:

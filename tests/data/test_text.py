@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import hashlib
+import time
 from pathlib import Path
 
 import lightning as L
@@ -11,12 +13,14 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from tests.helpers.config import data_preset, train_run
+from tests.helpers.config import compose_config, data_preset, train_run
 from tests.helpers.paths import CONF as CONF_ROOT
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.data import DataNotFoundError, TextDataModule
+from tvq_exp.data.paths import CorruptFileError
 from tvq_exp.data.samplers import EvalSegmentSampler, RandomWindowSampler, StreamSampler
 from tvq_exp.data.text import GutenbergCorpus, MahoneyCorpus, PG19Corpus, TextFilesCorpus
+from tvq_exp.data.text.embedded import EMBEDDED, SHA256
 
 CONF = CONF_ROOT / "data"
 
@@ -97,6 +101,23 @@ def test_text_files_on_one_file_splits_by_bytes_says_so_and_trains(
     assert result["global_step"] == 2 and 0 < result["val"]["bpb"] < 9
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_text_files_on_a_folder_of_fewer_than_3_files_splits_by_bytes(
+    tmp_path: Path, count: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Fewer files than splits cannot be split by file (a traceback before): the bytes are, and one line says so."""
+    for index in range(count):
+        (tmp_path / "books" / f"{index}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "books" / f"{index}.txt").write_text(f"book {index} " * 400)
+    splits = TextFilesCorpus(path="books").load(tmp_path)
+    by_bytes = TextFilesCorpus(path="books", split_by="bytes").load(tmp_path)
+    assert all(np.array_equal(splits[s], by_bytes[s]) and len(splits[s]) for s in by_bytes)
+    assert capsys.readouterr().out == (
+        f"data=text_files: {tmp_path / 'books'} holds {count} files, fewer than one per split: "
+        "split by bytes 90/5/5 (data.corpus.split_by=bytes)\n"
+    )
+
+
 def test_shakespeare_and_kjv(data_dir: Path) -> None:
     shakespeare = instantiate(data_preset("shakespeare"))
     shakespeare.setup("fit")
@@ -140,6 +161,29 @@ def test_pg19_official_layout(tmp_path: Path) -> None:
     )
     again = PG19Corpus(hub=False).load(tmp_path)
     assert np.array_equal(again["train"], splits["train"])
+    del splits, again
+    (cached,) = tmp_path.joinpath("pg19").glob("train-*.bin")
+    data = bytearray(cached.read_bytes())
+    data[3] ^= 1  # edited in place: same size, same inputs
+    cached.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match=r"train-\w+\.bin: content digest xxh3_64 \w+ differs"):
+        PG19Corpus(hub=False).load(tmp_path)
+
+
+def test_pg19_offline_fails_at_once_without_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no way to the hub, prepare() says so at once, before ``datasets`` retries for half a minute."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("the hub was tried"))
+    start = time.perf_counter()
+    with pytest.raises(DataNotFoundError, match=r"cannot reach 127\.0\.0\.1:9 \(offline\?\)"):
+        PG19Corpus().prepare(tmp_path)
+    assert time.perf_counter() - start < 5
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DataNotFoundError, match="HF_HUB_OFFLINE is set"):
+        PG19Corpus().prepare(tmp_path)
 
 
 def test_split_smaller_than_window_is_refused(tmp_path: Path) -> None:
@@ -378,3 +422,27 @@ def test_lightning_validate_sees_whole_split(data_dir: Path, tmp_path: Path) -> 
     counter = _TargetCounter()
     _trainer(tmp_path, 1, [], val_batches=1.0).validate(counter, datamodule=module, verbose=False)
     assert counter.targets == module.split_tokens("validation") == 111_540 - 5
+
+
+def test_smoke_data_is_gutenberg_else_the_shipped_tiny_shakespeare(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The smoke preset trains on the Gutenberg books where the data root holds them, else (a fresh machine,
+    no data root) on the tiny Shakespeare shipped in the package, saying so in one line; the shipped file is
+    the published one, byte for byte."""
+    assert hashlib.sha256(EMBEDDED.read_bytes()).hexdigest() == SHA256
+    splits = {}
+    for name, root in (("shipped", tmp_path), ("gutenberg", data_dir)):
+        cfg = compose_config("train", ["experiment=smoke", f"data.root={root}", f"data.seq_len={SEQ_LEN}"])
+        module = instantiate(cfg.data)
+        module.prepare_data()
+        module.setup("fit")
+        splits[name] = module.splits
+    said = [line for line in capsys.readouterr().out.splitlines() if "shipped in the package" in line]
+    assert len(said) == 1 and str(tmp_path) in said[0]
+    shakespeare = EMBEDDED.read_bytes()
+    assert splits["shipped"]["train"].tobytes() + splits["shipped"]["validation"].tobytes() == shakespeare
+    assert len(splits["gutenberg"]["train"]) > 10 * len(shakespeare)
+    assert (CONF_ROOT / "experiment" / "smoke.yaml").read_text().count(
+        "override /data: gutenberg_or_shipped"
+    ) == 1

@@ -140,3 +140,33 @@ def test_bad_codebook_options(kwargs: dict, match: str) -> None:
     opts = {"heads": 1, "codebook_size": 4, "dim": 2} | kwargs
     with pytest.raises(ValueError, match=match):
         VectorQuantizer(**opts)
+
+
+@pytest.mark.parametrize(("smoothing", "expected"), [(0.0, [-1.0, 6.5 / 3.5]), (1.0, [-0.5, 6.5 / 3.0])])
+def test_laplace_smoothing_moves_rarely_used_codes_by_hand(smoothing: float, expected: list[float]) -> None:
+    """Codes ``-1, +1`` (counts 1), six keys at ``+2``, decay 0.5: counts ``[0.5, 3.5]`` (total 4), sums
+    ``[-0.5, 6.5]``. Smoothed by 1: counts ``(n + 1) / (4 + 2) · 4 = [1, 3]``, so the codes move to ``-0.5`` and
+    ``6.5/3`` where the plain read-out gives ``-1`` and ``6.5/3.5``: a difference of 0.5 and 0.31."""
+    vq = VectorQuantizer(1, 2, 1, decay=0.5, smoothing=smoothing)
+    with torch.no_grad():
+        vq.embed.copy_(torch.tensor([[[-1.0], [1.0]]]))
+        vq.ema_sum.copy_(vq.embed)
+    _, codes, _ = vq(torch.full((1, 1, 6, 1), 2.0))
+    assert codes.eq(1).all()
+    vq.update()
+    assert vq.ema_count.tolist() == [[0.5, 3.5]]
+    assert vq.codebook.flatten().tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_long_unused_code_shrinks_to_its_sum_over_the_count_floor() -> None:
+    """Code ``+1`` (count 1, sum 1) unused for 10 steps at decay 0.5: count and sum both fall to ``2^-10``, below
+    the count floor 0.01, so the read-out is ``2^-10 / 0.01`` (the floor keeps an empty code finite)."""
+    vq = VectorQuantizer(1, 2, 1, decay=0.5, count_floor=0.01)
+    with torch.no_grad():
+        vq.embed.copy_(torch.tensor([[[-1.0], [1.0]]]))
+        vq.ema_sum.copy_(vq.embed)
+    for _ in range(10):
+        vq(torch.full((1, 1, 4, 1), -1.0))  # every key to code 0
+        vq.update()
+    assert vq.ema_count[0, 1].item() == pytest.approx(2.0**-10, rel=1e-6)
+    assert vq.codebook[0, 1, 0].item() == pytest.approx(2.0**-10 / 0.01, rel=1e-5)

@@ -23,6 +23,10 @@ def test_dead_codes_compares_counts_with_the_fair_share() -> None:
     assert dead_codes(counts, 0.5).tolist() == [[False, False, False, True, True]]  # < 1.6
     assert dead_codes(counts, 0.7).tolist() == [[False, False, True, True, True]]  # < 2.24
     assert not dead_codes(counts, 0.0).any()
+    # "fewer than the fraction": a code with exactly its threshold (0.25 · 4 = 1 of 16 keys) lives
+    exact = torch.tensor([[9.0, 4.0, 2.0, 1.0]])
+    assert dead_codes(exact, 0.25).tolist() == [[False, False, False, False]]
+    assert dead_codes(exact, 0.2501).tolist() == [[False, False, False, True]]
 
 
 @pytest.mark.parametrize("update", ["ema", "gradient", "affine"])

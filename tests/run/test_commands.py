@@ -25,10 +25,7 @@ from tvq_exp.run.validation import ConfigError
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
 NOISE = ("GPU available", "LOCAL_RANK", "Tip:", "TPU available", "Warning", "warn")
 
-needs_data = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "tinyshakespeare.txt").is_file(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+needs_data = pytest.mark.needs_data("text/tinyshakespeare.txt")
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from tvq_exp.run.build import (  # registers the tvq.* resolvers
     build_module,
     to_dict,
 )
+from tvq_exp.run.validation import validate
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 DATA = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
@@ -162,6 +163,24 @@ def test_cpu_small_vq_and_dense_have_the_same_size() -> None:
 def test_smoke_experiment_is_tiny() -> None:
     cfg = compose_train(["experiment=smoke"])
     assert cfg.trainer.max_steps <= 50 and cfg.model.d_model <= 64 and cfg.trainer.accelerator == "cpu"
+
+
+@pytest.mark.parametrize("attention", sorted(p.stem for p in (CONF / "model" / "attention").glob("*.yaml")))
+def test_tiny_model_takes_every_attention_preset(attention: str) -> None:
+    """conf/model/tiny.yaml says to switch its backend with ``model/attention=...``: every preset validates
+    (tiny pinned VQ's codebook_size and block_len, which linear and dense refuse), keeping tiny's sizes."""
+    position = ["model.block.position=rope"] if attention == "linear" else []  # linear has no XL bias
+    cfg = compose_train(["experiment=smoke", f"model/attention={attention}", *position])
+    validate(cfg)
+    assert (cfg.model.attention.name, cfg.model.d_model, cfg.block_len) == (attention, 64, 32)
+
+
+@pytest.mark.parametrize("data", ["digits", "mnist", "cifar10", "gutenberg", "mqar"])
+def test_best_checkpoint_is_named_after_the_datas_bits_metric(data: str) -> None:
+    """Image runs report bits per dim: their best checkpoint says ``bpd``, a text (or probe) run's ``bpb``."""
+    cfg = compose_train(["experiment=smoke", f"data={data}"])
+    unit = "bpd" if cfg.data.kind == "image" else "bpb"
+    assert cfg.callbacks.model_checkpoint.filename == f"best-step{{step:07d}}-{unit}{{val/bpb:.4f}}"
 
 
 def test_run_dirs_are_unique_within_one_second() -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import os
+import math
 from pathlib import Path
 
 import pytest
@@ -13,10 +13,7 @@ from tests.helpers.paths import CONF
 from tvq_exp.run.train import train
 from tvq_exp.run.validation import validate
 
-needs_data = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+needs_data = pytest.mark.needs_data("text/gutenberg")
 PRESETS = sorted(p.stem for p in (CONF / "debug").glob("*.yaml"))
 
 
@@ -44,8 +41,15 @@ def test_hparams_search_is_a_group_with_a_null_default() -> None:
 
 
 @needs_data
-def test_fast_dev_run_trains_and_validates_one_batch(tmp_path: Path) -> None:
+def test_fast_dev_run_trains_and_validates_one_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     overrides = ["experiment=smoke", "debug=fdr", f"paths.output_dir={tmp_path}"]
     result = train(composed(overrides), overrides)
-    assert result["global_step"] == 1 and result["val"]["bpb"] > 0
+    assert result["global_step"] == 1
+    # bits, not nats, of a model one step from its start: near the log2(256) = 8 of a uniform guess over bytes
+    val = result["val"]
+    assert val["bpb"] == pytest.approx(val["loss"] / math.log(2), rel=1e-6) and 7.0 < val["bpb"] < 9.0, val
+    (header,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run dir ")]
+    assert header.endswith("| 1 step (fast_dev_run)"), header  # not smoke's max_steps (20)
     assert not (tmp_path / "finished.json").exists() and not (tmp_path / "tensorboard").exists()

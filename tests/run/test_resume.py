@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,10 +19,7 @@ from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR
 from tvq_exp.resolvers import RUN_CHECKPOINTS, checkpoint_run_dir
 from tvq_exp.run.resume import nothing_left, resume_config
 
-needs_data = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+needs_data = pytest.mark.needs_data("text/gutenberg")
 
 
 def launch(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -91,6 +89,7 @@ def test_ckpt_path_continues_the_run_in_its_run_dir(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr[-2000:]
     (run_dir,) = (tmp_path / "logs" / "runs").iterdir()
     last = f"logs/runs/{run_dir.name}/checkpoints/last.ckpt"
+    before = json.loads((run_dir / "finished.json").read_text())["val"]["bpb"]
 
     resumed = launch([f"ckpt_path={last}", "trainer.max_steps=12"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -99,7 +98,10 @@ def test_ckpt_path_continues_the_run_in_its_run_dir(tmp_path: Path) -> None:
     assert f"resuming {last} at step 6 of 12" in resumed.stdout
     assert not (run_dir / "train.log").exists() and not (run_dir / "codebook_sync.json").exists()  # 1 process
     finished = json.loads((run_dir / "finished.json").read_text())
-    assert finished["global_step"] == 12 and finished["val"]["bpb"] > 0
+    assert finished["global_step"] == 12
+    # six more steps from the checkpoint's weights, not from a fresh start: below the 6-step run's bits
+    assert finished["val"]["bpb"] == pytest.approx(finished["val"]["loss"] / math.log(2), rel=1e-6)
+    assert finished["val"]["bpb"] < before - 0.05, (before, finished["val"])
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["trainer"]["val_check_interval"] == 3 and config["trainer"]["enable_progress_bar"] is False
     assert config["module"]["max_steps"] == 12

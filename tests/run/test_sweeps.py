@@ -4,25 +4,32 @@ and the sweep objective isolates a failing job (traceback in its ``error.txt``, 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from tests.helpers.data import missing_data
 from tests.helpers.paths import CONF
 from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tvq_exp.data.paths import DataNotFoundError
 from tvq_exp.run import sweeps
 from tvq_exp.run.build import build_module, to_dict
+from tvq_exp.run.routes import ROUTES, check_routes, command_line_conflict
 from tvq_exp.run.train import train
-from tvq_exp.run.validation import validate
+from tvq_exp.run.validation import ConfigError, validate
+from tvq_exp.tools import train_command
 
 SWEEPS = sorted(p.stem for p in (CONF / "sweep").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -113,7 +120,13 @@ def test_sweep_preset_composes_and_every_job_builds(name: str, tmp_path: Path) -
         with open_dict(cfg):
             cfg.paths.output_dir = str(tmp_path)
         module = build_module(to_dict(cfg))
-        assert sum(p.numel() for p in module.parameters()) > 0, job
+        # it builds a working model: at its start, next-byte loss near ln(vocab) (a near-uniform guess)
+        vocab = module.model.embed.num_embeddings
+        tokens = torch.randint(0, vocab, (2, 33), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            logits = module.model(tokens[:, :-1]).logits.float()
+        loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1)).item()
+        assert abs(loss - math.log(vocab)) < 0.5, (job, loss)
 
 
 def test_backend_sweep_trains_every_backend_from_an_empty_state() -> None:
@@ -125,6 +138,85 @@ def test_backend_sweep_trains_every_backend_from_an_empty_state() -> None:
     assert (
         _compose(["+sweep=backend", "experiment=cpu_small", "data.sampler=stream"]).data.sampler == "stream"
     )
+
+
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+# the backends each top-level size reaches (tvq_exp.run.routes.ROUTES); a model.* key reaches every model that has it
+READERS = {
+    top: {name for name, options in ROUTES.items() if top in options.values()}
+    for top in ("codebook_size", "block_len")
+}
+
+
+def _sweeps_of(model: str) -> Iterator[tuple[str, str, list[str]]]:
+    """``(sweep, key, models)`` for each key a sweep preset sweeps that ``model`` reads: the composed, resolved
+    model (as JSON) at each of its values."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        base = compose("train", overrides=[f"model={model}"])
+        for name in SWEEPS:
+            given = [f"+sweep={name}", f"model={model}"]
+            params = compose("train", overrides=given, return_hydra_config=True).hydra.sweeper.params
+            for key, values in params.items():
+                if key in READERS:
+                    reads = base.model.attention.name in READERS[key]
+                else:
+                    reads = key.startswith("model.") and OmegaConf.select(base, key) is not None
+                if reads:
+                    models = [
+                        compose("train", overrides=[*given, f"{key}={v}"]).model for v in values.split(",")
+                    ]
+                    yield (
+                        name,
+                        f"{key}={values}",
+                        [json.dumps(OmegaConf.to_container(m, resolve=True)) for m in models],
+                    )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_sweep_preset_changes_every_model_it_reaches(model: str) -> None:
+    """Each value of each sweep preset's swept key gives a different composed model, on every model preset
+    whose backend reads the key (model/tiny pinned S and L over the top-level keys: its S and L sweeps ran
+    identical jobs)."""
+    for name, swept, models in _sweeps_of(model):
+        assert len(set(models)) == len(models), f"+sweep={name} model={model}: {swept} changes nothing"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["codebook_size=16", "model.attention.codebook_size=32"], "model.attention.codebook_size"),
+        (["block_len=16", "model.attention.block_len=32"], "model.attention.block_len"),
+        (["model=gau_dense", "block_len=16", "model.attention.window_len=32"], "model.attention.window_len"),
+        (["model=gau_flash", "block_len=16", "model.attention.group_size=32"], "model.attention.group_size"),
+        (
+            ["model=gau_ovq", "codebook_size=16", "model.attention.num_centroids=32"],
+            "model.attention.num_centroids",
+        ),
+    ],
+)
+def test_two_routes_to_one_option_with_different_values_are_refused(overrides: list[str], key: str) -> None:
+    """``codebook_size=16 model.attention.codebook_size=32`` (a multirun: their cross product) would run with one
+    of them ignored: refused in one line naming both."""
+    given = ["experiment=smoke", *overrides]
+    with pytest.raises(ConfigError, match=re.escape(f"{key}=32: differs from {overrides[-2]}")):
+        check_routes(_compose(given), given)
+    same = [*given[:-1], given[-1].replace("32", "16")]
+    check_routes(_compose(same), same)  # the same value by both routes is one value
+
+
+def test_a_multirun_over_two_routes_to_one_option_is_refused_before_it_launches(tmp_path: Path) -> None:
+    """``-m codebook_size=16,32 model.attention.codebook_size=32`` would run 2 jobs, one of them with its
+    codebook_size ignored: refused in one line, exit 2, before any job or run dir."""
+    args = ["-m", "experiment=smoke", "codebook_size=16,32", "model.attention.codebook_size=32"]
+    proc = train_command.run_train(args, tmp_path, 120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: model.attention.codebook_size='32': differs from codebook_size=16,32, its route (conf/train.yaml): "
+        "give one of codebook_size=... and model.attention.codebook_size=..., or the same values to both"
+    ]
+    assert not list(tmp_path.iterdir())
+    assert command_line_conflict(["block_len=16", "+model.attention.group_size=16"]) is None
+    assert command_line_conflict(["-m", "block_len=16,32", "model.attention.block_len=32,16"]) is None
 
 
 def test_expected_sweep_presets_exist() -> None:
@@ -176,14 +268,14 @@ def test_experiment_runs_one_fast_dev_run_step(name: str, tmp_path: Path, data_d
     except DataNotFoundError as missing:
         if name not in MD5_PINNED:
             raise
-        pytest.skip(f"{name}: its data set is not in the shared data root ({str(missing).splitlines()[0]})")
+        missing_data(f"{name}'s data set ({str(missing).splitlines()[0]})")
     assert summary["global_step"] == 1
 
 
 @pytest.mark.slow
 def test_enwik8_paper_full_size_fast_dev_run(tmp_path: Path, data_dir: Path) -> None:
     if not (data_dir / "enwik8").exists():
-        pytest.skip(f"enwik8 is not in {data_dir}")
+        missing_data("enwik8")
     overrides = ["experiment=enwik8_paper", "trainer=cpu", "data.batch_size=1", "data.eval_batch_size=1"]
     overrides += [
         "+trainer.fast_dev_run=1",

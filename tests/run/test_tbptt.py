@@ -3,7 +3,6 @@ a run preempted in the middle of a sequence resumes exactly, and validation repo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from tests.helpers.data import shipped_text
 from tests.helpers.paths import CONF
 from tests.helpers.reliability import read_records
 from tvq_exp.run.checkpoints import read_checkpoint
@@ -34,14 +34,16 @@ BASE = [
     "trainer.enable_progress_bar=false",
     "logger=none",
 ]
-pytestmark = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text").is_dir(), reason="needs TVQ_DATA_DIR"
-)
 
 
 def run(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    """Train on text the repository ships (no data root needed: these tests always run)."""
+    corpus = shipped_text(run_dir.parent)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[*BASE, *overrides, f"paths.output_dir={run_dir}"])
+        cfg = compose(
+            "train",
+            overrides=[*BASE, f"data.corpus.path={corpus}", *overrides, f"paths.output_dir={run_dir}"],
+        )
     return train(cfg)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -45,10 +44,7 @@ REAL_RUN = [
     *QUIET,
 ]
 
-needs_data = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+needs_data = pytest.mark.needs_data("text/gutenberg")
 
 
 def run_train(overrides: list[str], output_dir: Path) -> dict[str, Any]:

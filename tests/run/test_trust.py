@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from hydra import compose, initialize_config_dir
+from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
@@ -36,6 +37,9 @@ from tvq_exp.run.sample import sample
 from tvq_exp.run.train import train
 from tvq_exp.run.trust import allowed_target, check_targets
 
+# a foreign class reachable under a tvq_exp name (lightning's CSV writer, imported into tvq_exp.run.loggers):
+# constructing it creates its ``log_dir``, so a marker folder shows whether a loader built it
+FOREIGN = "tvq_exp.run.loggers.ExperimentWriter"
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
 
 
@@ -78,7 +82,9 @@ def _planted(good: dict[str, Any], path: Path, marker: Path, where: str) -> Path
     checkpoint = copy.deepcopy(good)
     config = checkpoint["hyper_parameters"]["run_config"]
     touch = {"_target_": "pathlib.Path.touch", "self": str(marker)}
-    if where == "model":
+    if where == "foreign":
+        config["model"] = {"_target_": FOREIGN, "log_dir": str(marker)}
+    elif where == "model":
         config["model"] = touch
     elif where == "model.block":
         config["model"]["block"] = touch
@@ -99,7 +105,16 @@ def _refused(capsys: pytest.CaptureFixture[str], task: Callable[[DictConfig], An
     return err[0]
 
 
-ATTACKS = ["pickle", "model", "model.block", "data", "module"]
+ATTACKS = ["pickle", "model", "model.block", "data", "module", "foreign"]
+NAMED = {"pickle": "posix.system", "foreign": FOREIGN}  # what the refusal names (else pathlib.Path.touch)
+
+
+def test_the_foreign_class_is_reachable_under_tvq_exp_and_makes_its_folder(tmp_path: Path) -> None:
+    """The premise of the ``foreign`` attack: hydra resolves the name, the class is not ours, building it acts."""
+    found = get_class(FOREIGN)
+    assert not found.__module__.startswith("tvq_exp"), found.__module__
+    found(log_dir=str(tmp_path / "made"))
+    assert (tmp_path / "made").is_dir()
 
 
 def _attack(good: dict[str, Any], tmp_path: Path, kind: str) -> tuple[Path, Path]:
@@ -116,9 +131,7 @@ def test_eval_and_sample_refuse_a_payload_without_running_it(
 ) -> None:
     path, marker = _attack(good, tmp_path, kind)
     line = _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"]))
-    assert str(path) in line and (
-        "posix.system" in line if kind == "pickle" else "pathlib.Path.touch" in line
-    )
+    assert str(path) in line and NAMED.get(kind, "pathlib.Path.touch") in line, line
     _refused(capsys, sample, _compose("sample", [f"ckpt_path={path}"]))
     assert not marker.exists()
 

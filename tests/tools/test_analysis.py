@@ -16,9 +16,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 from torch.utils.tensorboard import SummaryWriter
 
+from tests.helpers.config import train_run
 from tests.helpers.images import drawn_fraction
 from tests.helpers.sweeps import GROUP, OK_JOBS, REPO, make_small_sweep
 from tvq_exp import analysis
+from tvq_exp.callbacks.train_clock import TAG as CLOCK
 from tvq_exp.run.build import build_module, to_dict
 from tvq_exp.tools.analysis.frontier import frontier_config
 from tvq_exp.tools.analysis.runs import run_summary
@@ -102,21 +104,57 @@ def test_scalar_groups_and_text_samples_logged(small_sweep: Path) -> None:
 
 
 def test_load_scalars_and_summary_on_synthetic_runs(tmp_path: Path) -> None:
+    """Job 0 logs at step 0 (as VQ's codebook scalars), job 1 first at step 5 (as dense at log_every_n_steps):
+    their event times start at different moments, their training clocks (``time/train_s``) alike. Times come
+    from the clock: 14 s for both, and val/bpb at 7 s and 14 s in both plots."""
     for job, final in (("0", 2.0), ("1", 1.5)):
         run = tmp_path / job
         (run / ".hydra").mkdir(parents=True)
         (run / ".hydra" / "overrides.yaml").write_text(f"- +sweep=x\n- model.block.heads={int(job) + 1}\n")
         writer = SummaryWriter(run / "tensorboard")
-        for step, value in enumerate((3.0, final + 0.5, final)):
-            writer.add_scalar("val/bpb", value, step, walltime=100.0 + 10 * step)
+        if job == "0":
+            writer.add_scalar("codebook/usage", 1.0, 0, walltime=90.0)
+        for step, value in ((5, 3.0), (10, final)):
+            writer.add_scalar("val/bpb", value, step, walltime=100.0 + step)
+            writer.add_scalar(CLOCK, 1.4 * step, step, walltime=100.0 + step)
         writer.close()
     table = analysis.load_sweep(tmp_path)
     assert table.attrs["swept"] == ["model.block.heads"]
     assert list(table["final val/bpb"]) == [2.0, 1.5] and list(table["best val/bpb"]) == [2.0, 1.5]
-    assert list(table["wall_time_s"]) == [20.0, 20.0]
+    assert list(table["wall_time_s"]) == pytest.approx([14.0, 14.0])
+    lines = analysis.plot_curves(table, "val/bpb", "wall_time").get_lines()
+    assert [list(line.get_xdata()) for line in lines] == [pytest.approx([7.0, 14.0])] * 2
     markdown = analysis.markdown_table(table)
     assert markdown.splitlines()[0].startswith("| run | model.block.heads | status")
     assert len(markdown.splitlines()) == 4
+
+
+@pytest.mark.parametrize("attention", ["vq", "dense"])
+def test_training_time_axis_is_one_clock_from_the_start_of_training(attention: str, tmp_path: Path) -> None:
+    """A real run of each backend: its time is the training clock, not its event times (VQ's first event is at
+    step 0, dense's at log_every_n_steps): the summary's time is final/train_time_s, and each val/bpb point
+    sits at the clock's reading for its step, after the start (> 0) and within the run."""
+    train_run(
+        [
+            "experiment=smoke",
+            f"model/attention={attention}",
+            "trainer.max_steps=6",
+            "trainer.val_check_interval=3",
+            "trainer.log_every_n_steps=3",
+            "trainer.limit_val_batches=1",
+            "logger=tensorboard",
+        ],
+        tmp_path,
+    )
+    table = analysis.load_sweep(tmp_path)
+    scalars = table.attrs["scalars"][str(tmp_path)]
+    final_time = scalars.loc[scalars["tag"] == "final/train_time_s", "value"].item()
+    assert table["wall_time_s"].item() == pytest.approx(final_time)
+    (line,) = analysis.plot_curves(table, "val/bpb", "wall_time").get_lines()
+    times = line.get_xdata()
+    clock = scalars[scalars["tag"] == CLOCK].groupby("step")["value"].max()
+    assert list(times) == pytest.approx([clock[3], clock[6]])
+    assert 0 < times[0] < times[1] <= final_time
 
 
 @pytest.mark.parametrize("model", frontier_config()["models"])

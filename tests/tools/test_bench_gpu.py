@@ -23,10 +23,7 @@ from tvq_exp.tools.bench.gpu import (
     write_report,
 )
 
-needs_data = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text" / "gutenberg").is_dir(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+needs_data = pytest.mark.needs_data("text/gutenberg")
 
 
 def test_without_a_gpu_it_skips_in_one_line_and_writes_nothing(tmp_path: Path) -> None:

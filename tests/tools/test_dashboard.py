@@ -5,7 +5,6 @@ the position plot image and the text samples a browser would show."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -20,10 +19,7 @@ import pytest
 
 from tests.helpers.paths import REPO
 
-pytestmark = pytest.mark.skipif(
-    not (Path(os.environ.get("TVQ_DATA_DIR", "data")) / "text").is_dir(),
-    reason="set TVQ_DATA_DIR to the shared datasets folder",
-)
+pytestmark = pytest.mark.needs_data("text")
 
 
 def _get(base: str, path: str, **query: str) -> Any:
@@ -69,6 +65,12 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
         server.wait(timeout=30)
 
 
+def _finished_bpb(log_dir: Path, run: str) -> float:
+    """The last validation's bits per byte of sweep job ``run`` (``"0/tensorboard"``), from its finished.json."""
+    job = log_dir / "multiruns" / "dash" / run.split("/")[0]
+    return json.loads((job / "finished.json").read_text())["val"]["bpb"]
+
+
 def test_tensorboard_serves_a_sweeps_scalars_hparams_images_and_text(tmp_path: Path) -> None:
     sweep = [
         sys.executable, str(REPO / "train.py"), "-m", "experiment=smoke", "trainer.max_steps=4",
@@ -90,7 +92,9 @@ def test_tensorboard_serves_a_sweeps_scalars_hparams_images_and_text(tmp_path: P
         assert runs == ["0/tensorboard", "1/tensorboard"], tags
         for run in runs:
             points = _get(base, "/data/plugin/scalars/scalars", run=run, tag="val/bpb")
-            assert [step for _, step, _ in points] == [2, 4] and all(v > 0 for _, _, v in points)
+            assert [step for _, step, _ in points] == [2, 4]
+            # the last point is the run's last validation, as its finished.json records it
+            assert points[-1][2] == pytest.approx(_finished_bpb(tmp_path, run), rel=1e-6)
 
         experiment = _post(base, "/data/plugin/hparams/experiment", {"experimentName": ""})
         hparams = {info["name"] for info in experiment["hparamInfos"]}
@@ -103,9 +107,11 @@ def test_tensorboard_serves_a_sweeps_scalars_hparams_images_and_text(tmp_path: P
         })["sessionGroups"]  # fmt: skip
         swept = sorted(g["hparams"]["data.batch_size"] for g in groups)
         assert swept == [2, 4], groups
-        for group in groups:
-            (value,) = [m["value"] for m in group["metricValues"] if m["name"]["tag"] == "final/val_bpb"]
-            assert value > 0
+        finals = sorted(_finished_bpb(tmp_path, run) for run in runs)
+        values = sorted(
+            m["value"] for g in groups for m in g["metricValues"] if m["name"]["tag"] == "final/val_bpb"
+        )
+        assert values == pytest.approx(finals, rel=1e-6)
 
         images = _get(base, "/data/plugin/images/images", run=runs[0], tag="val/bpb_by_position", sample="0")
         png = _get(base, "/data/plugin/images/individualImage", blob_key=images[-1]["query"].split("=", 1)[1])

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from tvq_exp.callbacks.global_batch import trainer_global_batch
 
-HPARAM_SECTIONS = ("model", "data", "module", "trainer", "seed")
+HPARAM_SECTIONS = ("model", "data", "module", "trainer", "seed", "tags")
 FINAL_SCALARS = {"val/bpb": "final/val_bpb", "val/loss": "final/val_loss", "train/loss": "final/train_loss"}
 
 

@@ -121,7 +121,7 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         plugins=[AtomicCheckpointIO()],
     )
     n_params = sum(p.numel() for p in module.model.parameters())
-    say(f"run dir {output_dir} | {n_params / 1e6:.2f}M parameters | {cfg.trainer.max_steps} steps")
+    say(f"run dir {output_dir} | {n_params / 1e6:.2f}M parameters | {planned_steps(cfg.trainer)}")
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     except SIGTERMException:  # raised by Lightning after Preemption saved last.ckpt
@@ -173,3 +173,10 @@ def _fit_summary(trainer: L.Trainer, module: AutoregressiveLitModule) -> dict[st
 
 
 __all__ = ["fit"]
+
+
+def planned_steps(trainer: DictConfig) -> str:
+    """The steps the run will take, for its header: ``fast_dev_run`` (``true`` is 1, ``N`` is N) over ``max_steps``."""
+    fast = trainer.get("fast_dev_run")
+    steps = int(fast) if fast else trainer.max_steps
+    return f"{steps} step{'s' * (steps != 1)}{' (fast_dev_run)' if fast else ''}"

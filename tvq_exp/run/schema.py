@@ -49,6 +49,8 @@ def train_options(
     codebook_size: Annotated[int, AtLeast(2)] | None = None,
     global_batch_size: PositiveInt | None = None,
     optimized_metric: str | None = None,
+    tags: list[str] | None = None,
+    print_config: bool = True,
 ) -> None:
     """The top-level keys of ``train.yaml`` (the nodes ``model``, ``data``, ``module``, ... are checked apart)."""
 

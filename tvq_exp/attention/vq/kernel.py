@@ -1,5 +1,9 @@
 """The fused window + cache step of Transformer-VQ attention: chunked, recomputed in the backward.
 
+Over 300 lines: the forward and the backward share one set of per-chunk pieces (the fp32 logits from the
+window views and the codes, the weighted values, the bias lookup) and its inputs' layout; the plain
+reference is in ``naive.py``.
+
 Each **item** is one query block: ``R = G·Lq`` query rows (``G`` grouped query heads stacked, ``Lq``
 positions) that attend to
 
@@ -123,16 +127,16 @@ def window_index(distance: Tensor, max_distance: int | None, span: int | None = 
 
 class _WindowCache(torch.autograd.Function):
     """Forward and backward of :func:`window_cache_attention`, chunk by chunk. Autocast is off
-    inside: matmuls run in the inputs' dtype, logits and softmax in fp32 (fp64 for fp64 inputs)."""
+    inside: matmuls take the inputs' dtype; logits (products included), softmax and their gradients are fp32
+    (fp64 for fp64 inputs)."""
 
     @staticmethod
     def forward(ctx, q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad):  # noqa: ANN001
         with torch.autocast(q.device.type, enabled=False):
-            parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
             for i0, i1 in _chunks(q.shape[1], chunk):
-                p, _, vals = parts.probabilities(i0, i1)
-                out[:, i0:i1] = p.to(vals.dtype) @ vals
+                parts.weighted_values(parts.probabilities(i0, i1), i0, i1, out[:, i0:i1])
         ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out)
         ctx.prev_masked, ctx.chunk, ctx.prev_grad = prev_masked, chunk, prev_grad
         return out
@@ -141,7 +145,7 @@ class _WindowCache(torch.autograd.Function):
     def backward(ctx, grad_out):  # noqa: ANN001
         q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            parts = _Parts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
             dq, dkb, dvb, dbq, drel, dcode, dmu = parts.backward(
                 grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad,
                 ctx.needs_input_grad[6] and codebook.dim() == 4,
@@ -149,8 +153,32 @@ class _WindowCache(torch.autograd.Function):
         return dq, dkb, dvb, None, dbq, drel, dcode, None, dmu, None, None, None
 
 
-class _Parts:
-    """The tensors of one call and the per-chunk pieces shared by the forward and the backward."""
+def _matmul(a: Tensor, b: Tensor, out: Tensor, add: bool = False) -> None:
+    """``out = a @ b`` (``add``: ``out += a @ b``), accumulated and written in ``out``'s dtype: the fp32 product
+    of bf16 operands is never rounded to bf16 (cuBLAS writes it in fp32; on a CPU the operands are widened)."""
+    if a.dtype != out.dtype and a.is_cuda:
+        flat = (x.reshape(-1, *x.shape[-2:]) for x in (a, b))
+        prod = torch.bmm(*flat, out_dtype=out.dtype).view(out.shape)
+    else:
+        a, b = a.to(out.dtype), b.to(out.dtype)
+        if not add and not torch.compiler.is_compiling():  # dynamo takes no non-contiguous out=
+            torch.matmul(a, b, out=out)
+            return
+        prod = a @ b
+    if add:
+        out += prod
+    else:
+        out.copy_(prod)
+
+
+class ChunkParts:
+    """The tensors of one call (:class:`WindowInputs`' fields, flat) and the per-chunk pieces shared by the
+    forward and the backward: items ``i0..i1-1``' weights ``(N, c, R, W [+ S])`` (:meth:`probabilities`), their
+    values' product and the gradient of their logits (:meth:`logit_grad`).
+
+    Item ``i``'s window (blocks ``i..i + blocks - 1``) is a run of consecutive rows of the blocks: every item's
+    keys and values are views (``unfold``) of ``kb`` and ``vb``, never copies, and the products with the window
+    and with the codes are separate matmuls into one row of logits."""
 
     def __init__(
         self,
@@ -166,51 +194,79 @@ class _Parts:
         prev_masked: bool,
     ) -> None:
         self.q, self.kb, self.vb, self.bias_q, self.rel = q, kb, vb, bias_q, rel
-        self.codebook, self.log_n, self.mu, self.prev_masked = codebook, log_n, mu, prev_masked
+        self.codebook, self.log_n, self.prev_masked, self.mu = codebook, log_n, prev_masked, mu
+        self.means = None if mu is None else mu.to(vb.dtype)  # the cache's values, in the values' dtype
         self.acc = accumulation_dtype(q.dtype)
         self.n, self.rows, self.block = q.shape[0], q.shape[2], kb.shape[2]
         self.blocks = kb.shape[1] - q.shape[1] + 1  # blocks per window: 2, or 1 for a lone first block
+        self.width = self.blocks * self.block  # W
+        self.columns = self.width + (0 if codebook is None else codebook.shape[-2])
+        # (N, I, d_k, W) and (N, I, W, d_v): item i's keys (transposed) and values
+        self.keys_t = kb.flatten(1, 2).unfold(1, self.width, self.block)
+        self.values = vb.flatten(1, 2).unfold(1, self.width, self.block).transpose(-1, -2)
         self.index = index.repeat(self.rows // index.shape[0], 1)  # (R, W): the same for every head
-        if rel is None:  # the table [0, -inf] of every row, looked up once
-            self.fixed = torch.tensor([0.0, float("-inf")], dtype=self.acc, device=q.device)[self.index]
+        if rel is None:  # the table [0, -inf] of every row: its masked keys
+            self.masked = self.index == 1
 
     def _expand(self, x: Tensor, c: int) -> Tensor:
         return x.expand(self.n, c, *x.shape[-2:])
 
     def distance_logits(self, i0: int, i1: int) -> Tensor:
-        """``(q + v)·r_d`` of items ``i0..i1-1``: ``(N, c, R, M + 1)`` (per head of the rows)."""
-        n, c, g = self.n, i1 - i0, self.rel.shape[1]
+        """``(q + v)·r_d`` of items ``i0..i1-1``: ``(N, c, R, M + 1)`` (per head of the rows), in fp32."""
+        n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
         bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
-        return (bq @ self.rel[:, None].transpose(-1, -2)).view(n, c, self.rows, -1)
+        dl = bq.new_empty(n, c, g, bq.shape[3], m1, dtype=self.acc)
+        _matmul(bq, self.rel[:, None].transpose(-1, -2).expand(n, c, -1, -1, -1), dl)
+        return dl.view(n, c, self.rows, -1)
 
     def window_logits(self, i0: int, i1: int) -> Tensor:
-        """Additive window terms ``(N, c, R, W)`` (``(R, W)`` without the bias)."""
-        if self.rel is None:
-            return self.fixed
-        dl = self.distance_logits(i0, i1).to(self.acc)
+        """Additive window terms ``(N, c, R, W)`` of the XL bias."""
+        dl = self.distance_logits(i0, i1)
         edge = dl.new_tensor([0.0, float("-inf")]).expand(*dl.shape[:-1], 2)
         return torch.cat([dl, edge], dim=-1).gather(-1, self._expand(self.index, i1 - i0))
 
-    def probabilities(self, i0: int, i1: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Attention weights ``(N, c, R, W [+ S])`` of items ``i0..i1-1``, with their keys and values.
+    def _codes_product(
+        self, a: Tensor, i0: int, i1: int, out: Tensor, transpose: bool = True, add: bool = False
+    ) -> None:
+        """``out (+)= a @ codebook^T`` (``transpose`` False: ``a @ codebook``) for the rows ``a (N, c, R, ·)`` of
+        items ``i0..i1-1`` (one codebook: every item's rows in one product)."""
+        code = self.codebook if self.codebook.dim() == 3 else self.codebook[:, i0:i1]
+        code = code.transpose(-1, -2) if transpose else code
+        if code.dim() == 4:
+            _matmul(a, code, out, add)
+        else:
+            n, rows = self.n, (i1 - i0) * self.rows
+            _matmul(a.reshape(n, rows, -1), code, out.view(n, rows, -1), add)
+
+    def probabilities(self, i0: int, i1: int) -> Tensor:
+        """Attention weights ``(N, c, R, W [+ S])`` of items ``i0..i1-1`` (fp32 logits, one softmax).
 
         Recomputing them in the backward (one fused softmax) is cheaper than keeping a log-sum-exp.
         """
-        keys = [self.kb[:, i0 + j : i1 + j] for j in range(self.blocks)]
-        vals = [self.vb[:, i0 + j : i1 + j] for j in range(self.blocks)]
+        n, c, w = self.n, i1 - i0, self.width
+        q = self.q[:, i0:i1]
+        s = q.new_empty(n, c, self.rows, self.columns, dtype=self.acc)
+        _matmul(q, self.keys_t[:, i0:i1], s[..., :w])
+        if self.rel is None:
+            s[..., :w].masked_fill_(self.masked, float("-inf"))
+        else:
+            s[..., :w] += self.window_logits(i0, i1)
         if self.codebook is not None:
-            code = self.codebook[:, i0:i1] if self.codebook.dim() == 4 else self.codebook[:, None]
-            keys.append(self._expand(code.to(self.kb.dtype), i1 - i0))
-            vals.append(self.mu[:, i0:i1].to(self.vb.dtype))
-        keys, vals = torch.cat(keys, dim=2), torch.cat(vals, dim=2)  # (N, c, W [+ S], d)
-        s = (self.q[:, i0:i1] @ keys.transpose(-1, -2)).to(self.acc)
-        w = self.blocks * self.block
-        s[..., :w] += self.window_logits(i0, i1)
-        if self.codebook is not None:
+            self._codes_product(q, i0, i1, s[..., w:])
             s[..., w:] += self.log_n[:, i0:i1, None, :].to(self.acc)
         if self.prev_masked and i0 == 0:
             s[:, 0, :, : self.block] = float("-inf")
-        return torch.softmax(s, dim=-1), keys, vals
+        return torch.softmax(s, dim=-1)
+
+    def weighted_values(self, p: Tensor, i0: int, i1: int, out: Tensor) -> None:
+        """``out = p·[window values; means]`` of items ``i0..i1-1`` (the weights in the values' dtype)."""
+        p, w = p.to(self.vb.dtype), self.width
+        acc = out if out.dtype == self.acc else torch.empty_like(out, dtype=self.acc)
+        _matmul(p[..., :w], self.values[:, i0:i1], acc)
+        if self.means is not None:
+            _matmul(p[..., w:], self.means[:, i0:i1], acc, add=True)
+        if acc is not out:
+            out.copy_(acc)
 
     def backward(
         self,
@@ -224,8 +280,7 @@ class _Parts:
         """Gradients w.r.t. ``q, kb, vb, bias_q, rel`` and (``want_code``) a per-item ``codebook`` and
         (``want_mu``) ``mu``, chunk by chunk; without ``prev_grad`` none reaches a two-block window's
         previous block."""
-        q, L = self.q, self.block
-        w = self.blocks * L
+        q, L, w = self.q, self.block, self.width
         dq = torch.empty_like(q)
         dkb, dvb = torch.zeros_like(self.kb), torch.zeros_like(self.vb)
         dmu = torch.empty_like(self.mu) if want_mu else None
@@ -233,24 +288,44 @@ class _Parts:
         dbq = None if self.rel is None else torch.empty_like(self.bias_q)
         drel = None if self.rel is None else torch.zeros_like(self.rel, dtype=self.acc)
         for i0, i1 in _chunks(q.shape[1], chunk):
-            p, keys, vals = self.probabilities(i0, i1)
-            do = grad_out[:, i0:i1]
-            delta = (do.to(self.acc) * out[:, i0:i1].to(self.acc)).sum(-1, keepdim=True)
-            dvals = (p if want_mu else p[..., :w]).to(do.dtype).transpose(-1, -2) @ do  # (N, c, W [+ S], d_v)
-            ds = (do @ vals.transpose(-1, -2)).to(self.acc).sub_(delta).mul_(p)  # d logits
+            p = self.probabilities(i0, i1)
+            do, qc = grad_out[:, i0:i1], q[:, i0:i1]
+            p_low = p.to(do.dtype)
+            dvw = p_low[..., :w].transpose(-1, -2) @ do  # (N, c, W, d_v)
+            if dmu is not None:
+                dmu[:, i0:i1] = p_low[..., w:].transpose(-1, -2) @ do
+            ds = self.logit_grad(p, do, out[:, i0:i1], i0, i1)
             ds_low = ds.to(q.dtype)
-            dq[:, i0:i1] = ds_low @ keys
-            dkw = ds_low[..., :w].transpose(-1, -2) @ q[:, i0:i1]  # (N, c, W, d_k)
+            self._query_grad(ds_low, i0, i1, dq[:, i0:i1])
+            dkw = ds_low[..., :w].transpose(-1, -2) @ qc  # (N, c, W, d_k)
             for j in range(0 if prev_grad or self.blocks == 1 else 1, self.blocks):
                 dkb[:, i0 + j : i1 + j] += dkw[:, :, j * L : (j + 1) * L]
-                dvb[:, i0 + j : i1 + j] += dvals[:, :, j * L : (j + 1) * L]
-            if dmu is not None:
-                dmu[:, i0:i1] = dvals[:, :, w:]
+                dvb[:, i0 + j : i1 + j] += dvw[:, :, j * L : (j + 1) * L]
             if dcode is not None:
-                dcode[:, i0:i1] = (ds_low[..., w:].transpose(-1, -2) @ q[:, i0:i1]).to(dcode.dtype)
+                dcode[:, i0:i1] = ds_low[..., w:].transpose(-1, -2) @ qc
             if drel is not None:
                 self._bias_backward(ds[..., :w], i0, i1, dbq, drel)
         return dq, dkb, dvb, dbq, None if drel is None else drel.to(self.rel.dtype), dcode, dmu
+
+    def logit_grad(self, p: Tensor, do: Tensor, out: Tensor, i0: int, i1: int) -> Tensor:
+        """``dS = p·(dO·[values; means]^T − Σ dO·O)`` of items ``i0..i1-1``, formed in fp32."""
+        w = self.width
+        delta = (do.to(self.acc) * out.to(self.acc)).sum(-1, keepdim=True)
+        ds = torch.empty_like(p)
+        _matmul(do, self.values[:, i0:i1].transpose(-1, -2), ds[..., :w])
+        if self.means is not None:
+            _matmul(do, self.means[:, i0:i1].transpose(-1, -2), ds[..., w:])
+        return ds.sub_(delta).mul_(p)
+
+    def _query_grad(self, ds_low: Tensor, i0: int, i1: int, dq: Tensor) -> None:
+        """``dq = dS·[window keys; codes]`` of items ``i0..i1-1``, accumulated in fp32."""
+        w = self.width
+        acc = dq if dq.dtype == self.acc else torch.empty_like(dq, dtype=self.acc)
+        _matmul(ds_low[..., :w], self.keys_t[:, i0:i1].transpose(-1, -2), acc)
+        if self.codebook is not None:
+            self._codes_product(ds_low[..., w:], i0, i1, acc, transpose=False, add=True)
+        if acc is not dq:
+            dq.copy_(acc)
 
     def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
         """Scatter the window logit gradients back to the distance logits, then to ``bias_q, rel``."""
@@ -272,6 +347,7 @@ def _chunks(items: int, chunk: int) -> Iterator[tuple[int, int]]:
 
 __all__ = [
     "CHUNK_BYTES",
+    "ChunkParts",
     "CodeCache",
     "WindowBias",
     "default_chunk",

@@ -38,6 +38,8 @@ from tvq_exp.attention.blocked import (
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.fused.op import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.support import unsupported, wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,
@@ -49,6 +51,8 @@ from tvq_exp.measure.flops import mm, padded, with_backward
 from tvq_exp.nn.position import window_distances
 from tvq_exp.options import NonNegativeInt, OneOf, OptionError, PositiveInt, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
+
+VQ_KERNELS = (*KERNELS, "triton")  # the window + cache step: flex's choices and the fused Triton kernel
 
 
 @dataclass(eq=False)
@@ -84,12 +88,14 @@ class VQAttention(BlockedAttention):
             ``n_s`` keys gets ``1/n_s`` of ``∂L/∂C_s``; the forward is unchanged). False (official): the
             cache scores give the keys no gradient: a key learns only from the queries of its own and the
             next block (docs/mqar_diagnosis.md). Needs ``grad_through_cache``, causal attention and the
-            plain kernel while training (``kernel=auto`` takes it).
+            plain or Triton kernel while training (``kernel=auto`` takes one).
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (update, decay, remedies: docs/design.md §3).
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
-            (:mod:`.flex`: flex attention, compiled where it runs, else its eager form) or ``auto`` (compiled
-            flex where it runs: CUDA, or CPU without gradients; for calls of at least 128 queries; else plain:
-            decoding steps stay plain). The encoder form is always plain.
+            (:mod:`.flex`: flex attention, compiled where it runs, else its eager form), ``triton`` (:mod:`.fused`:
+            fused Triton kernels, forward and backward; CUDA, or CPU under ``TRITON_INTERPRET=1``; refused
+            elsewhere) or ``auto`` (for calls of at least 128 queries: Triton on CUDA where it is installed, else
+            compiled flex where it runs: CPU without gradients; else plain: decoding steps stay plain). The
+            encoder form is always plain.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: :class:`VQState`: the positions ``max(0, (t//L - 1)·L) .. t-1`` and the cache of all earlier blocks
@@ -97,7 +103,7 @@ class VQAttention(BlockedAttention):
     """
 
     has_codebook = True
-    kernels = KERNELS
+    kernels = VQ_KERNELS
 
     @checked
     def __init__(
@@ -110,7 +116,7 @@ class VQAttention(BlockedAttention):
         grad_through_cache: bool = True,
         cache_key_grad: bool = False,
         codebook: Mapping[str, Any] | None = None,
-        kernel: Annotated[str, OneOf(*KERNELS)] = "plain",
+        kernel: Annotated[str, OneOf(*VQ_KERNELS)] = "plain",
         **shape: Unpack[Shape],
     ) -> None:
         super().__init__(**shape)
@@ -120,8 +126,11 @@ class VQAttention(BlockedAttention):
         if cache_key_grad and not (grad_through_cache and self.causal and kernel != "flex"):
             raise OptionError(
                 "cache_key_grad", cache_key_grad,
-                "needs grad_through_cache=True, causal attention and kernel plain or auto", type(self),
+                "needs grad_through_cache=True, causal attention and kernel plain, triton or auto", type(self),
             )  # fmt: skip
+        refused = unsupported(None) if kernel == "triton" else None
+        if refused:
+            raise OptionError("kernel", kernel, f"{refused}; else one of {', '.join(KERNELS)}", type(self))
         self.cache_key_grad = cache_key_grad
         self.kernel = kernel
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
@@ -287,13 +296,14 @@ class VQAttention(BlockedAttention):
             if key_means is not None:
                 m = _cache_entries(key_means, first, last).flatten(0, 1)  # (B·Hk, I, S, d_k)
                 cache = CodeCache(codebook[:, None] + (m - m.detach()).to(kw.dtype), log_n, cache_mu)
-        flex = key_means is None and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
-        attend = window_cache_attention
+        fused = wants_triton(self.kernel, q)
+        flex = not fused and key_means is None and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
+        attend = fused_window_cache_attention if fused else window_cache_attention
         if flex:  # imported here: torch's flex module is slow to import (see flex_runtime.FLEX_AVAILABLE)
             from tvq_exp.attention.vq.flex import flex_window_cache_attention
 
             attend = flex_window_cache_attention
-        self.last_kernel = "flex" if flex else "plain"
+        self.last_kernel = "triton" if fused else "flex" if flex else "plain"
         inputs = WindowInputs(
             layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache, prev_masked=first == 0 and not lone
         )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tvq_exp.data.content import ALGORITHM, check_content, content_digest
 from tvq_exp.data.digests import file_sha256
 from tvq_exp.data.paths import CorruptFileError
 from tvq_exp.data.text.corpus import Splits
@@ -92,7 +93,9 @@ def concat_files(files: Sequence[Path], separator: bytes, cache: Path | None = N
     With ``cache`` (a path inside the data root), the concatenation is written once to a file whose name
     carries a fingerprint of the inputs' contents (names and SHA-256, :func:`~tvq_exp.data.digests.file_sha256`:
     hashed once per file, cached by size and mtime) and memory-mapped afterwards, so an edited input (even of the
-    same size) gets a new concatenation; when that location is not writable it falls back to memory.
+    same size) gets a new concatenation; when that location is not writable it falls back to memory. The
+    concatenation's content digest (``<file>.xxh3_64``, :mod:`tvq_exp.data.content`) is checked on each open: a
+    concatenation edited in place is refused in one line.
     """
     sizes = [path.stat().st_size for path in files]
     total = sum(sizes) + len(separator) * max(len(files) - 1, 0)
@@ -125,11 +128,14 @@ def _cached_concat(
         ).encode()
     ).hexdigest()[:16]
     target = cache.with_name(f"{cache.name}-{fingerprint}.bin")
-    if not (target.is_file() and target.stat().st_size == total):
+    recorded = target.with_name(target.name + f".{ALGORITHM}")
+    if not (target.is_file() and recorded.is_file() and target.stat().st_size == total):
         try:
             _write_concat(files, separator, target)
+            recorded.write_text(content_digest(target))
         except OSError:
             return None
+    check_content(target, recorded.read_text().strip(), f"delete it to build it again from {files[0].parent}")
     return np.memmap(target, dtype=np.uint8, mode="r") if total else np.zeros(0, dtype=np.uint8)
 
 

@@ -13,12 +13,15 @@ Relative paths resolve against the data root first, then the working directory. 
 ``train`` / ``validation`` / ``test`` to ``datasets`` split specs, slicing included (``train[:90%]``,
 ``train[-1000:]``, ``train[:5%]+test``). With ``splits=null`` the dataset's own ``train`` / ``validation`` /
 ``test`` are used, and a split the dataset lacks is cut from the end of ``train`` (``holdout`` of its documents
-each; one line says so).
+each; one line says so). Where that hold-out would be empty (a single ``.txt`` file is one document), the bytes
+are split instead, ``holdout`` each for validation and test, as ``data=text_files`` splits one file.
 
 Each split's documents (the ``text_field`` column) are written as UTF-8 with ``separator`` between them to
-``<root>/<cache>/<key>/<split>.bin`` (a progress bar per split), next to a manifest ``<split>.json``: SHA-256,
-bytes, documents and every document's start offset (for resets at document boundaries). ``load`` memory-maps
-the files, so a corpus larger than RAM (PG-19, about 11 GB) is never read whole, and a later run reuses them.
+``$TVQ_CACHE_DIR/<cache>/<key>/<split>.bin`` (default ``~/.cache/tvq_exp``: a shared data root may be read-only;
+a progress bar per split on a terminal, one line per split otherwise), next to a manifest ``<split>.json``:
+SHA-256, XXH3 content digest, bytes, documents and every document's start offset (for resets at document
+boundaries). ``load`` checks each file's content digest and memory-maps it, so a corpus larger than RAM (PG-19,
+about 11 GB) is never read whole, a later run reuses the files, and a file edited since is refused.
 ``<key>`` is a hash of the source's content and of the options: the SHA-256 of every local data file's bytes,
 the fingerprints ``datasets`` stores with a ``save_to_disk`` folder or gives a hub dataset. An edited file
 therefore gets a new encoding, never a stale one; a renamed or moved one reuses its encoding.
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -38,10 +40,14 @@ from typing import Annotated, Any
 import numpy as np
 
 from tvq_exp.console import say
+from tvq_exp.data.content import ALGORITHM, check_content
+from tvq_exp.data.digests import CACHE_ENV, cache_dir
 from tvq_exp.data.download import digest_file
 from tvq_exp.data.paths import CorruptFileError, DataNotFoundError
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
-from tvq_exp.options import Between, checked
+from tvq_exp.data.text.encoded import encode_split, encoded, write_bytes
+from tvq_exp.data.text.files import split_fractions
+from tvq_exp.options import Between, OptionError, checked
 
 FILE_BUILDERS = {
     ".parquet": "parquet",
@@ -74,6 +80,10 @@ class HFTextCorpus(ByteCorpus):
         separator: str = "\n\n",
         cache: str = "hf_encoded",
     ) -> None:
+        if not cache or Path(cache).name != cache or cache in (".", ".."):
+            raise OptionError(
+                "cache", cache, f"a folder name (under ${CACHE_ENV}, else ~/.cache/tvq_exp)", type(self)
+            )
         self.path, self.config, self.text_field = path, config, text_field
         self.splits = dict(splits) if splits is not None else None
         if self.splits is not None and set(self.splits) != set(SPLITS):
@@ -120,27 +130,45 @@ class HFTextCorpus(ByteCorpus):
         return _hash([self.path, self.config, {name: split._fingerprint for name, split in dataset.items()}])
 
     def folder(self, root: Path) -> Path:
-        """Where this corpus's encoded splits live: ``<root>/<cache>/<content and options hash>``."""
+        """Where this corpus's encoded splits live: ``$TVQ_CACHE_DIR/<cache>/<content and options hash>``."""
         if self._key is None:
             options = [self.text_field, self.splits, self.holdout, self.separator.hex()]
             self._key = _hash([self.fingerprint(root), options])[:16]
-        return root / self.cache / self._key
+        return cache_dir() / self.cache / self._key
 
     # --------------------------------------------------------------------------------------- encoding
 
     def prepare(self, root: Path) -> None:
         folder = self.folder(root)
-        if all((folder / f"{split}.json").is_file() for split in SPLITS):
+        if all(encoded(folder, split) for split in SPLITS):
             return
-        with tempfile.TemporaryDirectory(dir=_mkdir(root / self.cache), prefix="datasets-") as scratch:
+        with tempfile.TemporaryDirectory(dir=_mkdir(folder.parent), prefix="datasets-") as scratch:
             dataset = self._dataset(root, Path(scratch))
-            specs = self.split_specs(dataset)
             folder.mkdir(parents=True, exist_ok=True)
+            if self.splits is None and set(SPLITS) - set(dataset) and "train" in dataset:
+                last = f"train[{100 - round(self.holdout * 100, 6):g}%:]"  # the smallest hold-out
+                if len(select(dataset, last, self.path)) == 0:
+                    return self.split_by_bytes(dataset, folder)
+            specs = self.split_specs(dataset)
             for split in SPLITS:
-                if not (folder / f"{split}.json").is_file():
+                if not encoded(folder, split):
                     documents = select(dataset, specs[split], self.path)
                     encode_split(self._texts(documents), folder / f"{split}.bin", self.separator,
                                  f"{split} ({specs[split]})")  # fmt: skip
+
+    def split_by_bytes(self, dataset: Mapping[str, Any], folder: Path) -> None:
+        """Encode ``train``'s documents whole, then cut ``holdout`` of the bytes each for validation and test
+        from its end (a hold-out of documents would be empty), saying so in one line."""
+        say(f"data=hf: {self.path} has {len(dataset['train'])} document(s) and no validation or test split, too "
+            f"few to hold out {self.holdout:g} of them: split by bytes (as data=text_files splits one file)")  # fmt: skip
+        whole = folder / "whole.bin"
+        encode_split(self._texts(dataset["train"]), whole, self.separator, "train (whole)")
+        data = np.memmap(whole, dtype=np.uint8, mode="r") if whole.stat().st_size else np.zeros(0, np.uint8)
+        for split, part in split_fractions(data, self.holdout, self.holdout).items():
+            write_bytes(np.asarray(part), folder / f"{split}.bin")
+        del data
+        whole.unlink()
+        whole.with_suffix(".json").unlink()
 
     def split_specs(self, dataset: Mapping[str, Any]) -> dict[str, str]:
         """Our split -> the ``datasets`` split spec it reads (``splits``, else the dataset's own names with
@@ -171,7 +199,7 @@ class HFTextCorpus(ByteCorpus):
         folder = self.folder(root)
         splits = {}
         for split in SPLITS:
-            if not (folder / f"{split}.json").is_file():
+            if not encoded(folder, split):
                 raise DataNotFoundError(
                     f"{folder / split}.bin is not encoded yet: prepare() the corpus first"
                 )
@@ -179,8 +207,10 @@ class HFTextCorpus(ByteCorpus):
             path = folder / f"{split}.bin"
             if path.stat().st_size != manifest["bytes"]:
                 raise CorruptFileError(
-                    f"{path} has {path.stat().st_size} bytes, its manifest says {manifest['bytes']}"
+                    f"{path} has {path.stat().st_size} bytes, its manifest says {manifest['bytes']}; "
+                    f"delete {folder} to encode it again"
                 )
+            check_content(path, manifest[ALGORITHM], f"delete {folder} to encode it again")
             splits[split] = (
                 np.memmap(path, dtype=np.uint8, mode="r")
                 if manifest["bytes"]
@@ -236,27 +266,8 @@ def select(dataset: Mapping[str, Any], spec: str, path: str) -> Any:
             f"{path}: split {spec!r} is not one of {', '.join(dataset)} (slicing like 'train[:90%]' allowed): "
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
         ) from error
-    parts = [dataset[i.splitname].select(range(i.from_, i.to)) for i in instructions]
+    parts = [dataset[i.splitname].select(range(i.from_, max(i.from_, i.to)) or []) for i in instructions]
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-
-
-def encode_split(texts: Iterable[str], path: Path, separator: bytes, label: str) -> dict[str, Any]:
-    """Write ``texts`` as UTF-8 joined by ``separator`` to ``path`` (atomically) and its manifest beside it."""
-    from tqdm.auto import tqdm
-
-    digest, offsets, size = hashlib.sha256(), [], 0
-    partial = path.with_suffix(".bin.part")
-    with open(partial, "wb") as out:
-        for index, text in enumerate(tqdm(texts, desc=f"encoding {label}", unit=" docs", leave=False)):
-            chunk = (separator if index else b"") + text.encode("utf-8")
-            offsets.append(size + (len(separator) if index else 0))
-            out.write(chunk)
-            digest.update(chunk)
-            size += len(chunk)
-    os.replace(partial, path)
-    manifest = {"bytes": size, "documents": len(offsets), "sha256": digest.hexdigest(), "offsets": offsets}
-    path.with_suffix(".json").write_text(json.dumps(manifest))
-    return manifest
 
 
 def _builder_suffix(path: Path) -> str | None:
@@ -286,4 +297,4 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-__all__ = ["HFTextCorpus", "encode_split", "select"]
+__all__ = ["HFTextCorpus", "select"]

@@ -27,7 +27,7 @@ class TextFilesCorpus(ByteCorpus):
 
     ``split_by="file"``: sorted files, index ``i % 20 == 0`` -> validation, ``i % 20 == 1`` -> test, the rest
     train; each split concatenated with ``separator``. ``split_by="bytes"``: 90%/5%/5% of the concatenation,
-    which is also how a single file is split (one line says so).
+    which is also how a single file or a folder of fewer than 3 files is split (one line says so).
     """
 
     name = "text_files"
@@ -63,17 +63,14 @@ class TextFilesCorpus(ByteCorpus):
     def load(self, root: Path) -> Splits:
         files = self.files(root)
         check_text_files(files)
-        if self.split_by == "file" and resolve(self.path, root).is_file():
-            say(
-                f"data=text_files: {files[0]} is one file: split by bytes 90/5/5 (data.corpus.split_by=bytes)"
+        if self.split_by == "file" and len(files) < len(SPLITS):
+            folder = resolve(self.path, root)
+            what = (
+                "is one file" if folder.is_file() else f"holds {len(files)} files, fewer than one per split"
             )
-        if self.split_by == "bytes" or resolve(self.path, root).is_file():
+            say(f"data=text_files: {folder} {what}: split by bytes 90/5/5 (data.corpus.split_by=bytes)")
+        if self.split_by == "bytes" or len(files) < len(SPLITS):
             return split_fractions(concat_files(files, self.separator), 0.05, 0.05)
-        if len(files) < 3:
-            raise ValueError(
-                f"split_by=file needs at least 3 files, found {len(files)} under {resolve(self.path, root)}; "
-                "use split_by=bytes"
-            )
         groups: dict[str, list[Path]] = {"validation": files[0::20], "test": files[1::20]}
         groups["train"] = [path for index, path in enumerate(files) if index % 20 > 1]
         return {split: concat_files(groups[split], self.separator) for split in SPLITS}

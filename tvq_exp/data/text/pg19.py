@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlparse
 
 from tvq_exp.data.paths import DataNotFoundError, not_found, resolve
 from tvq_exp.data.text.corpus import SPLITS, ByteCorpus, Splits
@@ -64,11 +66,10 @@ class PG19Corpus(ByteCorpus):
     def _fetch_from_hub(self, root: Path) -> None:
         """Write every book of every split as ``<split>/<gutenberg id>.txt`` (atomically per split)."""
         import datasets
-        import huggingface_hub.constants
 
-        if huggingface_hub.constants.HF_HUB_OFFLINE:
-            raise ConnectionError("HF_HUB_OFFLINE is set")
         folder = resolve(self.path, root)
+        if not (folder / ".hf_cache").is_dir():
+            check_hub_reachable()
         for split, target in self.split_dirs(root).items():
             if any(target.glob("*.txt")):
                 continue
@@ -90,3 +91,18 @@ class PG19Corpus(ByteCorpus):
             "or run prepare_data() once with network access and hub: true",
             root,
         )
+
+
+def check_hub_reachable(timeout_s: float = 3.0) -> None:
+    """Raise ``ConnectionError`` at once when ``HF_HUB_OFFLINE`` is set or the hub's host cannot be reached in
+    ``timeout_s`` (``datasets`` would retry for half a minute, a line per try, before failing the same way)."""
+    import huggingface_hub.constants
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise ConnectionError("HF_HUB_OFFLINE is set")
+    endpoint = urlparse(huggingface_hub.constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConnectionError(f"cannot reach {endpoint.hostname}:{port} (offline?): {error}") from None

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+from tvq_exp.tools.analysis.runs import train_seconds
 
 
 def run_label(table: pd.DataFrame, index: int) -> str:
@@ -18,18 +21,18 @@ def run_label(table: pd.DataFrame, index: int) -> str:
 
 
 def plot_curves(table: pd.DataFrame, metric: str, x: str = "step", ax: Axes | None = None) -> Axes:
-    """``metric`` of every run against ``x``: ``"step"`` or ``"wall_time"`` (seconds since the run's first event)."""
+    """``metric`` of every run against ``x``: ``"step"`` or ``"wall_time"`` (seconds since the run's training
+    started, one clock for every backend: :func:`~tvq_exp.tools.analysis.runs.train_seconds`)."""
     if x not in ("step", "wall_time"):
         raise ValueError(f"x must be 'step' or 'wall_time', got {x!r}")
     ax = ax or plt.figure(figsize=(6, 4)).gca()
     for index, run in enumerate(table["run"]):
         scalars = table.attrs["scalars"][str(run)]
-        start = scalars["wall_time"].min() if len(scalars) else 0.0
         curve = scalars[scalars["tag"] == metric]
-        if len(curve):
-            xs = curve["step"] if x == "step" else curve["wall_time"] - start
+        xs = curve["step"] if x == "step" else train_seconds(scalars, curve["step"])
+        if len(curve) and not np.isnan(xs).all():
             ax.plot(xs, curve["value"], marker="o", markersize=3, label=run_label(table, index))
-    ax.set_xlabel("step" if x == "step" else "wall time (s)")
+    ax.set_xlabel("step" if x == "step" else "training time (s)")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

@@ -10,27 +10,39 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tvq_exp.callbacks.final_hparams import FINAL_SCALARS
+from tvq_exp.callbacks.train_clock import TAG as CLOCK_TAG
 
 EVENT_GLOB = "events.out.tfevents.*"
+FINAL_TIME = "final/train_time_s"
 ERROR_FILE = "error.txt"
 
 SUMMARY_METRICS = ("val/bpb", "val/loss", "train/loss", "train/bpb", "throughput/tokens_per_s")
 LOWER_IS_BETTER_PREFIXES = ("val/", "train/")
 
 
-def latest_sweep(log_dir: str | Path = "logs") -> Path:
-    """The newest sweep directory ``<log_dir>/multiruns/<time>_<id>`` (by name: names start with the time)."""
-    sweeps = sorted(path for path in (Path(log_dir) / "multiruns").glob("*") if path.is_dir())
+def log_dir_above(start: str | Path | None = None) -> Path:
+    """The ``logs`` folder that holds sweeps (``logs/multiruns``) in ``start`` (default: the working directory) or
+    the nearest folder above it, so a notebook run from ``notebooks/`` (Jupyter's working directory) finds the
+    repository's; ``<start>/logs`` when none does."""
+    here = Path(start or Path.cwd()).resolve()
+    found = next((d / "logs" for d in (here, *here.parents) if (d / "logs" / "multiruns").is_dir()), None)
+    return found or here / "logs"
+
+
+def latest_sweep(log_dir: str | Path | None = None) -> Path:
+    """The newest sweep directory under ``<log_dir>/multiruns`` (default :func:`log_dir_above`), by modification
+    time: a named sweep (``run_name=...``) and a timestamped one are compared by when they were written."""
+    root = Path(log_dir) if log_dir is not None else log_dir_above()
+    sweeps = [path for path in (root / "multiruns").glob("*") if path.is_dir()]
     if not sweeps:
-        raise FileNotFoundError(
-            f"no sweeps under {Path(log_dir) / 'multiruns'}: run `python train.py -m ...` first"
-        )
-    return sweeps[-1]
+        raise FileNotFoundError(f"no sweeps under {root / 'multiruns'}: run `python train.py -m ...` first")
+    return max(sweeps, key=lambda path: (path.stat().st_mtime_ns, path.name))
 
 
 def is_run_dir(path: Path) -> bool:
@@ -81,8 +93,22 @@ def read_overrides(run_dir: str | Path) -> dict[str, str]:
     return {pair[0]: pair[1] if len(pair) > 1 else "" for pair in pairs}
 
 
+def train_seconds(scalars: pd.DataFrame, steps: Sequence[int] | pd.Series) -> np.ndarray:
+    """Seconds since training started at each of ``steps``: the run's ``time/train_s`` clock
+    (:class:`tvq_exp.callbacks.train_clock.TrainClock`, 0 at step 0) interpolated between its logged steps;
+    NaN for a run without the clock. Event times are not used: they start at each run's first logged event,
+    which differs by backend."""
+    clock = scalars[scalars["tag"] == CLOCK_TAG].groupby("step")["value"].max()
+    if not len(clock):
+        return np.full(len(steps), math.nan)
+    known_steps = np.concatenate([[0], clock.index.to_numpy(dtype=float)])
+    known_seconds = np.concatenate([[0.0], clock.to_numpy(dtype=float)])
+    return np.interp(np.asarray(steps, dtype=float), known_steps, known_seconds)
+
+
 def run_summary(run_dir: Path, scalars: pd.DataFrame) -> dict[str, object]:
-    """One row: status, steps, wall time (first to last event), and final and best value of each metric in
+    """One row: status, steps, training time (``final/train_time_s``, else the training clock's last value:
+    :func:`train_seconds`), and final and best value of each metric in
     ``SUMMARY_METRICS`` (best = the lowest, for ``train/`` and ``val/`` metrics). "final" is the value
     the run's HParams carry (``final/...``, written when training ends) where there is one, else the
     last logged value (which depends on ``log_every_n_steps``)."""
@@ -91,8 +117,10 @@ def run_summary(run_dir: Path, scalars: pd.DataFrame) -> dict[str, object]:
         "status": "failed" if (run_dir / ERROR_FILE).is_file() else "ok",
     }
     row["steps"] = int(scalars["step"].max()) if len(scalars) else 0
+    final_time = scalars.loc[scalars["tag"] == FINAL_TIME, "value"]
+    clock = scalars.loc[scalars["tag"] == CLOCK_TAG, "value"]
     row["wall_time_s"] = (
-        float(scalars["wall_time"].max() - scalars["wall_time"].min()) if len(scalars) else math.nan
+        float((final_time if len(final_time) else clock).max()) if len(clock) + len(final_time) else math.nan
     )
     for metric in SUMMARY_METRICS:
         values = scalars.loc[scalars["tag"] == metric, "value"]

@@ -53,10 +53,22 @@ def mm_gflops(args: argparse.Namespace) -> float:
     return result["flops"] / (result["ms"] / 1e3) / 1e9 if "ms" in result else float("nan")
 
 
+def write_records(path: str | None, records: list[dict[str, Any]]) -> None:
+    """``records`` as JSON into ``path`` (nothing when ``None``), every field of :data:`RECORD_FIELDS` present
+    (``None`` until known), replacing the file in one step so an interrupted run leaves the last whole one."""
+    if path is None:
+        return
+    target = Path(path)
+    partial = target.with_name(target.name + ".part")
+    partial.write_text(json.dumps([{f: None for f in RECORD_FIELDS} | rec for rec in records], indent=1))
+    partial.replace(target)
+
+
 def run_sweep(
     args: argparse.Namespace, kind: str, names: Sequence[str], modes: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """Measure every (name, mode, length); returns the records (without the mm fractions)."""
+    """Measure every (name, mode, length); returns the records (without the mm fractions). With ``--json`` the
+    file is rewritten after each record, so what was measured survives a crash or a kill."""
     records = []
     for name in names:
         for mode in modes:
@@ -72,6 +84,7 @@ def run_sweep(
                     last = (t, rec["ms"])
                 records.append(rec)
                 print(row(rec), flush=True)
+                write_records(args.json, records)
     return records
 
 
@@ -128,9 +141,13 @@ def _measure_one(
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run the ``attention`` or ``model`` benchmark; write JSON / plot; return the records."""
+    """Run the ``attention`` or ``model`` benchmark; write JSON (after each record) / plot, their folders
+    created; return the records."""
     kind = args.command
     names = args.backends if kind == "attention" else args.models
+    for path in (args.json, args.plot):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     mm_before = mm_gflops(args)
     print(f"torch.mm {args.mm_size}^2 {args.dtype}: {mm_before:.1f} GFLOP/s", flush=True)
     records = run_sweep(args, kind, names, args.mode)
@@ -147,8 +164,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         for field in RECORD_FIELDS:
             rec.setdefault(field, None)
     print_table(records)
-    if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1))
+    write_records(args.json, records)
     if args.plot:
         plot(records, args.plot, kind)
     return records

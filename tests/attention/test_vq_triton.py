@@ -1,0 +1,278 @@
+"""The fused Triton kernel of Transformer-VQ's window + cache step (``tvq_exp.attention.vq.fused``), run on CPU under
+Triton's interpreter (and compiled on CUDA where there is one): equal to the plain kernel and the naive reference in
+fp32 (forward and every gradient, relative error <= 1e-5) in every case the plain kernel covers, within 1e-2 with
+bf16 operands, and through the layer (``kernel=triton``) equal to ``kernel=plain``, streamed and causal; refused in
+one line where it cannot run. The sm_90a compile report (no spills) is a slow test (``make kernel-report``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tests.attention.backends import build
+from tvq_exp.attention.vq.fused import fused_window_cache_attention
+from tvq_exp.attention.vq.kernel import (
+    CodeCache,
+    WindowBias,
+    WindowInputs,
+    window_cache_attention,
+    window_index,
+)
+from tvq_exp.attention.vq.naive import window_cache_attention as naive_window_cache_attention
+from tvq_exp.nn.position import window_distances
+from tvq_exp.options import OptionError
+
+TOL = 1e-5  # relative error of fp32 results (‖got - want‖ / ‖want‖)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Every CPU test here runs the kernel under Triton's interpreter (the refusal test lifts it)."""
+    params = getattr(request.node, "callspec", None)
+    if params is None or params.params.get("device", "cpu") == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@dataclass(frozen=True)
+class Case:
+    """Sizes of one kernel call: ``n`` sequences, ``items`` query blocks of ``g`` heads × ``rows`` positions (the
+    last ``rows`` of a block of ``block``), ``d_k``, ``d_v``, ``s`` codes, XL bias over ``m`` distances."""
+
+    bias: bool = True
+    cache: bool = True
+    rows: int = 4
+    block: int = 4
+    g: int = 2
+    items: int = 3
+    n: int = 2
+    d_k: int = 6
+    d_v: int = 5
+    s: int = 7
+    m: int = 3
+    one_block: bool = False  # a sequence's lone first block: the window is block i alone
+    per_item_codes: bool = False  # cache_key_grad's per-item codebook, with a gradient
+    span: int | None = None  # a sliding window (use_cache=False)
+    prev_grad: bool = True
+
+
+def make_inputs(
+    case: Case, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Random inputs of :func:`window_cache_attention` for ``case`` (flat; :func:`grouped` groups them)."""
+    c = case
+    mk = lambda *shape: torch.randn(*shape, dtype=dtype, device=device, requires_grad=True)
+    blocks = 1 if c.one_block else 2
+    dist = window_distances(c.block)[c.block - c.rows :, c.block if c.one_block else 0 :]
+    inputs = {
+        "q": mk(c.n, c.items, c.g * c.rows, c.d_k),
+        "kb": mk(c.n, c.items + blocks - 1, c.block, c.d_k),
+        "vb": mk(c.n, c.items + blocks - 1, c.block, c.d_v),
+        "index": window_index(dist, c.m if c.bias else None, c.span).to(device),
+    }
+    if c.bias:
+        inputs |= {"bias_q": mk(c.n, c.items, c.g * c.rows, c.d_k), "rel": mk(c.n, c.g, c.m + 1, c.d_k)}
+    if c.cache:
+        counts = torch.randint(0, 3, (c.n, c.items, c.s), device=device).float()
+        codes = (c.n, c.items, c.s, c.d_k) if c.per_item_codes else (c.n, c.s, c.d_k)
+        inputs |= {
+            "codebook": mk(*codes) if c.per_item_codes else torch.randn(*codes, dtype=dtype, device=device),
+            "log_n": torch.where(counts > 0, counts.log(), float("-inf")),
+            # fp32, as the layer's cache means
+            "mu": torch.randn(c.n, c.items, c.s, c.d_v, device=device).requires_grad_(),
+        }
+    return inputs
+
+
+def grouped(inputs: dict[str, torch.Tensor], case: Case) -> WindowInputs:
+    bias = WindowBias(inputs["bias_q"], inputs["rel"]) if "rel" in inputs else None
+    cache = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]) if "mu" in inputs else None
+    return WindowInputs(
+        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], bias, cache, prev_masked=not case.one_block
+    )
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm())
+
+
+def outputs_and_grads(fn, inputs: dict, case: Case, g: torch.Tensor | None = None):  # noqa: ANN001, ANN201
+    """``fn``'s output and the gradients of ``Σ out·g`` w.r.t. every input that takes one (by name)."""
+    names = [k for k, x in inputs.items() if x.requires_grad]
+    out = fn(grouped(inputs, case))
+    g = torch.randn_like(out) if g is None else g
+    grads = torch.autograd.grad((out * g).sum(), [inputs[k] for k in names], allow_unused=True)
+    return out, g, dict(zip(names, grads, strict=True))
+
+
+CASES = {
+    "bias+cache, 2 heads": Case(),
+    "no bias, no cache": Case(bias=False, cache=False),
+    "bias, no cache, 3 of 4 rows": Case(cache=False, rows=3),
+    "cache, no bias, one decoding row": Case(bias=False, rows=1, g=1),
+    "one-block window": Case(one_block=True, items=1),
+    "no gradient to the previous block": Case(prev_grad=False),
+    "per-item codebook (cache_key_grad)": Case(per_item_codes=True),
+    "block of 5, 1 head": Case(block=5, rows=5, g=1, m=5),
+    "block of 32: skipped tiles": Case(block=32, rows=32, g=1, items=2, n=1, m=20, s=20),
+    "sliding window (no cache)": Case(cache=False, block=32, rows=32, g=1, items=2, n=1, m=8, span=8),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_triton_equals_plain_and_naive_fp32(case: Case, device: str) -> None:
+    torch.manual_seed(0)
+    inputs = make_inputs(case, device=device)
+    fused = lambda x: fused_window_cache_attention(x, prev_grad=case.prev_grad)
+    plain = lambda x: window_cache_attention(x, prev_grad=case.prev_grad)
+    out, g, grads = outputs_and_grads(fused, inputs, case)
+    for name, fn in (("plain", plain), ("naive", naive_window_cache_attention)):
+        want_out, _, want = outputs_and_grads(fn, inputs, case, g)
+        assert rel_err(out, want_out) <= TOL, name
+        for key, got in grads.items():
+            if name == "naive" and not case.prev_grad and key in ("kb", "vb"):
+                continue  # the naive reference has no stop-gradient on the previous block
+            assert rel_err(got, want[key]) <= TOL, (name, key)
+            assert want[key].abs().sum() > 0, key  # every input really receives a gradient
+    if not case.prev_grad:  # the previous block of item i is key block i: only the last block gets none
+        assert grads["kb"][:, 0].abs().sum() == 0 and grads["kb"][:, 1:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_bf16_operands_track_fp32(device: str) -> None:
+    """bf16 queries, keys, values and bias (fp32 cache means, as the layer's): within 1e-2 of fp32."""
+    case = Case(block=32, rows=32, m=20, s=20)
+    torch.manual_seed(1)
+    inputs = make_inputs(case, device=device)
+    low = {
+        k: v.detach().bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()
+    }
+    out = fused_window_cache_attention(grouped(low, case))
+    ref = naive_window_cache_attention(
+        grouped({k: v.float() if v.is_floating_point() else v for k, v in low.items()}, case)
+    )
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) <= 1e-2
+
+
+# ----------------------------------------------------------------------------- through the layer
+
+
+def make_pair(block_len: int = 4, **kw) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``VQAttention`` with ``kernel=plain`` and ``kernel=triton``, sharing every weight (fp32, XL bias)."""
+    opts = dict(d_k=6, d_v=5, heads=2, codebook_size=5, block_len=block_len, window_bias=True) | kw
+    plain = build("vq", **opts).float()
+    torch.nn.init.normal_(plain.bias.u)
+    torch.nn.init.normal_(plain.bias.v)
+    fused = build("vq", kernel="triton", **opts).float()
+    fused.load_state_dict(plain.state_dict())
+    return plain.eval(), fused.eval()
+
+
+def qkv(t: int, h_kv: int = 2, b: int = 2):  # noqa: ANN201
+    mk = lambda h, d: torch.randn(b, h, t, d, requires_grad=True)
+    return mk(2, 6), mk(h_kv, 6), mk(h_kv, 5)
+
+
+LAYER_CASES = {
+    "13 positions (padded), grouped heads": dict(kv_heads=1),
+    "no gradient through the cache": dict(grad_through_cache=False),
+    "cache_key_grad": dict(cache_key_grad=True, codebook_size=3),
+    "no cache": dict(use_cache=False, window_len=2),
+}
+
+
+@pytest.mark.parametrize("opts", LAYER_CASES.values(), ids=LAYER_CASES.keys())
+def test_layer_triton_equals_plain(opts: dict) -> None:
+    torch.manual_seed(2)
+    plain, fused = make_pair(**opts)
+    q, k, v = qkv(13, h_kv=opts.get("kv_heads", 2))
+    want = plain(q, k, v)[0]
+    got = fused(q, k, v)[0]
+    assert fused.last_kernel == "triton" and plain.last_kernel == "plain"
+    assert rel_err(got, want) <= TOL
+    g = torch.randn_like(want)
+    params = [p for p in plain.parameters() if p.requires_grad]
+    wants = torch.autograd.grad((want * g).sum(), (q, k, v, *params), allow_unused=True)
+    gots = torch.autograd.grad((got * g).sum(), (q, k, v, *[p for p in fused.parameters() if p.requires_grad]),
+                               allow_unused=True)  # fmt: skip
+    for got_g, want_g in zip(gots, wants, strict=True):
+        assert (got_g is None) == (want_g is None)
+        if want_g is not None and want_g.abs().sum() > 0:
+            assert rel_err(got_g, want_g) <= TOL
+
+
+def test_layer_triton_streams_a_continued_segment_as_one_call() -> None:
+    _, fused = make_pair()
+    q, k, v = (x.detach() for x in qkv(15))
+    whole = fused(q, k, v)[0]
+    pieces, state, start = [], None, 0
+    for end in (6, 7, 15):  # a cut inside a block, a one-position step, the rest
+        out, state, _ = fused(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], state)
+        pieces.append(out)
+        start = end
+    assert rel_err(torch.cat(pieces, 2), whole) <= TOL
+
+
+def test_layer_triton_is_causal() -> None:
+    """Changing the inputs after position ``t`` leaves outputs ``0..t`` as they were, and their gradient
+    reaches no later input."""
+    _, fused = make_pair(block_len=3)
+    q, k, v = qkv(11)
+    out = fused(q, k, v)[0]
+    for t in (4, 8):
+        later = [x.detach().clone() for x in (q, k, v)]
+        for x in later:
+            x[:, :, t + 1 :] = torch.randn_like(x[:, :, t + 1 :])
+        changed = fused(*later)[0]
+        assert torch.equal(changed[:, :, : t + 1], out[:, :, : t + 1])
+        assert not torch.equal(changed[:, :, t + 1 :], out[:, :, t + 1 :])
+        grads = torch.autograd.grad(out[:, :, : t + 1].sum(), (q, k, v), retain_graph=True)
+        assert all(gr[:, :, t + 1 :].abs().sum() == 0 for gr in grads)
+        assert all(gr[:, :, : t + 1].abs().sum() > 0 for gr in grads)
+
+
+# ----------------------------------------------------------------------------- where it cannot run
+
+
+def test_triton_is_refused_in_one_line_without_the_interpreter_on_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET")
+    inputs = grouped(make_inputs(Case(bias=False, cache=False)), Case(bias=False, cache=False))
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1") as err:
+        fused_window_cache_attention(inputs)
+    assert "\n" not in str(err.value)
+    if not torch.cuda.is_available():
+        with pytest.raises(OptionError, match=r"kernel='triton'.*TRITON_INTERPRET=1.*plain, flex, auto"):
+            build("vq", d_k=4, d_v=4, heads=1, codebook_size=4, block_len=4, kernel="triton")
+
+
+def test_triton_refuses_float64_in_one_line() -> None:
+    case = Case(bias=False, cache=False)
+    with pytest.raises(ValueError, match="fp32, bf16 or fp16 operands, not torch.float64"):
+        fused_window_cache_attention(grouped(make_inputs(case, torch.float64), case))
+
+
+@pytest.mark.slow
+def test_every_shipped_configuration_compiles_for_sm90a_without_spills() -> None:
+    """``make kernel-report`` as a test (its own process, as Triton's mode is per process): every configuration
+    :mod:`tvq_exp.attention.vq.fused.config` ships, compiled for an H100 with Triton's ptxas (no GPU needed), spills
+    no register (bf16) and fits the shared memory, and its products use Hopper's wgmma."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tvq_exp.attention.vq.fused.report"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ") and "bf16" in line]
+    assert rows and all(cells[13].strip() == "yes" for cells in rows)  # the wgmma column

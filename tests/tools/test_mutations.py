@@ -1,0 +1,50 @@
+"""The mutation harness (``make test-mutations``, tools/mutations): its list is well formed and covers the core,
+and a mutation whose snippet is not in its file exactly once is an error, never a pass. (The harness itself
+runs the mutations; this only checks what it would run.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.helpers.paths import REPO
+
+
+def _harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mutation_harness", REPO / "tools" / "mutations" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_mutation_names_a_behaviour_existing_tests_and_a_snippet_found_once() -> None:
+    harness = _harness()
+    mutations = harness.load()
+    assert len(mutations) >= 25
+    for m in mutations:
+        assert m.behaviour.strip() and m.tests, m.id
+        assert (REPO / m.file).read_text().count(m.original) == 1, (
+            f"{m.id}: snippet not in {m.file} exactly once"
+        )
+        for test in m.tests:
+            path, _, name = test.partition("::")
+            assert (REPO / path).is_file(), f"{m.id}: no test file {path}"
+            assert not name or f"def {name.split('[')[0]}(" in (REPO / path).read_text(), f"{m.id}: {test}"
+    covered = {m.file.split("/")[1] for m in mutations}
+    assert {"attention", "quantize", "nn", "data", "models", "run"} <= covered
+
+
+@pytest.mark.parametrize("copies", [0, 2])
+def test_a_snippet_not_found_exactly_once_is_an_error(tmp_path: Path, copies: int) -> None:
+    harness = _harness()
+    (tmp_path / "core.py").write_text("x = 1\n" * copies)
+    mutation = harness.Mutation("m", "core.py", "x = 1", "x = 2", "x is 2", ("tests/none.py",))
+    outcome = harness.check(tmp_path, mutation)
+    assert outcome.status == "ERROR" and f"{copies} times" in outcome.detail
+    assert (tmp_path / "core.py").read_text() == "x = 1\n" * copies  # nothing planted

@@ -1,0 +1,16 @@
+"""Transformer-VQ's window + cache step as fused Triton kernels, forward and backward (``VQAttention(kernel="triton")``).
+
+- :mod:`.op`: the autograd function and its launches (the algorithm in its docstring);
+- :mod:`.support`: where it runs (CUDA, or the interpreter), ``kernel=auto``'s choice, the kernels loaded per mode;
+- :mod:`.kernels`: the Triton kernels (loaded per mode: compiled, or Triton's interpreter on CPU);
+- :mod:`.config`: the tile sizes, and the configurations shipped for the GPU;
+- :mod:`.report`: the sm_90a compile report of those configurations (``make kernel-report``).
+
+The plain reference is :mod:`tvq_exp.attention.vq.kernel` beside it (and :mod:`tvq_exp.attention.vq.naive`);
+tests/attention/test_vq_triton.py holds them equal under the interpreter.
+"""
+
+from tvq_exp.attention.vq.fused.op import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.support import unsupported
+
+__all__ = ["fused_window_cache_attention", "unsupported"]

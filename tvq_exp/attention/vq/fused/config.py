@@ -1,0 +1,50 @@
+"""Tile sizes of the fused window + cache kernels, and the configurations shipped for the GPU.
+
+One :class:`Tiles` per kernel: ``bm`` query rows by ``bn`` keys (or codes) per step, values ``bdv`` wide per
+program (``d_v`` in chunks when wider: the GAU's ``d_v = 1536``), ``num_warps`` and ``num_stages`` (Triton's
+software pipelining). :func:`tiles` picks them from the head sizes; :data:`SHIPPED` lists the head sizes whose
+configurations ``make kernel-report`` compiles for sm_90a (no register spills allowed, shared memory within
+an H100's 227 KB per block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNEL_NAMES = ("forward", "dq", "window_key", "code")
+MIN_TILE = 16  # tl.dot needs every dimension >= 16
+H100_SHARED_BYTES = 232_448  # the most shared memory one block may take on sm_90 (227 KB)
+# (d_k, d_v) the GPU path is sized for: the benchmarks' heads (d_k 128, d_v 256) and the paper's GAU (d_v 1536)
+SHIPPED = ((128, 256), (128, 1536), (64, 64))
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch shape: ``bm`` rows, ``bn`` keys, ``bdv`` value columns per program."""
+
+    bm: int
+    bn: int
+    bdv: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+def padded_dim(d: int) -> int:
+    """A head dimension as the kernels tile it: the next power of two, at least :data:`MIN_TILE`."""
+    return max(MIN_TILE, 1 << (d - 1).bit_length())
+
+
+def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False) -> Tiles:
+    """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
+    (``fp32``: fp32 operands, twice the bytes per tile). Under the interpreter the smallest tiles (its cost grows
+    with the padding, not with the tile count on these test sizes)."""
+    dv = padded_dim(d_v)
+    if interpret:
+        return Tiles(MIN_TILE, MIN_TILE, dv)
+    if kernel == "forward":  # the values in one chunk up to 256 (128 for fp32): the scores once per chunk
+        return Tiles(64, 64, min(dv, 128 if fp32 else 256), num_warps=8, num_stages=2)
+    # dq, window_key, code: values in chunks of 128 (the keys' gradient, dp over all chunks, apart past 128)
+    return Tiles(64, 64, min(dv, 128), num_warps=8, num_stages=1)
+
+
+__all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]

@@ -1,0 +1,352 @@
+"""The Triton kernels of the fused window + cache step (see :mod:`.op` for the layout and the algorithm).
+
+Over 300 lines: one forward and three backward kernels sharing two tile helpers; splitting them would
+scatter one algorithm over several files.
+
+Loaded by :func:`tvq_exp.attention.vq.fused.support.kernels` (never imported directly): Triton reads
+``TRITON_INTERPRET`` when a kernel is decorated, so the module is loaded once per mode (compiled, or
+interpreted on the CPU).
+
+Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r`` a query row of the item
+(``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
+``j`` of item ``i`` is row ``i·L + j`` of the key blocks, as blocks ``i`` and ``i + 1`` are contiguous), ``c`` a
+code. Scores are kept in base 2 (``s·log2 e``) and ``lse`` is ``log2 Σ 2^s``. ``M1`` is the number of XL-bias
+columns of the index table (``M + 1``; 0 without the bias): column ``< M1`` reads the row's distance logit, ``M1``
+is zero, ``M1 + 1`` masks. Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs,
+else bf16/fp16) and accumulates in fp32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+# Only Triton's builtins and this module's functions are called: the standard library's jit functions (``tl.max``,
+# ``tl.sum``, ``tl.zeros``, ``tl.cdiv``) take the mode Triton was first imported in, so one process could not run
+# these kernels both interpreted and compiled. The row reductions name the standard combine functions, which the
+# interpreter recognises (numpy) without calling them and the compiler inlines.
+@triton.jit
+def _row_max(x):
+    return tl.reduce(x, 1, tl.standard._elementwise_max)
+
+
+@triton.jit
+def _row_sum(x):
+    return tl.reduce(x, 1, tl.standard._sum_combine)
+
+
+@triton.jit
+def _window_term(idx_ptr, dl_ptr, dl_row, p, p_ok, j, j_ok, W, M1):
+    """The additive term ``(len(p), len(j))`` of window keys ``j`` for rows at positions ``p`` (fp32,
+    ``-inf`` where masked), with the table columns; ``dl_row`` the rows' offsets into the distance logits."""
+    ok = p_ok[:, None] & j_ok[None, :]
+    col = tl.load(idx_ptr + p[:, None] * W + j[None, :], mask=ok, other=M1 + 1)
+    bias = tl.load(dl_ptr + dl_row[:, None] + col, mask=ok & (col < M1), other=0.0)
+    return tl.where(col == M1 + 1, float("-inf"), bias), col
+
+
+@triton.jit
+def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
+    """One online-softmax step: base-2 scores ``s (BM, BN)`` with values ``v (BN, BDV)``."""
+    m_new = tl.maximum(m_i, _row_max(s))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + _row_sum(p)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def forward_kernel(
+    q_ptr, k_ptr, v_ptr, idx_ptr, kr_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
+    ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    NPB, TPB,
+    BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
+    HAS_CACHE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
+    writes ``out`` and (chunk 0) the rows' ``lse``."""
+    pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ndv = (dv + BDV - 1) // BDV
+    n, dc = z // ndv, z % ndv
+    g, pp = pb // NPB, pb % NPB
+    p = pp * BM + tl.arange(0, BM)
+    p_ok = p < Lq
+    r = g * Lq + p
+    item = n * ITEMS + i
+    row = item * R + r
+    dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
+    dk_ok, dv_ok = dko < dk, dvo < dv
+    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
+    q = (q.to(tl.float32) * LOG2E).to(DOT)  # base-2 scores straight from the product
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.full([BM], 0.0, tl.float32)
+    acc = tl.full([BM, BDV], 0.0, tl.float32)
+    key0 = (n * IB + i) * L  # window key j is key row key0 + j
+    # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
+    lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    for wt in range(lo, tl.load(kr_ptr + 2 * pp + 1)):
+        h, t = wt // TPB, wt % TPB
+        jl = t * BN + tl.arange(0, BN)
+        j_ok = jl < L
+        j = h * L + jl
+        k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
+        term, _ = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
+        s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PREC) + term * LOG2E
+        v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
+        m_i, l_i, acc = _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
+    if HAS_CACHE:
+        for c0 in range(0, S, BN):
+            c = c0 + tl.arange(0, BN)
+            c_ok = c < S
+            code = tl.load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :],
+                           mask=c_ok[:, None] & dk_ok[None, :], other=0.0)  # fmt: skip
+            log_n = tl.load(ln_ptr + item * S + c, mask=c_ok, other=float("-inf"))
+            s = tl.dot(q, tl.trans(code.to(DOT)), input_precision=PREC) + log_n[None, :] * LOG2E
+            mu = tl.load(
+                mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :]
+            )
+            m_i, l_i, acc = _online_step(m_i, l_i, acc, s, mu.to(DOT), DOT, PREC)
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(out_ptr + row[:, None] * dv + dvo[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=p_ok[:, None] & dv_ok[None, :])  # fmt: skip
+    tl.store(lse_ptr + row, m_i + tl.log2(l_safe), mask=p_ok & (dc == 0))
+
+
+@triton.jit
+def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
+        BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
+        DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """``dO·v^T (BM, BN)`` over all of ``d_v``: with the loaded ``do`` (one chunk) or chunk by chunk."""
+    if ONE_CHUNK:
+        dvo = tl.arange(0, BDV)
+        v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & (dvo < dv)[None, :])
+        return tl.dot(do, tl.trans(v.to(DOT)), input_precision=PREC)
+    dp = tl.full([BM, BN], 0.0, tl.float32)
+    for d0 in range(0, dv, BDV):
+        dvo = d0 + tl.arange(0, BDV)
+        d_ok = dvo < dv
+        do_c = tl.load(
+            do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0
+        )
+        v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :])
+        dp += tl.dot(do_c.to(DOT), tl.trans(v.to(DOT)), input_precision=PREC)
+    return dp
+
+
+@triton.jit
+def dq_kernel(
+    q_ptr, k_ptr, v_ptr, idx_ptr, kr_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr,
+    dq_ptr, ddl_ptr,
+    ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    NPB, TPB,
+    BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
+    HAS_CACHE: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
+    logits (``ddl``, each column written by the one key at that distance: no atomics)."""
+    pb, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g, pp = pb // NPB, pb % NPB
+    p = pp * BM + tl.arange(0, BM)
+    p_ok = p < Lq
+    r = g * Lq + p
+    item = n * ITEMS + i
+    row = item * R + r
+    dko = tl.arange(0, DK)
+    dk_ok = dko < dk
+    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
+    q = (q.to(tl.float32) * LOG2E).to(DOT)
+    lse = tl.load(lse_ptr + row, mask=p_ok, other=0.0)
+    delta = tl.load(delta_ptr + row, mask=p_ok, other=0.0)
+    dvo = tl.arange(0, BDV)
+    do = tl.load(
+        do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0
+    )
+    do = do.to(DOT)
+    dq = tl.full([BM, DK], 0.0, tl.float32)
+    key0 = (n * IB + i) * L
+    # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
+    lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    for wt in range(lo, tl.load(kr_ptr + 2 * pp + 1)):
+        h, t = wt // TPB, wt % TPB
+        jl = t * BN + tl.arange(0, BN)
+        j_ok = jl < L
+        j = h * L + jl
+        k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(
+            DOT
+        )
+        term, col = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) + term * LOG2E
+        pr = tl.exp2(s - lse[:, None])
+        dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
+        ds = pr * (dp - delta[:, None])
+        dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
+        if BIAS_GRAD:
+            ok = p_ok[:, None] & j_ok[None, :] & (col < M1)
+            tl.store(ddl_ptr + (row * M1)[:, None] + col, ds, mask=ok)
+    if HAS_CACHE:
+        for c0 in range(0, S, BN):
+            c = c0 + tl.arange(0, BN)
+            c_ok = c < S
+            code = tl.load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :],
+                           mask=c_ok[:, None] & dk_ok[None, :], other=0.0).to(DOT)  # fmt: skip
+            log_n = tl.load(ln_ptr + item * S + c, mask=c_ok, other=float("-inf"))
+            s = tl.dot(q, tl.trans(code), input_precision=PREC) + log_n[None, :] * LOG2E
+            pr = tl.exp2(s - lse[:, None])
+            dp = _dp(do, do_ptr, mu_ptr, row, p_ok, item * S + c, c_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
+            ds = pr * (dp - delta[:, None])
+            dq += tl.dot(ds.to(DOT), code, input_precision=PREC)
+    tl.store(dq_ptr + row[:, None] * dk + dko[None, :], dq.to(dq_ptr.dtype.element_ty),
+             mask=p_ok[:, None] & dk_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def _window_term_t(idx_ptr, dl_ptr, dl_row, p, p_ok, j, j_ok, W, M1):
+    """:func:`_window_term` transposed: ``(len(j), len(p))``, without the columns."""
+    ok = j_ok[:, None] & p_ok[None, :]
+    col = tl.load(idx_ptr + p[None, :] * W + j[:, None], mask=ok, other=M1 + 1)
+    bias = tl.load(dl_ptr + dl_row[None, :] + col, mask=ok & (col < M1), other=0.0)
+    return tl.where(col == M1 + 1, float("-inf"), bias)
+
+
+@triton.jit
+def _key_tile_grads(
+    dk_acc, dv_acc, k, v, key_row, key_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
+    row, p_ok, dk, dv, dv0,
+    BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Add the gradients that ``BM`` query rows give ``BN`` keys ``k`` (``DOT``) and their values (chunk ``dv0``,
+    ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``."""
+    dko = tl.arange(0, DK)
+    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & (dko < dk)[None, :], other=0.0)
+    q = q.to(DOT)
+    lse = tl.load(lse_ptr + row, mask=p_ok, other=float("inf"))
+    s_t = tl.dot(k, tl.trans((q.to(tl.float32) * LOG2E).to(DOT)), input_precision=PREC) + term_t * LOG2E
+    p_t = tl.exp2(s_t - lse[None, :])
+    if ONE_CHUNK or DO_DV:
+        dvo = dv0 + tl.arange(0, BDV)
+        do = tl.load(
+            do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0
+        )
+        do = do.to(DOT)
+    if DO_DV:
+        dv_acc += tl.dot(p_t.to(DOT), do, input_precision=PREC)
+    if DO_DK:
+        delta = tl.load(delta_ptr + row, mask=p_ok, other=0.0)
+        if ONE_CHUNK:
+            dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
+        else:
+            dp_t = tl.full([BN, BM], 0.0, tl.float32)
+            for d0 in range(0, dv, BDV):
+                dvo = d0 + tl.arange(0, BDV)
+                d_ok = dvo < dv
+                do_c = tl.load(
+                    do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0
+                )
+                v_c = tl.load(
+                    v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :]
+                )
+                dp_t += tl.dot(v_c.to(DOT), tl.trans(do_c.to(DOT)), input_precision=PREC)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk_acc += tl.dot(ds_t.to(DOT), q, input_precision=PREC)
+    return dk_acc, dv_acc
+
+
+@triton.jit
+def window_key_kernel(
+    q_ptr, k_ptr, v_ptr, idx_ptr, rr_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    ITEMS, IB, R, G, Lq, L, W, M1, dk, dv, prev_masked, prev_grad, blocks,
+    TPB, NDVG,
+    BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(TPB·NDVG, ITEMS + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
+    chunk ``dc``) from the (at most two) items that see the block: item ``b`` (block ``b`` is its previous block,
+    window half 0; not without ``prev_grad``) and item ``b - 1`` (its own block, half 1). Every key block is
+    written by its programs only: no atomics."""
+    z, b, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    t, dc = z // NDVG, z % NDVG
+    kl = t * BN + tl.arange(0, BN)
+    k_ok = kl < L
+    key_row = (n * IB + b) * L + kl
+    dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
+    dk_ok, dv_ok = dko < dk, dvo < dv
+    k = tl.load(k_ptr + key_row[:, None] * dk + dko[None, :], mask=k_ok[:, None] & dk_ok[None, :], other=0.0)
+    k = k.to(DOT)
+    v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=k_ok[:, None] & dv_ok[None, :], other=0.0)
+    v = v.to(DOT)
+    dk_acc = tl.full([BN, DK], 0.0, tl.float32)
+    dv_acc = tl.full([BN, BDV], 0.0, tl.float32)
+    for h in range(0, blocks):
+        it = b - h
+        use = (it >= 0) & (it < ITEMS)
+        use = use & ((h > 0) | (blocks == 1) | (prev_grad != 0)) & ((h > 0) | (it > 0) | (prev_masked == 0))
+        if use:
+            wt = h * TPB + t
+            j = h * L + kl
+            for g in range(0, G):  # the row blocks of each head that see this tile
+                for pp in range(tl.load(rr_ptr + 2 * wt), tl.load(rr_ptr + 2 * wt + 1)):
+                    p = pp * BM + tl.arange(0, BM)
+                    p_ok = p < Lq
+                    row = (n * ITEMS + it) * R + g * Lq + p
+                    term_t = _window_term_t(idx_ptr, dl_ptr, row * M1, p, p_ok, j, k_ok, W, M1)
+                    dk_acc, dv_acc = _key_tile_grads(
+                        dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
+                        row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, DOT, PREC,
+                    )  # fmt: skip
+    if DO_DK:
+        tl.store(dk_ptr + key_row[:, None] * dk + dko[None, :], dk_acc.to(dk_ptr.dtype.element_ty),
+                 mask=k_ok[:, None] & dk_ok[None, :])  # fmt: skip
+    if DO_DV:
+        tl.store(dv_ptr + key_row[:, None] * dv + dvo[None, :], dv_acc.to(dv_ptr.dtype.element_ty),
+                 mask=k_ok[:, None] & dv_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def code_kernel(
+    q_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dc_ptr, dmu_ptr,
+    ITEMS, R, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
+    NPB, NDVG,
+    BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(cdiv(S, BN)·NDVG, ITEMS, N)``: the gradient of ``BN`` codes of item ``i``'s cache: its means (chunk
+    ``dc``) and, for a per-item codebook, its code vectors, from every row of the item."""
+    z, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ct, dc = z // NDVG, z % NDVG
+    c = ct * BN + tl.arange(0, BN)
+    c_ok = c < S
+    item = n * ITEMS + i
+    mu_row = item * S + c
+    dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
+    dk_ok, dv_ok = dko < dk, dvo < dv
+    code = tl.load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :],
+                   mask=c_ok[:, None] & dk_ok[None, :], other=0.0).to(DOT)  # fmt: skip
+    mu = tl.load(mu_ptr + mu_row[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
+    mu = mu.to(DOT)
+    log_n = tl.load(ln_ptr + mu_row, mask=c_ok, other=float("-inf"))
+    term_t = log_n[:, None] + tl.full([BN, BM], 0.0, tl.float32)
+    dc_acc = tl.full([BN, DK], 0.0, tl.float32)
+    dmu_acc = tl.full([BN, BDV], 0.0, tl.float32)
+    for pb in range(0, G * NPB):
+        g, pp = pb // NPB, pb % NPB
+        p = pp * BM + tl.arange(0, BM)
+        p_ok = p < Lq
+        row = item * R + g * Lq + p
+        dc_acc, dmu_acc = _key_tile_grads(
+            dc_acc, dmu_acc, code, mu, mu_row, c_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, mu_ptr,
+            row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, DOT, PREC,
+        )  # fmt: skip
+    if DO_DK:
+        tl.store(dc_ptr + (item * S + c)[:, None] * dk + dko[None, :], dc_acc.to(dc_ptr.dtype.element_ty),
+                 mask=c_ok[:, None] & dk_ok[None, :])  # fmt: skip
+    if DO_DV:
+        tl.store(dmu_ptr + mu_row[:, None] * dv + dvo[None, :], dmu_acc.to(dmu_ptr.dtype.element_ty),
+                 mask=c_ok[:, None] & dv_ok[None, :])  # fmt: skip

@@ -1,0 +1,235 @@
+"""The fused window + cache step of Transformer-VQ attention in Triton: forward and backward.
+
+Computes :func:`tvq_exp.attention.vq.kernel.window_cache_attention` (same inputs, same result; its plain
+reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-attention style:
+
+- **forward** (one program per ``BM`` rows of one head of one item, values ``BDV`` wide): an online softmax
+  over the window's key tiles, then the cache's code tiles, in fp32; writes the output and the rows'
+  log-sum-exp. Key tiles no row of the program can see (the causal mask, a sliding window, item 0's missing
+  previous block) are skipped, as the visibility table of the index says.
+- **backward** (recomputes the probabilities from the log-sum-exp; no atomics, so deterministic):
+  ``dq`` and the distance logits' gradient per row block; the keys' and values' gradient per key tile of each
+  key block, looping over the two items that see the block; the codes' means (and a per-item codebook)
+  per code tile, looping over the item's rows.
+
+The XL bias enters as the distance logits ``(q + v)·r_d`` of every row, ``(N, I, R, M + 1)`` in fp32, made by one
+matmul before the kernel (torch takes their gradient to the bias queries and the embeddings): the window
+term of key ``j`` of row ``r`` is column ``index[p, j]`` of that row (zero past the bias window, ``-inf`` where
+masked). Each bias column appears at most once in a row of ``index`` (a column is a distance): so the logits'
+gradient is written, not added, column by column.
+
+Where it runs (:mod:`.support`): CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``). Operands fp32,
+bf16 or fp16.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.vq.fused.config import Tiles, padded_dim, tiles
+from tvq_exp.attention.vq.fused.support import kernels, unsupported
+from tvq_exp.attention.vq.kernel import WindowInputs
+
+MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
+
+
+def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
+    """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` in Triton (shapes there): ``(N, I, R, d_v)``.
+
+    Raises ValueError (one line) where it cannot run (:func:`unsupported`)."""
+    q, kb, vb, index, bias, cache, prev_masked = inputs
+    reason = unsupported(q.device, q.dtype)
+    if reason:
+        raise ValueError(f"window_cache_attention kernel=triton: {reason}")
+    largest = max(x.numel() for x in (q, kb, vb, index))
+    rows_out = q.numel() // q.shape[-1] * max(vb.shape[-1], 1 if bias is None else bias.rel.shape[-2])
+    if max(largest, rows_out) >= MAX_ELEMENTS:
+        raise ValueError(
+            f"window_cache_attention kernel=triton: tensors of {max(largest, rows_out)} elements; the kernels' "
+            f"offsets are int32 (< {MAX_ELEMENTS}): split the batch"
+        )
+    dl = None
+    if bias is not None:
+        bias_q, rel = bias
+        n, items, rows, d_k = q.shape
+        with torch.autocast(q.device.type, enabled=False):
+            bq = bias_q.reshape(n, items, rel.shape[1], -1, d_k).float()
+            dl = (bq @ rel[:, None].float().transpose(-1, -2)).reshape(n, items, rows, -1)  # (N, I, R, M + 1)
+    codebook, log_n, mu = (None, None, None) if cache is None else cache
+    return _Fused.apply(q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad)
+
+
+class _Layout:
+    """The sizes, tiles and flat arguments of one call (shared by the forward and the backward)."""
+
+    def __init__(self, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+                 codebook: Tensor | None, prev_masked: bool) -> None:  # fmt: skip
+        self.interpret = q.device.type == "cpu"
+        self.n, self.items, self.rows, self.d_k = q.shape
+        self.ib, self.block, self.d_v = kb.shape[1], kb.shape[2], vb.shape[-1]
+        self.blocks = self.ib - self.items + 1
+        self.lq, self.width = index.shape
+        self.g = self.rows // self.lq
+        self.m1 = 0 if dl is None else dl.shape[-1]
+        self.s = 0 if codebook is None else codebook.shape[-2]
+        self.per_item = codebook is not None and codebook.dim() == 4
+        self.code_strides = (0, 0) if codebook is None else (
+            (self.items * self.s * self.d_k, self.s * self.d_k) if self.per_item else (self.s * self.d_k, 0)
+        )  # fmt: skip
+        self.prev_masked = int(prev_masked)
+        self.index = index.to(device=q.device, dtype=torch.int32).contiguous()
+        lowp = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and not self.interpret else None
+        tl = kernels(self.interpret).tl
+        self.dot = {None: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[lowp]
+        # fp32 dots: exact under the interpreter, three tf32 products on the GPU (fp32's accuracy on the
+        # tensor cores; ieee fp32 dots take none); ignored for bf16/fp16
+        self.fp32 = q.dtype == torch.float32
+        self.prec = "ieee" if self.interpret else "tf32x3" if lowp is None else "tf32"
+        self.dk_pad = padded_dim(self.d_k)
+        self._vis: dict[tuple[int, int], Tensor] = {}
+
+    def tiles(self, kernel: str) -> Tiles:
+        return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32)
+
+    def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
+        """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
+        tpb = _cdiv(self.block, t.bn)
+        return _cdiv(self.lq, t.bm), self.blocks * tpb, tpb
+
+    def visible(self, t: Tiles) -> tuple[Tensor, Tensor]:
+        """Which tiles to visit: per row block, the window tiles ``[lo, hi)`` any of its rows sees ``(NPB, 2)``;
+        per window tile, the row blocks ``[lo, hi)`` any of whose rows sees it ``(NWT, 2)`` (int32; the masks inside
+        a visited tile stay exact, so a range only skips work)."""
+        key = (t.bm, t.bn)
+        if key not in self._vis:
+            npb, nwt, tpb = self.tile_counts(t)
+            masked = self.m1 + 1
+            pad = self.index.new_full((npb * t.bm, self.blocks, tpb * t.bn), masked)
+            pad[: self.lq, :, : self.block] = self.index.view(self.lq, self.blocks, self.block)
+            seen = (pad != masked).view(npb, t.bm, self.blocks, tpb, t.bn).any(4).any(1).reshape(npb, nwt)
+            self._vis[key] = (_span(seen), _span(seen.T))
+        return self._vis[key]
+
+
+def _span(seen: Tensor) -> Tensor:
+    """``(rows, 2)`` int32: the first and one past the last True column of each row of ``seen`` (0, 0 if none)."""
+    col = torch.arange(seen.shape[1], device=seen.device)
+    lo = torch.where(seen, col, seen.shape[1]).amin(1)
+    hi = torch.where(seen, col + 1, 0).amax(1)
+    return torch.stack([torch.where(hi > 0, lo, 0), hi], 1).to(torch.int32).contiguous()
+
+
+def _cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)``."""
+    return -(-a // b)
+
+
+def _contiguous(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.contiguous()
+
+
+class _Fused(torch.autograd.Function):
+    """Forward and backward of :func:`fused_window_cache_attention` (autocast off inside)."""
+
+    @staticmethod
+    def forward(ctx, q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad):  # noqa: ANN001
+        q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
+        log_n = None if log_n is None else log_n.float().contiguous()
+        lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
+        out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
+        lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
+        t = lay.tiles("forward")
+        npb, _, tpb = lay.tile_counts(t)
+        ndv = _cdiv(lay.d_v, t.bdv)
+        dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
+        kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
+            q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32),
+            _or(mu, dummy), out, lse,
+            lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+            *lay.code_strides, lay.prev_masked, npb, tpb,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, DOT=lay.dot,
+            PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+        ctx.save_for_backward(q, kb, vb, index, dl, codebook, log_n, mu, out, lse)
+        ctx.prev_masked, ctx.prev_grad = prev_masked, prev_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001
+        q, kb, vb, index, dl, codebook, log_n, mu, out, lse = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        lay = _Layout(q, kb, vb, index, dl, codebook, ctx.prev_masked)
+        do = grad_out.contiguous()
+        delta = (do.float() * out.float()).sum(-1)  # (N, I, R): Σ dO·O per row
+        dummy = q
+        common = (_or(dl, lse), _or(codebook, dummy), _or(log_n, lse), _or(mu, dummy))
+        dq = ddl = None
+        if need[0] or need[4]:
+            dq = torch.empty_like(q)  # written whenever the kernel runs
+            ddl = torch.zeros_like(dl) if need[4] else None
+            t = lay.tiles("dq")
+            npb, _, tpb = lay.tile_counts(t)
+            kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
+                q, kb, vb, lay.index, lay.visible(t)[0], *common, do, lse, delta,
+                dq, _or(ddl, lse),
+                lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+                *lay.code_strides, lay.prev_masked, npb, tpb,
+                BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
+                BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
+                num_warps=t.num_warps, num_stages=t.num_stages,
+            )  # fmt: skip
+        dkb = torch.empty_like(kb) if need[1] else None
+        dvb = torch.empty_like(vb) if need[2] else None
+        if dkb is not None or dvb is not None:
+            _window_key_grads(lay, q, kb, vb, dl, do, lse, delta, dkb, dvb, ctx.prev_grad)
+        dcode = torch.empty_like(codebook) if need[5] and lay.per_item else None
+        dmu = torch.empty_like(mu) if need[7] else None
+        if dcode is not None or dmu is not None:
+            _code_grads(lay, q, codebook, log_n, mu, do, lse, delta, dcode, dmu)
+        return dq if need[0] else None, dkb, dvb, None, ddl, dcode, None, dmu, None, None
+
+
+def _or(x: Tensor | None, dummy: Tensor) -> Tensor:
+    """``x``, or a placeholder pointer for an absent input (the kernel never reads it)."""
+    return dummy if x is None else x
+
+
+def _passes(lay: _Layout, t: Tiles, want_k: bool, want_v: bool) -> list[tuple[bool, bool, int]]:
+    """The launches of a key-gradient kernel: ``(DO_DK, DO_DV, value chunks)``; one when ``d_v`` fits one
+    chunk, else the values' chunks and the keys apart (the keys' gradient needs all of ``d_v``)."""
+    ndv = _cdiv(lay.d_v, t.bdv)
+    if ndv == 1:
+        return [(want_k, want_v, 1)]
+    return [p for p in [(False, True, ndv), (True, False, 1)] if (p[0] and want_k) or (p[1] and want_v)]
+
+
+def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tensor | None, do: Tensor,
+                      lse: Tensor, delta: Tensor, dkb: Tensor | None, dvb: Tensor | None,
+                      prev_grad: bool) -> None:  # fmt: skip
+    t = lay.tiles("window_key")
+    tpb = lay.tile_counts(t)[2]
+    for do_k, do_v, chunks in _passes(lay, t, dkb is not None, dvb is not None):
+        kernels(lay.interpret).window_key_kernel[(tpb * chunks, lay.ib, lay.n)](
+            q, kb, vb, lay.index, lay.visible(t)[1], _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
+            lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.width, lay.m1, lay.d_k, lay.d_v,
+            lay.prev_masked, int(prev_grad), lay.blocks, tpb, chunks,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
+            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+
+def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Tensor, do: Tensor,
+                lse: Tensor, delta: Tensor, dcode: Tensor | None, dmu: Tensor | None) -> None:  # fmt: skip
+    t = lay.tiles("code")
+    npb = _cdiv(lay.lq, t.bm)
+    for do_k, do_v, chunks in _passes(lay, t, dcode is not None, dmu is not None):
+        kernels(lay.interpret).code_kernel[(_cdiv(lay.s, t.bn) * chunks, lay.items, lay.n)](
+            q, codebook, log_n, mu, do, lse, delta, _or(dcode, q), _or(dmu, q),
+            lay.items, lay.rows, lay.g, lay.lq, lay.s, lay.d_k, lay.d_v, *lay.code_strides, npb, chunks,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
+            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        )  # fmt: skip
+
+
+__all__ = ["MAX_ELEMENTS", "fused_window_cache_attention"]

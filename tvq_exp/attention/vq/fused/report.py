@@ -1,0 +1,179 @@
+"""The sm_90a compile report of the fused kernels: ``python -m tvq_exp.attention.vq.fused.report`` (``make
+kernel-report``).
+
+Compiles every configuration :mod:`.config` ships (each kernel with the flags that make it largest, at the head
+sizes of :data:`~tvq_exp.attention.vq.fused.config.SHIPPED`, bf16 and fp32 operands) for an H100 (sm_90a) with
+Triton's bundled ``ptxas``: no GPU nor driver is needed. Prints registers, spills, stack, shared memory and
+whether the matrix products use Hopper's ``wgmma``, one line per configuration; exits 1 when a bf16
+configuration spills, or any needs more shared memory than an H100 block may have (fp32 configurations, the GPU's
+correctness path, do spill: see :attr:`Row.gated`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tvq_exp.attention.vq.fused.config import H100_SHARED_BYTES, SHIPPED, Tiles, padded_dim, tiles
+
+# the pointer arguments' element types, by name (``T``: the operands' dtype)
+POINTERS = {
+    "q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "c_ptr": "T", "do_ptr": "T", "out_ptr": "T", "dq_ptr": "T",
+    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "idx_ptr": "i32", "kr_ptr": "i32", "rr_ptr": "i32", "dl_ptr": "fp32",
+    "ln_ptr": "fp32", "mu_ptr": "fp32", "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32",
+    "dmu_ptr": "fp32",
+}  # fmt: skip
+DTYPES = {"bf16": "bf16", "fp32": "fp32"}
+# integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
+# sizes of the shipped shapes; pointers are 16-byte aligned): this is what lets the tile loads be 16-byte vectors
+DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item_stride"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compiled configuration and what ``ptxas`` reports for it."""
+
+    kernel: str
+    flags: str
+    d_k: int
+    d_v: int
+    dtype: str
+    tiles: Tiles
+    registers: int
+    spill_bytes: int
+    stack_bytes: int
+    shared_bytes: int
+    wgmma: bool
+
+    @property
+    def gated(self) -> bool:
+        """Whether spills fail the report: bf16 (the path trained and benchmarked). fp32 operands (three tf32
+        products per dot) are the GPU's correctness path: their spills are reported, not refused."""
+        return self.dtype != "fp32"
+
+    @property
+    def ok(self) -> bool:
+        return (self.spill_bytes == 0 or not self.gated) and self.shared_bytes <= H100_SHARED_BYTES
+
+
+def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, object]]]:
+    """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags."""
+    out: list[tuple[str, str, dict[str, object]]] = [
+        ("forward", "cache", {"HAS_CACHE": True}),
+    ]
+    one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
+    out.append(("dq", "cache+bias", {"HAS_CACHE": True, "BIAS_GRAD": True, "ONE_CHUNK": one}))
+    for kernel in ("window_key", "code"):
+        one = tiles(kernel, d_k, d_v, fp32=fp32).bdv >= d_v
+        passes = [(True, True)] if one else [(False, True), (True, False)]
+        for dk_, dv_ in passes:
+            flags = "+".join(name for name, on in (("dk", dk_), ("dv", dv_)) if on)
+            out.append((kernel, flags, {"ONE_CHUNK": one, "DO_DK": dk_, "DO_DV": dv_}))
+    return out
+
+
+def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype: str) -> Row:
+    """Compile one configuration for sm_90a and read ``ptxas -v``."""
+    from tvq_exp.attention.vq.fused.support import kernels
+
+    fn = getattr(
+        kernels(interpret=False), f"{kernel}_kernel"
+    )  # first: it imports Triton in the compiled mode
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32")
+    dot = tl.float32 if dtype == "fp32" else tl.bfloat16
+    const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
+             "PREC": "tf32x3" if dtype == "fp32" else "tf32", **flags}  # fmt: skip
+    names = fn.arg_names
+    const = {k: v for k, v in const.items() if k in names}
+    signature = {}
+    for name in names:
+        if name in const:
+            signature[name] = "constexpr"
+        elif name in POINTERS:
+            signature[name] = "*" + (DTYPES[dtype] if POINTERS[name] == "T" else POINTERS[name])
+        else:
+            signature[name] = "i32"
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(names)
+        if name in POINTERS or name in DIVISIBLE
+    }
+    src = ASTSource(fn, signature, constexprs=const, attrs=attrs)
+    with triton.knobs.runtime.scope():  # compiled for the GPU, even in a process set to interpret
+        triton.knobs.runtime.interpret = False
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": t.num_warps, "num_stages": t.num_stages},
+        )
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        log = subprocess.run(
+            [get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(path), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True, text=True, check=True,
+        ).stderr  # fmt: skip
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    stack = int(re.search(r"(\d+) bytes stack frame", log).group(1))
+    return Row(kernel, "", d_k, d_v, dtype, t, regs, spills, stack, compiled.metadata.shared, "wgmma" in ptx)
+
+
+def report(
+    heads: tuple[tuple[int, int], ...] = SHIPPED, dtypes: tuple[str, ...] = ("bf16", "fp32")
+) -> list[Row]:
+    """Every shipped configuration, compiled."""
+    rows = []
+    for d_k, d_v in heads:
+        for dtype in dtypes:
+            for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
+                row = compile_one(kernel, const, d_k, d_v, dtype)
+                rows.append(Row(**{**row.__dict__, "flags": flags}))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    """The report as a Markdown table."""
+    lines = [
+        "| kernel | flags | d_k | d_v | dtype | BM×BN×BDV | warps | stages | regs | spills (B) | stack (B) "
+        "| smem (B) | wgmma | spills gated | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t = r.tiles
+        lines.append(
+            f"| {r.kernel} | {r.flags} | {r.d_k} | {r.d_v} | {r.dtype} | {t.bm}×{t.bn}×{t.bdv} | {t.num_warps} "
+            f"| {t.num_stages} | {r.registers} | {r.spill_bytes} | {r.stack_bytes} | {r.shared_bytes} "
+            f"| {'yes' if r.wgmma else 'no'} | {'yes' if r.gated else 'no'} | {'yes' if r.ok else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="bf16,fp32", help="operand dtypes, comma-separated (bf16, fp32)")
+    args = parser.parse_args(argv)
+    rows = report(dtypes=tuple(args.dtypes.split(",")))
+    print(table(rows))
+    bad = [r for r in rows if not r.ok]
+    if bad:
+        print(
+            f"{len(bad)} configuration(s) spill registers (bf16) or exceed {H100_SHARED_BYTES} B of shared memory"
+        )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
