@@ -394,15 +394,15 @@ class AutoregressiveLitModule(L.LightningModule):
         # a bad step drops the interval's codebook metrics so far (as if none had been gathered)
         self._codebook_sums = {name: torch.where(finite, s, 0.0) for name, s in self._codebook_sums.items()}
         self._codebook_batches = torch.where(finite, self._codebook_batches, 0)
+        if logging_step(
+            self.trainer, self.global_step + 1
+        ):  # global_step counts this step only after the hook
+            self._log_codebook_metrics(self.global_step + 1)
 
     def bad_step_counts(self) -> tuple[int, int]:
         """Skipped steps so far and in a row up to the latest step (reads the device: call it when reporting)."""
         skipped, consecutive = self.bad_steps.tolist()
         return int(skipped), int(consecutive)
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if logging_step(self.trainer, self.global_step):
-            self._log_codebook_metrics()
 
     # ------------------------------------------------------------------------------------ codebook metrics
 
@@ -413,8 +413,8 @@ class AutoregressiveLitModule(L.LightningModule):
                 self._codebook_sums[name] = self._codebook_sums.get(name, 0.0) + value.detach().float()
         self._codebook_batches = self._codebook_batches + 1
 
-    def _log_codebook_metrics(self) -> None:
-        """Log the interval's mean of each metric (one read of the device) and start a new interval."""
+    def _log_codebook_metrics(self, step: int) -> None:
+        """Log the interval's mean of each metric at ``step`` (one read of the device) and start a new interval."""
         if not self._codebook_sums:
             return
         n = max(1, int(self._codebook_batches))
@@ -422,7 +422,7 @@ class AutoregressiveLitModule(L.LightningModule):
         totals = torch.stack([self._codebook_sums[name] for name in names]).tolist()
         metrics = {f"codebook/{name}": total / n for name, total in zip(names, totals, strict=True)}
         for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.global_step)
+            logger.log_metrics(metrics, step=step)
         self._codebook_sums, self._codebook_batches = {}, 0
 
     # ------------------------------------------------------------------------------------ checkpoints
