@@ -417,10 +417,11 @@ class AutoregressiveLitModule(L.LightningModule):
         """Log the interval's mean of each metric at ``step`` (one read of the device) and start a new interval."""
         if not self._codebook_sums:
             return
-        n = max(1, int(self._codebook_batches))
         names = list(self._codebook_sums)
-        totals = torch.stack([self._codebook_sums[name] for name in names]).tolist()
-        metrics = {f"codebook/{name}": total / n for name, total in zip(names, totals, strict=True)}
+        sums = [self._codebook_sums[name] for name in names]
+        batches = torch.as_tensor(self._codebook_batches, dtype=sums[0].dtype, device=sums[0].device)
+        *totals, n = torch.stack([*sums, batches]).tolist()  # one read
+        metrics = {f"codebook/{name}": total / max(1.0, n) for name, total in zip(names, totals, strict=True)}
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
         self._codebook_sums, self._codebook_batches = {}, 0
