@@ -21,6 +21,7 @@ NOISY_WARNINGS = (
     r".*smaller than the logging interval.*",
     r".*exists and is not empty.*",
     r".*`isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    r".*overridden `on_before_batch_transfer` in `LightningModule` but have passed in a.*",  # wanted (module.py)
 )
 
 

@@ -1,14 +1,22 @@
-"""``torch.compile`` of the model equals eager on CPU (forward and gradients), without graph breaks."""
+"""``torch.compile`` of the model and of the training step equals eager on CPU (forward and gradients), without
+graph breaks."""
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
+import pytest
 import torch
+from torch import Tensor
+from torch._dynamo.utils import counters
 
+from tests.helpers.config import compose_config
 from tvq_exp.attention import build_attention
-from tvq_exp.models.blocks import GAUBlock
-from tvq_exp.models.decoder import Decoder
+from tvq_exp.models.blocks import GAUBlock, MHABlock
+from tvq_exp.models.decoder import Decoder, ModelState, detach_state
+from tvq_exp.models.module import AutoregressiveLitModule
+from tvq_exp.models.optim import all_finite
 
 
 def test_compiled_gau_vq_equals_eager() -> None:
@@ -34,3 +42,66 @@ def test_compiled_gau_vq_equals_eager() -> None:
     assert torch.allclose(out.logits, eager.logits, atol=1e-5, rtol=1e-5)
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def tiny_module(block: str) -> AutoregressiveLitModule:
+    """A one-layer ``gau_vq`` / ``mha_vq`` (``S = 16``, ``L = 8``, the XL bias, the cache used from the first call)."""
+    torch.manual_seed(0)
+    blocks = {"gau": functools.partial(GAUBlock, d_k=16), "mha": functools.partial(MHABlock, heads=2)}
+    codebook = {"decay_warmup": 4, "reseed_fraction": 0.5}  # the tensor decay and the re-seeding in the graph
+    attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, codebook=codebook)
+    return AutoregressiveLitModule(Decoder(256, 32, 1, blocks[block], attention).train())
+
+
+def training_step(module: AutoregressiveLitModule, x: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
+    """The module's step without Lightning: forward and loss, backward, the device verdict, the codebook update."""
+    loss, out = module.step_loss(x[:, :-1], x[:, 1:], state)
+    (loss + out.aux["loss"]).backward()
+    module.codebook_update(all_finite(loss, module.parameters()))
+    return loss, out
+
+
+@pytest.mark.parametrize("block", ["gau", "mha"])
+def test_the_training_step_compiles_without_graph_breaks_and_equals_eager(block: str) -> None:
+    """Two steps (a fresh segment, then one continuing its state): forward, loss, the codebook metrics, backward
+    and the codebook update, captured whole (``fullgraph=True``; AOTAutograd, the backend that adds nothing to
+    the captured graph) against eager: losses, metrics, gradients, codebook buffers and the carried state."""
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = tiny_module(block), tiny_module(block)
+    compiled.compile_step(backend="aot_eager", fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    for _ in range(2):
+        results = []
+        for i, module in enumerate((eager, compiled)):
+            torch.manual_seed(2)  # the re-seeding's draws
+            module.zero_grad()
+            loss, out = training_step(module, x, states[i])
+            states[i] = detach_state(out.state)
+            results.append((loss, out))
+        (loss_e, out_e), (loss_c, out_c) = results
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(out_c.aux, out_e.aux, rtol=1e-5, atol=1e-6)
+        for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+        for (name, b_e), b_c in zip(eager.named_buffers(), compiled.buffers(), strict=True):
+            torch.testing.assert_close(b_c, b_e, rtol=1e-5, atol=1e-6, msg=name)
+        for s_e, s_c in zip(states[0], states[1], strict=True):
+            torch.testing.assert_close(s_c.attn.cache_mu, s_e.attn.cache_mu, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(s_c.attn.k, s_e.attn.k, rtol=1e-5, atol=1e-6)
+    assert dict(counters["graph_break"]) == {}
+    assert (
+        counters["stats"]["unique_graphs"] <= 4
+    )  # forward + loss and codebook update; once more with a state
+
+
+def test_the_gpu_presets_compile_the_training_step_and_the_cpu_presets_do_not() -> None:
+    compiled = {
+        name: compose_config("train", overrides).module.compile
+        for name, overrides in {
+            "default": [], "gpu": ["trainer=gpu"], "enwik8_paper": ["experiment=enwik8_paper"],
+            "smoke": ["experiment=smoke"], "off": ["trainer=gpu", "module.compile=false"],
+        }.items()
+    }  # fmt: skip
+    assert compiled == {"default": False, "gpu": True, "enwik8_paper": True, "smoke": False, "off": False}

@@ -25,6 +25,7 @@ from tests.helpers.paths import CONF
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.vq import VQAttention
 from tvq_exp.callbacks.throughput import Throughput, precision_dtype
+from tvq_exp.measure.peaks import datasheet_peak_flops, device_peak_flops
 from tvq_exp.measure.timing import matmul_peak_flops
 from tvq_exp.models.blocks import GAUBlock, MHABlock
 from tvq_exp.models.decoder import Decoder
@@ -94,6 +95,19 @@ def test_attention_flops_match_counted_matmuls(name: str, options: dict[str, Any
     k = torch.randn(BATCH, kv_heads, T, D_K, requires_grad=True)
     v = torch.randn(BATCH, kv_heads, T, D_V, requires_grad=True)
     _assert_counts(lambda: attn(q, k, v)[0], functools.partial(attn.flops, T, BATCH))
+
+
+def test_vq_flops_are_the_same_whatever_kernel_runs() -> None:
+    """MFU compares kernels on the same work: the count is the plain kernel's (checked above against the counted
+    matmuls) for every kernel VQ offers (a fused kernel that skips masked tiles included), before and after a
+    call."""
+    attn = build("vq", d_k=D_K, d_v=D_V, heads=2, codebook_size=16, block_len=8)
+    counts = {(T, False): attn.flops(T, BATCH), (T, True): attn.flops(T, BATCH, backward=True)}
+    q, k, v = torch.randn(BATCH, 2, T, D_K), torch.randn(BATCH, 2, T, D_K), torch.randn(BATCH, 2, T, D_V)
+    attn(q, k, v)
+    for kernel in VQAttention.kernels:
+        attn.kernel = attn.last_kernel = kernel
+        assert {key: attn.flops(key[0], BATCH, backward=key[1]) for key in counts} == counts, kernel
 
 
 def _position(name: str) -> str:
@@ -241,6 +255,30 @@ def test_throughput_logs_flop_utilisation(tmp_path: Path) -> None:
         logged["throughput/tflops_per_s"], logged["throughput/tokens_per_s"], strict=True
     ):
         assert tflops == pytest.approx(tokens * per_token / 1e12, rel=1e-9)
+
+
+def test_datasheet_peaks_by_device_name() -> None:
+    names = {
+        "NVIDIA H100 80GB HBM3": 989, "NVIDIA H100 PCIe": 756, "NVIDIA H100 NVL": 835, "NVIDIA H200": 989,
+        "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A100 80GB PCIe": 312, "NVIDIA L4": 121, "NVIDIA L40S": 362,
+    }  # fmt: skip
+    assert {name: datasheet_peak_flops(name) / 1e12 for name in names} == names
+    assert datasheet_peak_flops("Tesla V100-SXM2-16GB") is None  # no bf16: no datasheet MFU
+    assert device_peak_flops(torch.device("cpu")) is None
+
+
+def test_throughput_logs_the_datasheet_mfu_on_a_named_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "throughput/mfu_datasheet" not in _fit(tmp_path / "cpu", steps=2)  # a CPU has no datasheet peak
+    h100 = datasheet_peak_flops("NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("tvq_exp.callbacks.throughput.device_peak_flops", lambda device: h100)
+    logged = _fit(tmp_path / "h100", steps=4)
+    assert len(logged["throughput/mfu_datasheet"]) == 2
+    for mfu, tflops in zip(
+        logged["throughput/mfu_datasheet"], logged["throughput/tflops_per_s"], strict=True
+    ):
+        assert mfu == pytest.approx(tflops / 989, rel=1e-9)
 
 
 def test_throughput_logs_no_flops_without_a_formula(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,7 @@ STEPS = 4
 
 def _make(**codebook) -> torch.nn.Module:
     torch.manual_seed(0)
-    return build_attention(
-        "vq", d_k=4, d_v=3, heads=2, codebook_size=16, block_len=4, codebook=codebook
-    )
+    return build_attention("vq", d_k=4, d_v=3, heads=2, codebook_size=16, block_len=4, codebook=codebook)
 
 
 def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

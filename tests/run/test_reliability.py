@@ -360,7 +360,13 @@ def test_consecutive_bad_steps_stop_the_run_with_a_good_checkpoint(tmp_path: Pat
     rows = tmp_path / "rows.jsonl"
     with pytest.raises(NumericsError, match=r"3 consecutive .*guard\.max_bad_steps=3.*last\.ckpt"):
         run_train(
-            ["guard.max_bad_steps=3", *record(rows), *callback("nan", "NanAt", from_step=3)], tmp_path / "run"
+            [
+                "guard.max_bad_steps=3",
+                "trainer.log_every_n_steps=1",
+                *record(rows),
+                *callback("nan", "NanAt", from_step=3),
+            ],
+            tmp_path / "run",
         )
     got = read_records(rows)
     assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]

@@ -179,9 +179,9 @@ def test_codebook_step_once_per_optimizer_step_with_accumulation(
     calls: list[int] = []
     original = Decoder.codebook_step
 
-    def counted(self: Decoder) -> None:
+    def counted(self: Decoder, apply: torch.Tensor | None = None) -> None:
         calls.append(1)
-        original(self)
+        original(self, apply)
 
     monkeypatch.setattr(Decoder, "codebook_step", counted)
     batches: list[int] = []

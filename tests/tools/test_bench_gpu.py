@@ -1,5 +1,6 @@
-"""``make bench-gpu``: skips in one line without a GPU; its training figure and JSON writer, run at CPU size (the
-attention section is ``python -m tvq_exp.bench attention``, tested in ``tests/tools/test_bench.py``)."""
+"""``make bench-gpu``: skips in one line without a GPU; its sections in order under budgets that fit 8 minutes, the
+JSON written after each, a failed section recorded while the rest run; the attention and training sections run at
+CPU size through their real worker processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import REPO
-from tvq_exp.tools.bench.gpu import run_sections, training_section, write_report
+from tvq_exp.tools.bench.gpu import (
+    BUDGETS,
+    attention_section,
+    jobs,
+    parser,
+    run_sections,
+    training_section,
+    write_report,
+)
 
 needs_data = pytest.mark.needs_data("text/gutenberg")
 
@@ -34,7 +43,7 @@ def test_without_a_gpu_it_skips_in_one_line_and_writes_nothing(tmp_path: Path) -
 def test_the_training_section_at_cpu_size_into_the_json_file(tmp_path: Path) -> None:
     shape = ["experiment=smoke", "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=1000000", "trainer.max_steps=1000000",
              "trainer.log_every_n_steps=2", "logger=csv", "trainer.enable_progress_bar=false", "torch_threads=1"]  # fmt: skip
-    training = training_section(shape, seconds=8, batch_sizes=[8])
+    training = training_section(shape, seconds=8, batch_sizes=[8], budget_s=120)
     path = write_report(tmp_path / "bench" / "gpu.json", {"training": training})
 
     written = json.loads(path.read_text())
@@ -46,15 +55,62 @@ def test_the_training_section_at_cpu_size_into_the_json_file(tmp_path: Path) -> 
 
 def test_a_run_cut_short_keeps_the_sections_that_finished(tmp_path: Path) -> None:
     # a device call's time limit kills the check mid-way: what finished before is already in the file
-    def cut() -> dict[str, str]:
-        assert json.loads(path.read_text()) == {"device": {"name": "gpu"}, "attention": {"records": [1]}}
+    def cut(save: object) -> dict[str, str]:
+        assert json.loads(path.read_text())["attention"]["records"] == [1]
         raise KeyboardInterrupt  # as the limit's kill would stop it
 
     path = tmp_path / "gpu.json"
     with pytest.raises(KeyboardInterrupt):
         run_sections(
-            path, {"device": {"name": "gpu"}}, [("attention", lambda: {"records": [1]}), ("training", cut)]
+            path,
+            {"device": {"name": "gpu"}},
+            [("attention", lambda save: {"records": [1]}), ("training", cut)],
         )
-    assert json.loads(path.read_text()) == {"device": {"name": "gpu"}, "attention": {"records": [1]}}
-    run_sections(path, {}, [("tests", lambda: {"tests": 3})])
-    assert json.loads(path.read_text()) == {"tests": {"tests": 3}}
+    written = json.loads(path.read_text())
+    assert list(written) == ["device", "attention"] and written["attention"]["records"] == [1]
+
+
+def test_the_sections_run_in_order_within_an_eight_minute_call() -> None:
+    assert [name for name, _ in jobs(parser().parse_args([]))] == ["attention", "training", "tests"]
+    assert [name for name, _ in jobs(parser().parse_args(["--skip", "training"]))] == ["attention", "tests"]
+    assert sum(BUDGETS.values()) + 30 <= 8 * 60  # 30 s: the interpreter, CUDA and the device report
+
+
+def test_a_failed_section_is_recorded_the_rest_run_and_the_check_fails(tmp_path: Path) -> None:
+    path, seen = tmp_path / "gpu.json", []
+
+    def attention(save: object) -> dict[str, object]:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    def training(save: object) -> dict[str, object]:
+        seen.append(json.loads(path.read_text()))  # the failed section is already in the file
+        return {"tokens_per_s": 1.0}
+
+    ok = run_sections(path, {}, [("attention", attention), ("training", training)])
+    written = json.loads(path.read_text())
+    assert not ok and seen[0]["attention"]["error"] == "RuntimeError: CUDA error: an illegal memory access"
+    assert written["training"]["tokens_per_s"] == 1.0 and "seconds" in written["training"]
+    assert run_sections(tmp_path / "ok.json", {}, [("tests", lambda save: {"tests": 3})])
+
+
+def test_the_attention_section_at_cpu_size_saves_after_each_kernel(tmp_path: Path) -> None:
+    saved: list[list[str]] = []
+    section = attention_section(
+        90, lambda partial: saved.append([r["kernel"] for r in partial["records"]]),
+        kernels=("vq_plain", "sdpa_flash", "vq_nope"), lengths=(256,), head_dim=16, tokens=512, device="cpu",
+    )  # fmt: skip
+    assert saved == [["vq_plain"] * 2, ["vq_plain"] * 2 + ["sdpa_flash"] * 2, saved[1] + ["vq_nope"]]
+    plain = [r for r in section["records"] if r["kernel"] == "vq_plain"]
+    assert [(r["mode"], r["seq_len"], r["batch_heads"]) for r in plain] == [
+        ("fwd", 256, 4),
+        ("fwdbwd", 256, 4),
+    ]
+    assert all(r["ms"] > 0 and r["tflops_per_s"] > 0 and r["flash_time_ratio"] > 0 for r in plain)
+    assert "invalid choice: 'vq_nope'" in section["records"][-1]["error"]  # a kernel that fails: its error
+
+
+def test_a_kernel_past_its_share_of_the_budget_is_stopped(tmp_path: Path) -> None:
+    section = attention_section(1, lambda partial: None, kernels=("vq_plain",), lengths=(256,), device="cpu")
+    assert section["records"] == [
+        {"kernel": "vq_plain", "error": "stopped after its 1 s share of the budget"}
+    ]

@@ -7,6 +7,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
+from tvq_exp.models.module import logging_step
+
 
 class QuietProgressBar(RichProgressBar):
     """Rich progress bar that disappears when done and hides Lightning's ``v_num``; a run bounded by
@@ -21,8 +23,15 @@ class QuietProgressBar(RichProgressBar):
         super()._stop_progress()
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """Lightning's values without ``v_num``, and ``train/loss`` as of the latest logging step (read from the
+        device only then: a value read at every step would make every step wait for the device)."""
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
+        loss = trainer.callback_metrics.get("train/loss")
+        if trainer.training and loss is not None and logging_step(trainer, trainer.global_step):
+            self._loss = float(loss)
+        if getattr(self, "_loss", None) is not None:
+            metrics["train/loss"] = self._loss
         return metrics
 
     def _get_train_description(self, current_epoch: int) -> str:

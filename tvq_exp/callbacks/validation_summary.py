@@ -10,7 +10,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from tvq_exp.callbacks.throughput import batch_tokens
+from tvq_exp.callbacks.throughput import Throughput, batch_tokens
 
 
 def format_duration(seconds: float) -> str:
@@ -20,10 +20,23 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
+def mfu_parts(trainer: L.Trainer) -> list[str]:
+    """``MFU 12.3% of matmul, 10.1% of datasheet`` from the throughput callback's latest interval (nothing before
+    it logged, or for a model without a FLOP count; the datasheet part on devices with a known peak)."""
+    callbacks = getattr(trainer, "callbacks", [])
+    latest = next((c.latest for c in callbacks if isinstance(c, Throughput)), {})
+    if "throughput/mfu" not in latest:
+        return []
+    text = f"MFU {100 * latest['throughput/mfu']:.1f}% of matmul"
+    if "throughput/mfu_datasheet" in latest:
+        text += f", {100 * latest['throughput/mfu_datasheet']:.1f}% of datasheet"
+    return [text]
+
+
 class ValidationSummary(Callback):
     """Prints one line per validation during ``fit``:
-    ``step 1000 | val/bpb 1.2345 | train/loss 0.9876 | 12.3k tok/s | 0:05:12``
-    (image runs give ``val/bpd``, the synthetic probes add ``val/acc``).
+    ``step 1000 | val/bpb 1.2345 | train/loss 0.9876 | 12.3k tok/s | MFU 41.0% of matmul, 38.2% of datasheet |
+    0:05:12`` (image runs give ``val/bpd``, the synthetic probes add ``val/acc``; MFU: :func:`mfu_parts`).
     Tokens per second are over the training time so far (all ranks, validation time excluded)."""
 
     def __init__(self) -> None:
@@ -61,5 +74,6 @@ class ValidationSummary(Callback):
             if name in metrics:
                 parts.append(f"{name} {float(metrics[name]):.4f}")
         parts.append(f"{self._tokens / max(self._train_time, 1e-9) / 1000:.1f}k tok/s")
+        parts += mfu_parts(trainer)
         parts.append(format_duration(time.perf_counter() - self._start))
         print(" | ".join(parts), file=sys.stdout, flush=True)

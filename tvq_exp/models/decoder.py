@@ -159,10 +159,11 @@ class Decoder(nn.Module):
         return [m for m in self.modules() if isinstance(m, VectorQuantizer)]
 
     @torch.no_grad()
-    def codebook_step(self) -> None:
-        """Apply accumulated codebook statistics: call once per optimiser step."""
+    def codebook_step(self, apply: Tensor | None = None) -> None:
+        """Apply accumulated codebook statistics: call once per optimiser step (``apply``, a 0-d bool tensor:
+        where False, nothing changes; see :meth:`~tvq_exp.quantize.VectorQuantizer.update`)."""
         for q in self.quantizers():
-            q.update()
+            q.update(apply)
 
     def discard_codebook_statistics(self) -> None:
         """Drop the codebook statistics gathered since the last :meth:`codebook_step` (a skipped step)."""

@@ -38,8 +38,24 @@ from tvq_exp.options import (
     PositiveInt,
     checked,
 )
+from tvq_exp.quantize.sync import all_reduce_sum
 
 EVAL_STAGES = ("val", "test")
+
+
+def logging_step(trainer: L.Trainer, step: int) -> bool:
+    """Whether the optimiser step that ends at ``step`` (``global_step`` after it) is one where values are logged,
+    as Lightning's logger connector decides (every ``log_every_n_steps``): the only steps that read the device."""
+    return step % max(1, trainer.log_every_n_steps) == 0
+
+
+def finite_state(state: ModelState | None) -> ModelState | None:
+    """The carried state with every non-finite float replaced by 0 (after a skipped step it may hold NaN: on the
+    device, without a host read, it is cleaned rather than dropped)."""
+    if state is None:
+        return None
+    clean = lambda x: torch.nan_to_num(x, 0.0, 0.0, 0.0) if x.is_floating_point() else x  # noqa: E731
+    return [s.map(clean) for s in state]
 
 
 class AutoregressiveLitModule(L.LightningModule):
@@ -59,6 +75,9 @@ class AutoregressiveLitModule(L.LightningModule):
         kind: ``"text"``, ``"image"`` (also logs ``bpd``) or ``"synthetic"`` (the probes: accuracy too).
         position_bucket_len: ``u``, the unit of the log-spaced position buckets of the evaluation metrics
             (``[0, u), [u, 2u), [2u, 4u), ...`` tokens since the last state reset).
+        compile: ``torch.compile`` the training step's forward and loss (:meth:`training_loss`) and the codebook
+            update (``torch._dynamo``: one graph each, no graph break; a carried state's new position or shape
+            compiles once more, so TBPTT's few segment positions each compile once). Validation runs eager.
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
@@ -89,6 +108,7 @@ class AutoregressiveLitModule(L.LightningModule):
         grad_clip: NonNegativeFloat = 0.0,
         kind: Annotated[str, OneOf("text", "image", "synthetic")] = "text",
         position_bucket_len: PositiveInt = 128,
+        compile: bool = False,
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -104,6 +124,9 @@ class AutoregressiveLitModule(L.LightningModule):
         )
         self.grad_clip = grad_clip
         self.kind = kind
+        self.compile = compile
+        self._training_loss: Any = None  # compiled by compile_step (None: eager)
+        self._codebook_step: Any = None
         self.train_state: ModelState | None = None
         self.eval_state: ModelState | None = None
         self.eval_bits = nn.ModuleDict({stage: PositionBits(position_bucket_len) for stage in EVAL_STAGES})
@@ -115,7 +138,9 @@ class AutoregressiveLitModule(L.LightningModule):
         self.eval_results: dict[str, dict[str, Any]] = {}
         self._codebook_sums: dict[str, Tensor] = {}
         self._codebook_batches = 0
-        self.skipped_steps, self.consecutive_bad_steps, self.step_skipped = 0, 0, False
+        self._resets: bool | None = None  # the next batch's reset flag, read on the host before its transfer
+        # skipped steps (total, in a row), counted on the device: read only when the numerics guard reports
+        self.bad_steps = torch.zeros(2, dtype=torch.long)
 
     # ------------------------------------------------------------------------------------ forward / loss
 
@@ -142,18 +167,54 @@ class AutoregressiveLitModule(L.LightningModule):
         )
         return nats.view_as(batch["target"]), out
 
-    @staticmethod
-    def _continue(state: ModelState | None, batch: Mapping[str, Tensor]) -> ModelState | None:
+    def training_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
+        """The training step's forward and loss: ``tokens, target (B, T)`` -> ``(mean nats over the targets,
+        the model's output)`` (what :meth:`compile_step` compiles)."""
+        nats, out = self._step({"input": tokens, "target": target}, state)
+        return nats.sum() / (target != IGNORE_INDEX).sum().clamp_min(1), out
+
+    def compile_step(self, backend: str = "inductor", fullgraph: bool = False) -> None:
+        """Compile :meth:`training_loss` and the model's codebook update with ``torch.compile`` (``backend``;
+        ``fullgraph=True`` raises at a graph break instead of splitting the graph: the tests use it)."""
+        self._training_loss = torch.compile(
+            self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False
+        )
+        self._codebook_step = torch.compile(
+            self.model.codebook_step, backend=backend, fullgraph=fullgraph, dynamic=False
+        )
+
+    def step_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
+        """:meth:`training_loss`, compiled after :meth:`compile_step`."""
+        return (self._training_loss or self.training_loss)(tokens, target, state)
+
+    def codebook_update(self, apply: Tensor) -> None:
+        """The model's codebook update (``apply``: the step's finiteness verdict), compiled after
+        :meth:`compile_step`."""
+        (self._codebook_step or self.model.codebook_step)(apply)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Read the batch's ``reset`` flags while they are still on the host (after the transfer, reading them
+        would wait for the device)."""
+        if isinstance(batch, Mapping) and "reset" in batch:
+            self._resets = bool(batch["reset"].any())
+        return batch
+
+    def _continue(self, state: ModelState | None, batch: Mapping[str, Tensor]) -> ModelState | None:
         """The carried state (on the batch's device) unless the batch resets it (all rows reset together; a
-        batch without ``reset`` starts fresh)."""
-        if state is None or "reset" not in batch or bool(batch["reset"].any()):
+        batch without ``reset`` starts fresh). The flag comes from :meth:`on_before_batch_transfer` where it ran
+        (a batch handed over directly is read here)."""
+        resets, self._resets = self._resets, None
+        if state is None or "reset" not in batch:
+            return None
+        if resets if resets is not None else bool(batch["reset"].any()):
             return None
         return move_data_to_device(state, batch["input"].device)
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
-        nats, out = self._step(batch, self._continue(self.train_state, batch))
+        if self.compile and self._training_loss is None:
+            self.compile_step()
+        loss, out = self.step_loss(batch["input"], batch["target"], self._continue(self.train_state, batch))
         self.train_state = detach_state(out.state)
-        loss = nats.sum() / (batch["target"] != IGNORE_INDEX).sum().clamp_min(1)
         if self.answer_buckets:  # a probe: accuracy at its answer positions
             answer = batch["target"] != IGNORE_INDEX
             right = (out.logits.argmax(-1) == batch["target"]) & answer
@@ -161,12 +222,15 @@ class AutoregressiveLitModule(L.LightningModule):
         aux_loss = out.aux["loss"]
         self._accumulate_codebook_metrics(out.aux)
         bits = loss.detach() / math.log(2)
-        self.log("train/loss", loss.detach(), prog_bar=True)
+        # device tensors, read by Lightning only at its logging steps (a progress-bar value would be read at every
+        # step: QuietProgressBar shows train/loss at the logging steps instead)
+        self.log("train/loss", loss.detach())
         self.log("train/bpb", bits)
         if self.kind == "image":
             self.log("train/bpd", bits)
         self.log("train/aux_loss", aux_loss.detach())
-        self.log("lr/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        if logging_step(self.trainer, self.global_step + 1):  # a number logged makes a host-to-device copy
+            self.log("lr/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss + aux_loss
 
     # ------------------------------------------------------------------------------------ evaluation
@@ -281,7 +345,9 @@ class AutoregressiveLitModule(L.LightningModule):
         )
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = AdamW(self.parameter_groups(), lr=self.lr, betas=self.betas, eps=self.eps)
+        """Fused AdamW: its step state stays on the device, and it skips a step the device marks ``found_inf``
+        (:meth:`optimizer_step`) without the host reading anything."""
+        optimizer = AdamW(self.parameter_groups(), lr=self.lr, betas=self.betas, eps=self.eps, fused=True)
         scheduler = LambdaLR(optimizer, self.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -305,50 +371,59 @@ class AutoregressiveLitModule(L.LightningModule):
     ) -> None:
         """One optimiser step, then the codebook update (exactly once per step, also with accumulation).
 
-        Forward and backward run first; a step whose loss or gradients are not finite (on any rank) runs
-        neither the optimiser nor the codebook update (:meth:`discard_step`) and is counted in
-        :attr:`skipped_steps` / :attr:`consecutive_bad_steps` (the NumericsGuard callback reports them
-        and stops the run past its limit).
+        Forward and backward run first; a step whose loss or gradients are not finite (on any rank) changes
+        nothing: the fused optimiser skips it (``found_inf``), the codebook update keeps every buffer, the
+        weight decay multiplies by 1, the carried state's non-finite values become 0 and the step's codebook
+        metrics are dropped. All of it is decided on the device, so the step never waits for it; the step is
+        counted in :attr:`bad_steps` (total, in a row), which the NumericsGuard callback reads when it reports.
         """
         loss = optimizer_closure()
-        finite = all_finite(loss, self.model.parameters())
-        self.step_skipped = not self.trainer.strategy.reduce_boolean_decision(finite, all=True)
-        if self.step_skipped:
-            self.skipped_steps += 1
-            self.consecutive_bad_steps += 1
-            self.discard_step()
-        else:
-            self.consecutive_bad_steps = 0
-            if self.weight_decay_mode == "official" and self.weight_decay > 0:
-                with torch.no_grad():  # p ← p - wd·p, then AdamW (no decay of its own) adds -lr·s(t)·update
-                    torch._foreach_mul_(optimizer.param_groups[0]["params"], 1.0 - self.weight_decay)
-            super().optimizer_step(epoch, batch_idx, optimizer, lambda: loss)
-            self.model.codebook_step()
-        self._maybe_log_codebook_metrics()
+        finite = all_reduce_sum((~all_finite(loss, self.model.parameters())).long()) == 0  # on every rank
+        self.bad_steps = self.bad_steps.to(finite.device)
+        bad = (~finite).long()
+        self.bad_steps = torch.stack([self.bad_steps[0] + bad, (self.bad_steps[1] + 1) * bad])
+        if self.weight_decay_mode == "official" and self.weight_decay > 0:
+            with torch.no_grad():  # p ← p - wd·p, then AdamW (no decay of its own) adds -lr·s(t)·update
+                keep = torch.where(finite, 1.0 - self.weight_decay, 1.0)
+                torch._foreach_mul_(optimizer.param_groups[0]["params"], keep)
+        # read by the fused AdamW kernel (set on torch's optimizer, not on Lightning's wrapper of it)
+        getattr(optimizer, "optimizer", optimizer).found_inf = bad.float()
+        super().optimizer_step(epoch, batch_idx, optimizer, lambda: loss)
+        self.codebook_update(finite)
+        self.train_state = finite_state(self.train_state)
+        # a bad step drops the interval's codebook metrics so far (as if none had been gathered)
+        self._codebook_sums = {name: torch.where(finite, s, 0.0) for name, s in self._codebook_sums.items()}
+        self._codebook_batches = torch.where(finite, self._codebook_batches, 0)
+        if logging_step(
+            self.trainer, self.global_step + 1
+        ):  # global_step counts this step only after the hook
+            self._log_codebook_metrics(self.global_step + 1)
 
-    def discard_step(self) -> None:
-        """Drop what a skipped step left: pending codebook statistics and keys, the carried state, metrics."""
-        self.model.discard_codebook_statistics()
-        self.train_state = None
-        self._codebook_sums, self._codebook_batches = {}, 0
+    def bad_step_counts(self) -> tuple[int, int]:
+        """Skipped steps so far and in a row up to the latest step (reads the device: call it when reporting)."""
+        skipped, consecutive = self.bad_steps.tolist()
+        return int(skipped), int(consecutive)
 
     # ------------------------------------------------------------------------------------ codebook metrics
 
     def _accumulate_codebook_metrics(self, aux: Mapping[str, Tensor]) -> None:
+        """Add the batch's metrics to the interval's sums (on the device: nothing is read here)."""
         for name, value in aux.items():
             if name != "loss":
                 self._codebook_sums[name] = self._codebook_sums.get(name, 0.0) + value.detach().float()
-        self._codebook_batches += 1
+        self._codebook_batches = self._codebook_batches + 1
 
-    def _maybe_log_codebook_metrics(self) -> None:
-        """Every ``log_every_n_steps`` optimiser steps, log the interval's mean of each metric."""
-        every = max(1, self.trainer.log_every_n_steps)
-        if not self._codebook_sums or self.global_step % every:
+    def _log_codebook_metrics(self, step: int) -> None:
+        """Log the interval's mean of each metric at ``step`` (one read of the device) and start a new interval."""
+        if not self._codebook_sums:
             return
-        n = max(1, self._codebook_batches)
-        metrics = {f"codebook/{name}": float(total) / n for name, total in self._codebook_sums.items()}
+        names = list(self._codebook_sums)
+        sums = [self._codebook_sums[name] for name in names]
+        batches = torch.as_tensor(self._codebook_batches, dtype=sums[0].dtype, device=sums[0].device)
+        *totals, n = torch.stack([*sums, batches]).tolist()  # one read
+        metrics = {f"codebook/{name}": total / max(1.0, n) for name, total in zip(names, totals, strict=True)}
         for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.global_step)
+            logger.log_metrics(metrics, step=step)
         self._codebook_sums, self._codebook_batches = {}, 0
 
     # ------------------------------------------------------------------------------------ checkpoints
@@ -359,7 +434,8 @@ class AutoregressiveLitModule(L.LightningModule):
             None if self.train_state is None else [s.to_plain() for s in self.train_state]
         )
         checkpoint["codebook_metrics"] = (self._codebook_sums, self._codebook_batches)
-        checkpoint["bad_steps"] = {"skipped": self.skipped_steps, "consecutive": self.consecutive_bad_steps}
+        skipped, consecutive = self.bad_step_counts()
+        checkpoint["bad_steps"] = {"skipped": skipped, "consecutive": consecutive}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         upgrade_checkpoint(checkpoint, self)  # weights written before the official parametrisation
@@ -369,4 +445,4 @@ class AutoregressiveLitModule(L.LightningModule):
         )  # typed, also when written as dicts before the states were
         self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
         bad = checkpoint.get("bad_steps") or legacy_guard_counts(checkpoint)
-        self.skipped_steps, self.consecutive_bad_steps = int(bad["skipped"]), int(bad["consecutive"])
+        self.bad_steps = torch.tensor([int(bad["skipped"]), int(bad["consecutive"])])

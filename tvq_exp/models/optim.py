@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
@@ -40,11 +41,12 @@ def parameter_groups(
     return [{"params": decay, "weight_decay": adamw_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def all_finite(loss: Tensor | None, parameters: Iterable[nn.Parameter]) -> bool:
-    """Whether ``loss`` (if any) and every gradient are finite."""
-    values = [] if loss is None else [loss.detach().float().reshape(-1)]
-    values += [local(p.grad).detach().float().reshape(-1) for p in parameters if p.grad is not None]
-    return all(bool(v.isfinite().all()) for v in values)
+def all_finite(loss: Tensor, parameters: Iterable[nn.Parameter]) -> Tensor:
+    """Whether ``loss`` and every gradient (this rank's shard) are finite: a 0-d bool tensor on ``loss``'s device,
+    computed there (nothing is read on the host)."""
+    grads = [local(p.grad).detach() for p in parameters if p.grad is not None]
+    flags = [loss.detach().isfinite().all(), *(g.isfinite().all() for g in grads)]
+    return torch.stack(flags).all()
 
 
 def local(x: Tensor) -> Tensor:

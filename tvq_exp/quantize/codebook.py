@@ -23,7 +23,7 @@ from tvq_exp.options import (
     checked,
 )
 from tvq_exp.quantize.affine import AffineUpdate
-from tvq_exp.quantize.ema import EMAUpdate
+from tvq_exp.quantize.ema import EMAUpdate, decay_into
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
 from tvq_exp.quantize.gradient import GradientUpdate
 from tvq_exp.quantize.health import code_counts, dead_fraction, usage_perplexity
@@ -129,6 +129,10 @@ class VectorQuantizer(nn.Module):
             self.register_buffer("steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("pending_count", torch.zeros(heads, codebook_size), persistent=False)
         self.recent_keys: Tensor | None = None
+        # ``initialized`` as the host knows it (set here, by the k-means init and when a state dict is loaded):
+        # reading the buffer in every forward would wait for the device
+        self.initialized_on_host = init != "kmeans"
+        self.register_load_state_dict_post_hook(_read_initialized)
 
     @property
     def counts_steps(self) -> bool:
@@ -154,13 +158,13 @@ class VectorQuantizer(nn.Module):
         k = self.search_keys(k)
         flat = k.detach().float().transpose(0, 1).reshape(h, b * t, d)
         learning = self.training and torch.is_grad_enabled() and not _FROZEN.get()
-        if learning and self.init == "kmeans" and not bool(self.initialized):
+        if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
         codebook = self.codebook
         codes = nearest_code(flat, codebook.detach())  # (H, N)
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
-        if self.training and torch.is_grad_enabled() and (temperature := self.current_temperature()) > 0:
-            codes = sampled_code(flat, codebook.detach(), codes, temperature)
+        if self.training and torch.is_grad_enabled() and self.assignment == "sampled":
+            codes = self._draw(flat, codebook.detach(), codes)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
         counts = code_counts(codes, self.codebook_size)
         if learning:
@@ -170,6 +174,14 @@ class VectorQuantizer(nn.Module):
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, quant.detach().to(k.dtype))
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
+
+    def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> Tensor:
+        """Codes drawn at :meth:`current_temperature` (the ``nearest (H, N)`` where it has annealed to 0)."""
+        temperature = self.current_temperature()
+        if not isinstance(temperature, Tensor):
+            return sampled_code(flat, codebook, nearest, temperature)
+        drawn = sampled_code(flat, codebook, nearest, temperature.clamp_min(1e-30))
+        return torch.where(temperature > 0, drawn, nearest)  # decided on the device: no host read
 
     def _accumulate(self, flat: Tensor, codes: Tensor, counts: Tensor) -> None:
         self.pending_count += counts
@@ -198,38 +210,50 @@ class VectorQuantizer(nn.Module):
         self.ema_count.fill_(1.0)
         self.rule.assign(self, torch.ones_like(self.ema_count, dtype=torch.bool), centroids)
         self.initialized.fill_(True)
+        self.initialized_on_host = True
 
-    def current_decay(self) -> float:
-        """The decay of this optimiser step: ``decay``, after a linear warm-up from ``decay_start``."""
+    def current_decay(self) -> float | Tensor:
+        """The decay of this optimiser step: ``decay``, after a linear warm-up from ``decay_start`` (then a 0-d
+        tensor on the codebook's device, from the step counter ``steps``: no host read)."""
         if not self.decay_warmup:
             return self.decay
-        done = min(1.0, int(self.steps) / self.decay_warmup)
+        done = (self.steps / self.decay_warmup).clamp(max=1.0)
         return self.decay_start + (self.decay - self.decay_start) * done
 
-    def current_temperature(self) -> float:
+    def current_temperature(self) -> float | Tensor:
         """The assignment temperature of this optimiser step: 0 (nearest code) unless ``assignment=sampled``;
-        then ``temperature``, falling linearly to 0 over the first ``temperature_anneal`` steps."""
+        then ``temperature``, falling linearly to 0 over the first ``temperature_anneal`` steps (a 0-d tensor
+        from the step counter ``steps``)."""
         if self.assignment != "sampled":
             return 0.0
         if not self.temperature_anneal:
             return self.temperature
-        return self.temperature * max(0.0, 1 - int(self.steps) / self.temperature_anneal)
+        return self.temperature * (1 - self.steps / self.temperature_anneal).clamp_min(0.0)
 
     @torch.no_grad()
-    def update(self) -> None:
+    def update(self, apply: Tensor | None = None) -> None:
         """Apply the statistics gathered since the last call: one optimiser step.
 
         Sums the pending counts over all ranks, updates the usage EMA, lets the rule apply its statistics
         (``ema``: the key sums and the codebook), then re-seeds dead codes. Identical on every rank.
+        ``apply`` (a 0-d bool tensor): where False (a skipped step) every buffer keeps its value, decided on
+        the device, with no host read.
         """
+        before = (
+            None if apply is None else {n: b.clone() for n, b in self.named_buffers() if "pending" not in n}
+        )
         all_reduce_sum(self.pending_count)
         decay = self.current_decay()
-        self.ema_count.mul_(decay).add_(self.pending_count, alpha=1 - decay)
+        decay_into(self.ema_count, self.pending_count, decay)
         self.rule.apply(self, decay)
         if self.reseed_fraction > 0 and self.recent_keys is not None:
             self._reseed(dead_codes(self.pending_count, self.reseed_fraction), self.recent_keys)
         if self.counts_steps:
             self.steps += 1
+        if before is not None:
+            for name, buffer in self.named_buffers():
+                if name in before:
+                    buffer.copy_(torch.where(apply, buffer, before[name]))
         self.discard_pending()
 
     @torch.no_grad()
@@ -241,12 +265,15 @@ class VectorQuantizer(nn.Module):
 
     def _reseed(self, dead: Tensor, keys: Tensor) -> None:
         """Re-seed the codes where ``dead (H, S)`` from ``keys (H, N, d)``, at the mean usage count."""
-        dead = broadcast_from_rank0(dead.to(torch.uint8)).bool()
-        if not dead.any():
-            return
+        dead = broadcast_from_rank0(dead.to(torch.uint8)).bool()  # no early return when none is: no host read
         fair = self.ema_count.mean(-1, keepdim=True).expand_as(self.ema_count)
         self.ema_count.copy_(torch.where(dead, fair, self.ema_count))
         self.rule.assign(self, dead, sample_rows(keys, self.codebook_size))
+
+
+def _read_initialized(module: nn.Module, incompatible: object) -> None:
+    """After a state dict is loaded: the host's copy of ``initialized`` (a load runs outside the training step)."""
+    module.initialized_on_host = bool(module.initialized)
 
 
 def _rule(update: str, smoothing: float, count_floor: float) -> CodebookUpdate:

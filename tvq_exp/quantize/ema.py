@@ -9,6 +9,14 @@ from tvq_exp.quantize.sync import all_reduce_sum
 from tvq_exp.quantize.update import CodebookUpdate
 
 
+def decay_into(average: Tensor, new: Tensor, decay: float | Tensor) -> None:
+    """``average ← decay·average + (1 - decay)·new`` in place (``decay`` a number or a 0-d tensor)."""
+    if isinstance(decay, Tensor):
+        average.mul_(decay).add_(new * (1 - decay))
+    else:
+        average.mul_(decay).add_(new, alpha=1 - decay)
+
+
 class EMAUpdate(CodebookUpdate):
     """``C = ema_sum / max(count, count_floor)``: per code an EMA of the sum of its keys (``ema_sum (H, S, d)``)
     over the EMA of their number (the quantiser's usage counts ``ema_count (H, S)``), both decayed with the
@@ -39,9 +47,9 @@ class EMAUpdate(CodebookUpdate):
         h, n, d = keys.shape
         owner.pending_sum.scatter_add_(1, codes[..., None].expand(h, n, d), keys.to(owner.pending_sum.dtype))
 
-    def apply(self, owner: nn.Module, decay: float) -> None:
+    def apply(self, owner: nn.Module, decay: float | Tensor) -> None:
         all_reduce_sum(owner.pending_sum)
-        owner.ema_sum.mul_(decay).add_(owner.pending_sum, alpha=1 - decay)
+        decay_into(owner.ema_sum, owner.pending_sum, decay)
         counts = owner.ema_count
         if self.smoothing > 0:
             total = counts.sum(-1, keepdim=True)

@@ -37,7 +37,7 @@ class CodebookUpdate(abc.ABC):
         """Gather one training forward's statistics (none by default)."""
         return None  # a rule without statistics keeps this default
 
-    def apply(self, owner: nn.Module, decay: float) -> None:
+    def apply(self, owner: nn.Module, decay: float | Tensor) -> None:
         """Apply the gathered statistics once per optimiser step, after ``owner.ema_count`` took this step's
         counts with ``decay`` (nothing by default)."""
         return None  # a rule without statistics keeps this default

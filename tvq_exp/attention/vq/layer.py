@@ -156,6 +156,10 @@ class VQAttention(BlockedAttention):
         the codes: ``2·attend + H·2L·d_k`` per row (``+ H·(M + 1)·d_k`` with the bias) besides the
         forward, less the cache means' gradient ``H·S·d_v`` without ``grad_through_cache``.
         ``O(T·(2L + S)·(d_k + d_v))``: linear in ``T``. The encoder form has no formula (``None``).
+
+        The count is the plain kernel's and does not depend on :attr:`kernel` or :attr:`last_kernel`: every
+        kernel (plain, flex, a fused one) does the same useful work, so throughput and MFU compare kernels on the
+        same FLOPs (a kernel that skips masked tiles does fewer multiplications, and is credited for the speed).
         """
         if not self.causal:
             return None

@@ -1,20 +1,26 @@
-"""``make bench-gpu`` (``python -m tvq_exp.tools.bench.gpu --out bench/gpu.json``): the GPU check on one
-CUDA device, written to one JSON file.
+"""``make bench-gpu`` (``python -m tvq_exp.tools.bench.gpu --out bench/gpu.json``): the GPU check on one CUDA device,
+written to one JSON file, in one device call of at most 8 minutes (one H100).
 
-1. ``attention``: dense attention through flex-attention against VQ (plain and flex kernels), bf16, the XL
-   window bias on, forward and training step, at T = 16k and 64k (``--lengths``: the paper's go to 131k), via
-   ``python -m tvq_exp.bench attention``;
-2. ``training``: ``experiment=enwik8_paper``'s model and TBPTT shape (48 GAUs, d_model 768, 2048-token updates
-   of 8192-token sequences) on one GPU for ``--train-seconds`` (90 s) on ``--data`` (the Gutenberg books;
-   enwik8 is not on the lent machines; the shape, not the corpus, sets the cost): tokens/s and peak memory from the
-   throughput callback (the per-process batch halves from 16 until it fits);
-3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``), with its pass/fail counts (a test module
-   that cannot be imported there, for want of a dev extra, counts as an error and the rest still run).
+Sections, in this order, each under its own time budget (``--budgets``, seconds; 150 / 200 / 90 by default, with
+the start-up about 7.5 minutes in all):
 
-The JSON file is rewritten after each section, so a run cut short keeps what finished. Time: the attention
-section's 12 configurations take up to ``--timeout`` (25 s) each, the training figure ``--train-seconds`` plus
-its start (about 40 s), the tests about 90 s: allow 9 minutes. Without a CUDA device it prints one line and
-exits 0, writing nothing.
+1. ``attention``: causal attention, bf16, head dim 128, ``S = L = 512``, T = 8k / 32k / 128k with ``B·H·T`` = 512k
+   tokens, forward and forward + backward, ms and TFLOP/s of useful work for each kernel: VQ's Triton, flex and
+   plain kernels against SDPA's flash kernel, SDPA's cuDNN kernel and dense attention through compiled flex
+   (:mod:`.gpu_attention`, one process per kernel, its share of the budget each); the ceiling is an 8192³ bf16
+   matmul (``mm_tflops``); each record also gives its time over SDPA flash's (``flash_time_ratio``);
+2. ``training``: ``experiment=enwik8_paper``'s model and TBPTT shape (48 GAUs, d_model 768, 2048-token updates of
+   8192-token sequences) on one GPU, bf16-mixed, the training step compiled (``module.compile``, on with
+   ``trainer=gpu``), for ``--train-seconds`` (90 s) after its compilation (``--compile-seconds`` more are allowed
+   for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent machines; the shape, not the corpus, sets
+   the cost): tokens/s, TFLOP/s, MFU against the measured matmul rate and against the datasheet peak, and peak
+   memory, from the throughput callback (the per-process batch halves from 16 until it fits, while time is left);
+3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``: among them the VQ kernels against the plain
+   reference on the device, fp32 within 1e-5 and bf16 within 1e-2), with its pass/fail counts.
+
+The JSON file is rewritten after each section (and within the attention section after each kernel), so a run cut
+short keeps what finished. A section that fails records its ``error`` and the next still runs; the command then
+exits 1. Without a CUDA device it prints one line and exits 0, writing nothing.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ from typing import Any
 import torch
 
 from tvq_exp.files import write_text
+from tvq_exp.measure.timing import matmul_peak_flops
+from tvq_exp.tools.bench.gpu_attention import KERNELS, LENGTHS, TOKENS
 from tvq_exp.tools.train_command import run_train
 
 REPO = Path(__file__).resolve().parents[3]
-LENGTHS = (16384, 65536)  # with the defaults below the whole check fits one 10-minute device call
-BACKENDS = ("dense_flex", "vq", "vq_flex")
+SECTIONS = ("attention", "training", "tests")
+BUDGETS = {"attention": 150.0, "training": 200.0, "tests": 90.0}  # seconds; with start-up under 8 minutes
+MM_SIZE = 8192  # the ceiling: an 8192³ bf16 matmul
 TRAIN_SHAPE = (
     "experiment=enwik8_paper", "trainer=gpu", "trainer.devices=1", "global_batch_size=null",
     "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=1000000", "trainer.limit_val_batches=1",
@@ -64,76 +73,137 @@ def device_info() -> dict[str, Any]:
 
 
 def attention_section(
-    device: str,
-    dtype: str,
-    lengths: Sequence[int],
-    backends: Sequence[str],
-    timeout_s: float,
-    mm_size: int = 2048,
+    budget_s: float,
+    save: Callable[[Any], None],
+    kernels: Sequence[str] = KERNELS,
+    lengths: Sequence[int] = LENGTHS,
+    head_dim: int = 128,
+    tokens: int = TOKENS,
+    device: str = "cuda",
 ) -> dict[str, Any]:
-    """``python -m tvq_exp.bench attention`` with the window bias: its records (one per backend, length and
-    mode; ``error`` where a configuration did not fit or took too long)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "attention.json"
-        command = [
-            sys.executable, "-m", "tvq_exp.bench", "attention", "--device", device, "--dtype", dtype,
-            "--backends", ",".join(backends), "--lengths", ",".join(map(str, lengths)), "--mode", "fwd,fwdbwd",
-            "--window-bias", "--reps", "3", "--budget", "10", "--timeout", str(timeout_s), "--mm-size", str(mm_size),
-            "--json", str(out),
-        ]  # fmt: skip
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-        if done.returncode != 0 or not out.is_file():
-            return {"command": " ".join(command[1:]), "error": done.stderr.strip().splitlines()[-1:]}
-        return {"command": " ".join(command[1:]), "records": json.loads(out.read_text())}
+    """Each kernel of :mod:`.gpu_attention` in its own process, with an equal share of what is left of
+    ``budget_s`` (a process past its share is stopped; the cases it finished are kept); ``save`` gets the section
+    after each kernel."""
+    start = time.monotonic()
+    ceiling = (
+        matmul_peak_flops(torch.device(device), torch.bfloat16, size=MM_SIZE) if device == "cuda" else None
+    )
+    section: dict[str, Any] = {"mm_size": MM_SIZE, "mm_tflops": None if ceiling is None else ceiling / 1e12,
+                               "records": [], "budget_s": budget_s}  # fmt: skip
+    for i, kernel in enumerate(kernels):
+        share = (budget_s - (time.monotonic() - start)) / (len(kernels) - i)
+        command = [sys.executable, "-m", "tvq_exp.tools.bench.gpu_attention", kernel, "--device", device,
+                   "--lengths", ",".join(map(str, lengths)), "--head-dim", str(head_dim), "--tokens", str(tokens),
+                   "--budget", f"{max(share - 10, 0):.0f}"]  # fmt: skip
+        section["records"] += _cases(command, max(share, 1.0), kernel)
+        save(_compared(section))
+    return _compared(section)
+
+
+def _cases(command: Sequence[str], timeout_s: float, kernel: str) -> list[dict[str, Any]]:
+    """The ``CASE`` records a :mod:`.gpu_attention` process printed (those before a timeout included)."""
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+        out, failure = (
+            done.stdout,
+            None if done.returncode == 0 else (done.stderr.strip() or "?").splitlines()[-1],
+        )
+    except subprocess.TimeoutExpired as stopped:
+        out = stopped.stdout.decode() if isinstance(stopped.stdout, bytes) else stopped.stdout or ""
+        failure = f"stopped after its {timeout_s:.0f} s share of the budget"
+    records = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("CASE ")]
+    if failure is not None:
+        records.append({"kernel": kernel, "error": failure})
+    return records
+
+
+def _compared(section: dict[str, Any]) -> dict[str, Any]:
+    """Each record with its share of the matmul ceiling and its time over SDPA flash's at the same T and mode."""
+    flash = {
+        (r["seq_len"], r["mode"]): r["ms"]
+        for r in section["records"]
+        if r["kernel"] == "sdpa_flash" and "ms" in r
+    }
+    for r in section["records"]:
+        if "ms" in r and section["mm_tflops"]:
+            r["mm_fraction"] = r["tflops_per_s"] / section["mm_tflops"]
+        if "ms" in r and (r["seq_len"], r["mode"]) in flash:
+            r["flash_time_ratio"] = r["ms"] / flash[(r["seq_len"], r["mode"])]
+    return dict(section)
 
 
 def throughput(metrics_csv: Path, warmup: float = 0.2) -> dict[str, Any]:
-    """Tokens/s (the median over the rows after the first ``warmup`` share) and peak memory (the largest) that
-    the throughput callback logged to a CSV logger's ``metrics.csv``."""
+    """Tokens/s, TFLOP/s and both MFUs (medians over the rows after the first ``warmup`` share: compilation and
+    warm-up) and peak memory (the largest) that the throughput callback logged to a CSV logger's ``metrics.csv``."""
     rows = [r for r in csv.DictReader(metrics_csv.open()) if r.get("throughput/tokens_per_s")]
     if not rows:
         raise ValueError(f"{metrics_csv}: no throughput/tokens_per_s rows")
     steady = rows[int(len(rows) * warmup) :] or rows
+    medians = {
+        key: statistics.median(float(r[f"throughput/{key}"]) for r in steady)
+        for key in ("tokens_per_s", "tflops_per_s", "mfu", "mfu_datasheet")
+        if all(r.get(f"throughput/{key}") for r in steady)
+    }
     return {
-        "tokens_per_s": statistics.median(float(r["throughput/tokens_per_s"]) for r in steady),
+        **medians,
         "peak_mem_mb": max(float(r["throughput/peak_mem_mb"]) for r in rows),
         "last_step": int(float(rows[-1]["step"])),
         "rows": len(rows),
     }
 
 
-def training_section(shape: Sequence[str], seconds: float, batch_sizes: Sequence[int]) -> dict[str, Any]:
-    """Train ``shape`` for ``seconds`` at the first batch size in ``batch_sizes`` that fits; its throughput."""
-    tried = []
+def training_section(
+    shape: Sequence[str], seconds: float, batch_sizes: Sequence[int], budget_s: float, compile_s: float = 0.0
+) -> dict[str, Any]:
+    """Train ``shape`` for ``seconds`` plus ``compile_s`` (its compilation) at the first batch size in
+    ``batch_sizes`` that fits while ``budget_s`` lasts; its throughput."""
+    start, tried = time.monotonic(), []
     for batch in batch_sizes:
+        left = budget_s - (time.monotonic() - start)
+        if left < seconds / 2:
+            tried.append({"batch_size": batch, "error": "skipped: budget"})
+            break
         with tempfile.TemporaryDirectory() as scratch:
-            limit = time.strftime("%H:%M:%S", time.gmtime(seconds))
+            limit = time.strftime("%H:%M:%S", time.gmtime(min(seconds + compile_s, left - 15)))
             args = [*shape, f"data.batch_size={batch}", f"++trainer.max_time=00:{limit}", f"paths.log_dir={scratch}",
                     "run_name=bench_gpu"]  # fmt: skip
-            done = run_train(args)
+            try:
+                done = run_train(args, timeout=left)
+            except subprocess.TimeoutExpired:
+                tried.append(
+                    {"batch_size": batch, "error": f"stopped at the section's {budget_s:.0f} s budget"}
+                )
+                break
             metrics = Path(scratch) / "runs" / "bench_gpu" / "csv" / "metrics.csv"
             if done.returncode == 0 and metrics.is_file():
                 return {"command": "python train.py " + " ".join(args[:-2]), "batch_size": batch,
-                        "tried": tried, **throughput(metrics)}  # fmt: skip
+                        "tried": tried, **throughput(metrics, warmup=compile_s / (seconds + compile_s))}  # fmt: skip
             tried.append({"batch_size": batch, "error": (done.stderr.strip().splitlines() or ["?"])[-1]})
     return {"command": "python train.py " + " ".join(shape), "tried": tried, "error": "no batch size fitted"}
 
 
-def tests_section(selection: str = "cuda") -> dict[str, Any]:
-    """``pytest -k SELECTION`` over the test suite: the counts from its JUnit report, and its last line."""
+def tests_section(budget_s: float, selection: str = "cuda") -> dict[str, Any]:
+    """``pytest -k SELECTION`` over the test suite within ``budget_s``: the counts from its JUnit report, its last
+    line; ``error`` when a test failed or the budget ran out."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "junit.xml"
         command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", selection,
                    "--continue-on-collection-errors", f"--junitxml={report}", "tests"]  # fmt: skip
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            return {"command": "pytest -k " + selection, "error": f"stopped at its {budget_s:.0f} s budget"}
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         if report.is_file():
             for suite in ElementTree.parse(report).getroot().iter("testsuite"):
                 for key in counts:
                     counts[key] += int(suite.get(key, 0))
         lines = done.stdout.strip().splitlines()
-        return {"command": "pytest -k " + selection, "returncode": done.returncode, **counts,
-                "summary": lines[-1] if lines else ""}  # fmt: skip
+        result = {"command": "pytest -k " + selection, "returncode": done.returncode, **counts,
+                  "summary": lines[-1] if lines else ""}  # fmt: skip
+        if done.returncode not in (0, 5):  # 5: no test selected
+            result["error"] = f"pytest exited {done.returncode}: {result['summary']}"
+        return result
 
 
 def write_report(path: Path, sections: dict[str, Any]) -> Path:
@@ -145,28 +215,70 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tvq_exp.tools.bench.gpu", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="bench/gpu.json", help="the JSON file to write")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="attention lengths T")
-    p.add_argument("--train-seconds", type=float, default=90.0, help="wall clock of the training figure")
+    p.add_argument("--head-dim", type=int, default=128, help="attention head dim (flash runs up to 256)")
+    p.add_argument(
+        "--train-seconds", type=float, default=90.0, help="training time measured, after compilation"
+    )
+    p.add_argument(
+        "--compile-seconds", type=float, default=60.0, help="training time allowed for compilation"
+    )
     p.add_argument("--data", default="gutenberg", help="the training figure's corpus (a conf/data name)")
     p.add_argument(
         "--batch-sizes", default="16,8,4,2", help="per-process batch sizes to try, first that fits"
     )
     p.add_argument(
-        "--timeout", type=float, default=25.0, help="seconds per attention configuration (12 of them at most)"
+        "--budgets", default=",".join(f"{BUDGETS[name]:.0f}" for name in SECTIONS), help="seconds per section"
     )
     p.add_argument("--skip", default="", help="sections to leave out: attention,training,tests")
     return p
 
 
-def run_sections(path: Path, sections: dict[str, Any], jobs: Sequence[tuple[str, Callable[[], Any]]]) -> Path:
-    """Run each ``(name, job)`` in turn, the report rewritten (atomically) after each: a run cut short (a device
-    call's time limit) keeps every section that finished. One line per section with its wall clock."""
+Job = Callable[[Callable[[Any], None]], Any]
+
+
+def jobs(args: argparse.Namespace) -> list[tuple[str, Job]]:
+    """The sections in order, each a function of ``save`` (which writes a partial result) with its budget."""
+    budgets = dict(zip(SECTIONS, (float(b) for b in args.budgets.split(",")), strict=True))
+    lengths = [int(n) for n in args.lengths.split(",")]
+    shape = (*TRAIN_SHAPE, f"data={args.data}")
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    every: dict[str, Job] = {
+        "attention": lambda save: attention_section(
+            budgets["attention"], save, lengths=lengths, head_dim=args.head_dim
+        ),
+        "training": lambda save: training_section(
+            shape, args.train_seconds, batches, budgets["training"], args.compile_seconds
+        ),
+        "tests": lambda save: tests_section(budgets["tests"]),
+    }
+    skip = set(filter(None, args.skip.split(",")))
+    return [(name, every[name]) for name in SECTIONS if name not in skip]
+
+
+def run_sections(path: Path, sections: dict[str, Any], jobs: Sequence[tuple[str, Job]]) -> bool:
+    """Run each ``(name, job)`` in turn, the report rewritten (atomically) after each and whenever a job saves a
+    partial result: a run cut short (a device call's time limit) keeps every section that finished. A job that
+    raises records its ``error`` and the next runs. One line per section with its wall clock; returns whether
+    every section succeeded (none has an ``error``)."""
     write_report(path, sections)
+    ok = True
     for name, job in jobs:
         start = time.monotonic()
-        sections[name] = job()
+
+        def save(partial: Any, name: str = name) -> None:
+            sections[name] = partial
+            write_report(path, sections)
+
+        try:
+            sections[name] = job(save)
+        except Exception as err:  # noqa: BLE001 - a failed section is recorded, the next one runs
+            sections[name] = {"error": f"{type(err).__name__}: {err}"}
+        sections[name]["seconds"] = round(time.monotonic() - start, 1)
+        ok = ok and "error" not in sections[name]
         write_report(path, sections)
-        print(f"bench-gpu: {name} done in {time.monotonic() - start:.0f} s", flush=True)
-    return path
+        print(f"bench-gpu: {name} {'done' if 'error' not in sections[name] else 'failed'} in "
+              f"{time.monotonic() - start:.0f} s", flush=True)  # fmt: skip
+    return ok
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,20 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench-gpu: skipped, no CUDA device here (torch.cuda.is_available() is False)")
         return 0
-    skip = set(filter(None, args.skip.split(",")))
-    lengths = [int(n) for n in args.lengths.split(",")]
-    shape = (*TRAIN_SHAPE, f"data={args.data}")
-    batches = [int(b) for b in args.batch_sizes.split(",")]
-    jobs = [
-        ("attention", lambda: attention_section("cuda", "bf16", lengths, BACKENDS, args.timeout)),
-        ("training", lambda: training_section(shape, args.train_seconds, batches)),
-        ("tests", tests_section),
-    ]
-    path = run_sections(
-        Path(args.out), {"device": device_info()}, [job for job in jobs if job[0] not in skip]
-    )
+    path = Path(args.out)
+    ok = run_sections(path, {"device": device_info()}, jobs(args))
     print(f"bench-gpu: {path}")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

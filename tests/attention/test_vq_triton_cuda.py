@@ -1,0 +1,79 @@
+"""On a CUDA device (``make bench-gpu``'s tests section, ``pytest -k cuda``): VQ's fused kernel
+(``VQAttention(kernel="triton")``) equals the plain kernel, forward and every gradient, within 1e-5 in fp32 and
+1e-2 in bf16 (relative error of each tensor), over what the plain kernel covers: the XL bias, the cache on and
+off, a carried state, grouped key/value heads, T not a multiple of L, ``grad_through_cache`` and
+``cache_key_grad``. The CPU tests of the kernel (Triton's interpreter) are beside the kernel; this module needs a
+device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from tests.attention.backends import build
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (the kernel on the GPU)"
+)
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+CASES = {
+    "bias": {"window_bias": True},
+    "no_cache": {"window_bias": True, "use_cache": False},
+    "mqa": {"kv_heads": 1},
+    "ragged": {"window_bias": True, "t": 700},
+    "no_grad_through_cache": {"grad_through_cache": False},
+    "cache_key_grad": {"cache_key_grad": True},
+}
+
+
+def relative_error(got: Tensor, want: Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def pair(options: dict[str, Any], dtype: torch.dtype) -> tuple[Any, Any]:
+    """The plain layer and the same layer (every weight shared) with the fused kernel."""
+    opts = {"d_k": 64, "d_v": 64, "heads": 2, "codebook_size": 64, "block_len": 128, **options}
+    plain = build("vq", **opts).cuda()
+    if plain.bias is not None:
+        torch.nn.init.normal_(plain.bias.u)
+        torch.nn.init.normal_(plain.bias.v)
+    fused = build("vq", kernel="triton", **opts).cuda()
+    fused.load_state_dict(plain.state_dict())
+    return plain.eval(), fused.eval()
+
+
+def run(layer: Any, q: Tensor, k: Tensor, v: Tensor, grad: Tensor, state: Any = None) -> tuple[Tensor, ...]:
+    out, new_state, _ = layer(q, k, v, state)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out, (q, k, v, *params), grad, allow_unused=True)
+    return out, *(g for g in grads if g is not None), new_state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fused_kernel_equals_plain_on_cuda(case: str, dtype: torch.dtype) -> None:
+    options = dict(CASES[case])
+    t = options.pop("t", 640)
+    torch.manual_seed(0)
+    plain, fused = pair(options, dtype)
+    kv = options.get("kv_heads", 2)
+    q = torch.randn(2, 2, t, 64, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
+    k = torch.randn(2, kv, t, 64, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
+    v = torch.randn(2, kv, t, 64, device="cuda", dtype=dtype).requires_grad_()
+    grad = torch.randn(2, 2, t, 64, device="cuda", dtype=dtype)
+    with torch.autocast("cuda", torch.bfloat16, enabled=dtype == torch.bfloat16):
+        *want, plain_state = run(plain, q, k, v, grad)
+        *got, fused_state = run(fused, q, k, v, grad)
+        assert fused.last_kernel == "triton"
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert relative_error(g, w) <= TOLERANCE[dtype], (case, i)
+        # a continued segment: the carried state gives the same next outputs
+        more = [x.detach()[:, :, : t // 2].clone().requires_grad_() for x in (q, k, v)]
+        out_plain = plain(*more, plain_state)[0]
+        out_fused = fused(*more, fused_state)[0]
+        assert relative_error(out_fused, out_plain) <= TOLERANCE[dtype], case
