@@ -15,14 +15,6 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from tvq_exp.console import say
-from tvq_exp.run.checkpoints import (
-    CHECKPOINT_DIR,
-    finished_summary,
-    newest_good_checkpoint,
-    read_checkpoint,
-    saved_at,
-)
 from tvq_exp.run.stored import stored_run
 
 
@@ -45,10 +37,16 @@ def read_start(cfg: DictConfig) -> Start:
     """The :class:`Start` of the train command ``cfg``: ``ckpt_path`` read and verified, or for ``resume=auto``
     (without ``ckpt_path``) the run dir's ``finished.json`` and its newest checkpoint that loads (one line per
     damaged newer one; a checkpoint that asks for more than data stops the search and the command)."""
+    if not cfg.get("ckpt_path") and cfg.get("resume") != "auto":
+        return (
+            Start()
+        )  # a new run: nothing read, and nothing of Lightning imported (a bad value is refused fast)
+    # the checkpoint reader imports Lightning (its checkpoint plugin): only when a file is read
+    from tvq_exp.console import say  # noqa: PLC0415
+    from tvq_exp.run.checkpoints import CHECKPOINT_DIR, finished_summary, newest_good_checkpoint  # noqa: PLC0415
+
     if cfg.get("ckpt_path"):
         return _started(str(cfg.ckpt_path), relaunch=False)
-    if cfg.get("resume") != "auto":
-        return Start()
     run_dir = Path(cfg.paths.output_dir)
     finished = finished_summary(run_dir)
     checkpoint, refused = newest_good_checkpoint(run_dir / CHECKPOINT_DIR)
@@ -60,6 +58,8 @@ def read_start(cfg: DictConfig) -> Start:
 
 
 def _started(path: str, relaunch: bool) -> Start:
+    from tvq_exp.run.checkpoints import read_checkpoint, saved_at  # noqa: PLC0415
+
     checkpoint = read_checkpoint(path)
     stored = stored_run(checkpoint["hyper_parameters"]["run_config"], f"checkpoint {path}")
     step = int(checkpoint.get("global_step", 0))
