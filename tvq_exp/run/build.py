@@ -22,7 +22,7 @@ from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.checkpoints import AtomicCheckpointIO, gather_checkpoint, read_weights
 from tvq_exp.run.loggers import ResumePoint, continue_history, resume_options
 from tvq_exp.run.stored import stored_run
-from tvq_exp.run.validation import ConfigError, check_parts, data_nodes, located, model_nodes
+from tvq_exp.run.validation import ConfigError, check_parts, data_nodes, located, model_nodes, module_nodes
 
 
 def set_torch_threads(cfg: DictConfig) -> None:
@@ -111,7 +111,7 @@ def load_checkpoint(
             "ckpt_path", str(path), f"holds non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
             "the run diverged; use an earlier checkpoint",
         )  # fmt: skip
-    with located(model_nodes(parts.model)):
+    with located(model_nodes(parts.model) + module_nodes(parts.module)):
         module = build_module(config)
     upgrade_checkpoint(checkpoint, module)
     module.load_state_dict(checkpoint["state_dict"])

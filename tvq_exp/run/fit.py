@@ -29,7 +29,7 @@ from tvq_exp.run.checkpoints import CHECKPOINT_DIR, mark_finished, remove_stale_
 from tvq_exp.run.loggers import ResumePoint
 from tvq_exp.run.resume import Start
 from tvq_exp.run.run_dir import record_hydra_files
-from tvq_exp.run.validation import build_run
+from tvq_exp.run.validation import build_run, located, module_nodes
 
 
 def fit(cfg: DictConfig, start: Start) -> dict[str, Any]:
@@ -46,16 +46,16 @@ def fit(cfg: DictConfig, start: Start) -> dict[str, Any]:
     quiet()
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
-    output_dir = Path(cfg.paths.output_dir)
+    config = to_dict(cfg)
+    model, datamodule = build_run(cfg)  # the constructors' rules between options, refused with their key
+    with located(module_nodes(cfg.module)):
+        module = build_module(config, model)
+    output_dir = Path(cfg.paths.output_dir)  # written only now: a refused config leaves nothing there
     output_dir.mkdir(parents=True, exist_ok=True)
     for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
         say(f"removed {stale}: a checkpoint save that was killed half-way")
-    config = to_dict(cfg)
     OmegaConf.save(OmegaConf.create(config), output_dir / "config.yaml")
     record_hydra_files(output_dir, cfg)
-
-    model, datamodule = build_run(cfg)  # the constructors' rules between options, refused with their key
-    module = build_module(config, model)
     if cfg.get("init_from") and start.checkpoint is None:
         datamodule.prepare_data()
         datamodule.setup("fit")

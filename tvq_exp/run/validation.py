@@ -230,6 +230,11 @@ def model_nodes(model: DictConfig) -> list[Node]:
     return nodes
 
 
+def module_nodes(module: DictConfig) -> list[Node]:
+    """The Lightning module's node (its constructor's rules between options, ``betas``, are met when it is built)."""
+    return [Node("module", module, _target(module, "module"))]
+
+
 def data_nodes(data: DictConfig) -> list[Node]:
     """The data module's target nodes: its corpus / image source first, then the module."""
     nodes = [
@@ -488,6 +493,7 @@ def validate(cfg: DictConfig, command: Command = Command.TRAIN) -> None:
 
 
 __all__ = [
-    "Command", "ConfigError", "build_run", "check", "check_node", "check_parts", "logged_metrics", "schema_for",
+    "Command", "ConfigError", "build_run", "check", "check_node", "check_parts", "located", "logged_metrics",
+    "module_nodes", "schema_for",
     "type_name", "validate",
 ]  # fmt: skip
