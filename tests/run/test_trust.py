@@ -22,6 +22,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
+from tests.helpers.payloads import Payload
+from tests.run.conftest import QUIET
 from tvq_exp.run.checkpoints import (
     SHARDED_METADATA,
     CheckpointError,
@@ -37,35 +39,10 @@ from tvq_exp.run.sample import sample
 from tvq_exp.run.stored import StoredConfigError, stored_run
 from tvq_exp.run.train import train
 
-QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
-
-
-class Payload:
-    """Unpickling this runs ``touch <marker>`` (a real ``__reduce__`` payload)."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str]]:
-        return os.system, (f"touch {self.marker}",)
-
 
 def _compose(name: str, overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(name, overrides=overrides)
-
-
-@pytest.fixture(scope="module")
-def good(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A real 2-step checkpoint of the smoke model on tiny Shakespeare (loaded without restrictions here)."""
-    out = tmp_path_factory.mktemp("good")
-    cfg = _compose(
-        "train",
-        ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=2", *QUIET]
-        + [f"paths.output_dir={out}"],
-    )
-    train(cfg)
-    return torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
 
 
 def _pickled(good: dict[str, Any], path: Path, marker: Path) -> Path:
