@@ -21,6 +21,7 @@ import inspect
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -151,6 +152,12 @@ def _take_back_run_dir() -> None:
         remove_if_empty(HydraConfig.get().runtime.output_dir)
 
 
+def raised_in(error: BaseException, package: str) -> bool:
+    """Whether ``error`` was raised inside ``package`` (its innermost frame), not by our code."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"{os.sep}{package}{os.sep}" in frames[-1].filename
+
+
 def run(config_name: str, task: Callable[[DictConfig], object]) -> None:
     """Run a command: ``task`` on ``conf/<config_name>.yaml`` composed with the command line's overrides (Hydra
     names the job after the file that defines ``task`` unless the config sets ``hydra.job.name``, as
@@ -161,6 +168,10 @@ def run(config_name: str, task: Callable[[DictConfig], object]) -> None:
     try:
         main()
     except loaded(USAGE_ERRORS) as error:
+        fail(error, USAGE_STATUS)
+    except ValueError as error:  # Hydra's parser refusing an override (``=5``) with a ValueError of its own
+        if not raised_in(error, "hydra"):
+            raise
         fail(error, USAGE_STATUS)
     except KeyboardInterrupt:
         print(

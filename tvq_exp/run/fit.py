@@ -50,6 +50,10 @@ def fit(cfg: DictConfig, start: Start) -> dict[str, Any]:
     model, datamodule = build_run(cfg)  # the constructors' rules between options, refused with their key
     with located(module_nodes(cfg.module)):
         module = build_module(config, model)
+    preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
+    ours = [RngState(), DataFingerprint(cfg.allow_data_change), preemption, guard, FinalValidation()]
+    resumed = ResumePoint(start.step, start.saved_at) if start.checkpoint is not None else None
+    trainer: L.Trainer = build_trainer(cfg, ours, resumed)  # Lightning's own checks of its options
     output_dir = Path(cfg.paths.output_dir)  # written only now: a refused config leaves nothing there
     output_dir.mkdir(parents=True, exist_ok=True)
     for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
@@ -65,10 +69,6 @@ def fit(cfg: DictConfig, start: Start) -> dict[str, Any]:
         )
         say(f"initialised from {cfg.init_from}{codebooks}")
 
-    preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
-    ours = [RngState(), DataFingerprint(cfg.allow_data_change), preemption, guard, FinalValidation()]
-    resumed = ResumePoint(start.step, start.saved_at) if start.checkpoint is not None else None
-    trainer: L.Trainer = build_trainer(cfg, ours, resumed)
     n_params = sum(p.numel() for p in module.model.parameters())
     say(f"run dir {output_dir} | {n_params / 1e6:.2f}M parameters | {cfg.trainer.max_steps} steps")
     try:

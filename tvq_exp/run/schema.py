@@ -58,6 +58,7 @@ def train_options(
 def trainer_options(
     accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
     num_nodes: PositiveInt = 1,
+    devices: Annotated[Any, AtLeastOr(1, -1, "every device")] = "auto",  # or "auto", "0,1", [0, 1]
     precision: Annotated[Any, OneOf(*PRECISIONS)] = "32-true",
     max_steps: Annotated[int, AtLeast(-1)] = -1,
     max_epochs: Annotated[int, AtLeastOr(1, -1)] | None = None,  # 0 would train nothing and exit 0
