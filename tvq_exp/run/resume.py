@@ -40,7 +40,7 @@ def read_start(cfg: DictConfig) -> Start:
     if not cfg.get("ckpt_path") and cfg.get("resume") != "auto":
         return (
             Start()
-        )  # a new run: nothing read, and nothing of Lightning imported (a bad value is refused fast)
+        )  # a new run: nothing is read, and Lightning is not imported (a bad value is refused fast)
     # the checkpoint reader imports Lightning (its checkpoint plugin): only when a file is read
     from tvq_exp.console import say  # noqa: PLC0415
     from tvq_exp.run.checkpoints import CHECKPOINT_DIR, finished_summary, newest_good_checkpoint  # noqa: PLC0415
