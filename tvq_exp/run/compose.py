@@ -13,7 +13,8 @@ command line's, never the file's.
   schedule's length (``module.max_steps``) unless given; given, the schedule follows it unless ``module.max_steps``
   is given too. A group that sets keys all over the config (``experiment=``, ``debug=``) or a top-level key that
   reaches the model only through an interpolation (``block_len``, ``codebook_size``, ``codebook``: the stored model
-  holds their resolved values) cannot be laid over a stored run: a one-line :class:`ConfigError`.
+  holds their resolved values; one that gives the stored value again passes) cannot be laid over a stored run: a
+  one-line :class:`ConfigError`.
 
 The result is validated once, as a whole, by :func:`tvq_exp.run.validation.check`.
 """
@@ -75,13 +76,15 @@ def _laid_over(stored: DictConfig, cfg: DictConfig, overrides: Sequence[str]) ->
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         path = override.key_or_group.replace("/", ".")
         top = path.split(".")[0]
-        if top in ROUTES:
+        if top in ROUTES and _route_changes(cfg, stored, top):
             raise ConfigError(
                 path, override.value(), "reaches the model through an interpolation, and a stored "
                 "run holds the resolved values: with ckpt_path give the model's own key instead "
                 f"({'++model.attention.codebook.<option>' if top == 'codebook' else f'model.attention.{top}'}=...)",
             )  # fmt: skip
-        if top not in STORED_KEYS:
+        if (
+            top not in STORED_KEYS
+        ):  # the routes that change nothing (the stored run's own values) end here too
             known = top == "hydra" or override.is_delete()
             if not known and OmegaConf.select(cfg, path, default=MISSING) is MISSING:
                 raise ConfigError(
@@ -100,6 +103,15 @@ def _laid_over(stored: DictConfig, cfg: DictConfig, overrides: Sequence[str]) ->
         OmegaConf.update(stored, path, value, merge=False, force_add=True)
         changed.add(path)
     return changed
+
+
+def _route_changes(cfg: DictConfig, stored: DictConfig, top: str) -> bool:
+    """Whether the top-level key ``top`` (:data:`ROUTES`) gives the model a value other than the stored run's
+    (``codebook=healthy`` repeated for a run trained with it changes nothing, and passes)."""
+    key = f"model.attention.{top}"
+    with interpolation_errors():
+        given = _resolved(OmegaConf.select(cfg, key, default=None))
+    return given != _resolved(OmegaConf.select(stored, key, default=None))
 
 
 def _resolved(value: Any) -> Any:
