@@ -66,7 +66,8 @@ def test_resume_and_eval_refuse_a_changed_corpus(tmp_path: Path, capsys: pytest.
 
     corpus.write_bytes(corpus.read_bytes() + b"A new chapter. " * 300)  # the corpus grew
     resume = [*base, "trainer.max_steps=4", f"ckpt_path={last}", f"paths.output_dir={run}"]
-    given = resume[1:]  # the keys laid over the stored run (experiment=, a group all over the config, cannot be)
+    # the keys laid over the stored run (experiment=, a group all over the config, cannot be)
+    given = resume[1:]
     resumed = functools.partial(train, overrides=given)  # in-process: the overrides laid over the stored run
     line = _refused(capsys, resumed, _compose("train", resume))
     assert line.startswith("error: the data differ from those the checkpoint was trained on (train ")
