@@ -97,6 +97,25 @@ def Above(low: float) -> Between:  # noqa: N802
     return Between(low, math.inf, "(]")
 
 
+@dataclass(frozen=True)
+class AtLeastOr(Constraint):
+    """``>= low``, or the one value ``special`` that means something else (``-1``: no limit)."""
+
+    low: float
+    special: float
+    meaning: str = "no limit"
+
+    def violation(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value == self.special:
+            return None  # a type error is reported by the type check
+        if math.isfinite(value) and value >= self.low:
+            return None
+        return f"must be {_number(self.special)} ({self.meaning}) or >= {_number(self.low)}"
+
+    def bad_values(self) -> list[Any]:
+        return [self.low - 1, *([self.special - 1] if self.special < self.low - 1 else []), math.nan]
+
+
 # the rules most options follow, named as pydantic names them
 PositiveInt = Annotated[int, AtLeast(1)]  # a count or a size
 NonNegativeInt = Annotated[int, AtLeast(0)]
@@ -230,6 +249,7 @@ def checked(init: F) -> F:
 __all__ = [
     "Above",
     "AtLeast",
+    "AtLeastOr",
     "Between",
     "Constraint",
     "OneOf",

@@ -68,3 +68,34 @@ def test_an_evaluation_that_gives_nan_exits_1(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: eval of {path}: nan bits per byte") and str(output) in line
     assert output.is_file()
+
+
+def test_ctrl_c_is_one_line_and_status_130(
+    tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real SIGINT during training: Lightning exits 1 without a word; train.py says so in one line, status 130."""
+    import importlib.util
+    import signal
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tvq_exp.run.errors import INTERRUPTED_STATUS, run
+
+    spec = importlib.util.spec_from_file_location("train_entry", REPO / "train.py")
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    args = ["experiment=smoke", "data=shakespeare", "trainer.max_steps=50", "trainer.enable_progress_bar=false",
+            "trainer.accelerator=cpu", "trainer.precision=32-true", f"paths.log_dir={tmp_path}",
+            "+callbacks.stop._target_=tests.helpers.reliability.SignalAt", "+callbacks.stop.step=1",
+            "+callbacks.stop.signal_name=SIGINT"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["train.py", *args])
+    GlobalHydra.instance().clear()
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run("train", entry.main)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning leaves Ctrl-C ignored
+    assert exit_info.value.code == INTERRUPTED_STATUS
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: interrupted (SIGINT)"), line

@@ -66,14 +66,16 @@ def test_resume_and_eval_refuse_a_changed_corpus(tmp_path: Path, capsys: pytest.
 
     corpus.write_bytes(corpus.read_bytes() + b"A new chapter. " * 300)  # the corpus grew
     resume = [*base, "trainer.max_steps=4", f"ckpt_path={last}", f"paths.output_dir={run}"]
-    resumed = functools.partial(train, overrides=resume)  # in-process: the overrides laid over the stored run
+    # the keys laid over the stored run (experiment=, a group all over the config, cannot be)
+    given = resume[1:]
+    resumed = functools.partial(train, overrides=given)  # in-process: the overrides laid over the stored run
     line = _refused(capsys, resumed, _compose("train", resume))
     assert line.startswith("error: the data differ from those the checkpoint was trained on (train ")
     assert "allow_data_change=true" in line
     line = _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={last}", *eval_cfg]))
     assert "the data differ" in line and "validation" in line
     allowed = [*resume, "allow_data_change=true"]
-    assert train(_compose("train", allowed), overrides=allowed)["global_step"] == 4
+    assert train(_compose("train", allowed), overrides=allowed[1:])["global_step"] == 4
     assert (
         evaluate(_compose("eval", [f"ckpt_path={last}", *eval_cfg, "allow_data_change=true"]))["tokens"] > 0
     )

@@ -123,7 +123,7 @@ def _checkpoint_cases(folder: Path, good: dict[str, Any]) -> list[tuple[str, Pat
         node["_target_"] = target
         path = folder / f"planted-{i}.ckpt"
         torch.save(checkpoint, path)
-        cases.append((f"planted {target} at {'.'.join(keys)}", path, "a stored config may only build"))
+        cases.append((f"planted {target} at {'.'.join(keys)}", path, "a stored config may only pick"))
     return cases
 
 

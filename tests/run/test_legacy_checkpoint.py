@@ -26,7 +26,7 @@ from tests.helpers.paths import CONF, REPO
 from tvq_exp.models.blocks.common import BlockState
 from tvq_exp.models.legacy import upgrade_train_state
 from tvq_exp.run.evaluate import evaluate
-from tvq_exp.run.trust import load_plain
+from tvq_exp.run.safe_load import load_plain
 
 FIXTURES = REPO / "tests" / "fixtures" / "legacy"
 

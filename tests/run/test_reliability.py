@@ -29,8 +29,8 @@ from tvq_exp.callbacks.checkpoint import BestAndLastCheckpoint
 from tvq_exp.callbacks.numerics_guard import NumericsError
 from tvq_exp.options import OptionError
 from tvq_exp.run.checkpoints import CheckpointError, newest_good_checkpoint, read_checkpoint
+from tvq_exp.run.safe_load import load_plain
 from tvq_exp.run.train import train
-from tvq_exp.run.trust import load_plain
 
 BASE = [
     "experiment=smoke",

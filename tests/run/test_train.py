@@ -52,7 +52,8 @@ def run_train(overrides: list[str], output_dir: Path) -> dict[str, Any]:
     overrides = [*overrides, f"paths.output_dir={output_dir}"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    return train(cfg, overrides)
+    laid = [o for o in overrides if not o.startswith("experiment=")]  # a ckpt_path run lays keys, not presets
+    return train(cfg, laid)
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
+from tests.helpers.payloads import Payload
+from tests.run.conftest import QUIET
 from tvq_exp.run.checkpoints import (
     SHARDED_METADATA,
     CheckpointError,
@@ -34,41 +37,17 @@ from tvq_exp.run.errors import USAGE_STATUS, reported
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.fsdp import main as fsdp_main
 from tvq_exp.run.sample import sample
+from tvq_exp.run.stored import StoredConfigError, stored_run
 from tvq_exp.run.train import train
-from tvq_exp.run.trust import allowed_target, check_targets
 
 # a foreign class reachable under a tvq_exp name (lightning's CSV writer, imported into tvq_exp.run.loggers):
 # constructing it creates its ``log_dir``, so a marker folder shows whether a loader built it
 FOREIGN = "tvq_exp.run.loggers.ExperimentWriter"
-QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
-
-
-class Payload:
-    """Unpickling this runs ``touch <marker>`` (a real ``__reduce__`` payload)."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[str]]:
-        return os.system, (f"touch {self.marker}",)
 
 
 def _compose(name: str, overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(name, overrides=overrides)
-
-
-@pytest.fixture(scope="module")
-def good(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A real 2-step checkpoint of the smoke model on tiny Shakespeare (loaded without restrictions here)."""
-    out = tmp_path_factory.mktemp("good")
-    cfg = _compose(
-        "train",
-        ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=2", *QUIET]
-        + [f"paths.output_dir={out}"],
-    )
-    train(cfg)
-    return torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)
 
 
 def _pickled(good: dict[str, Any], path: Path, marker: Path) -> Path:
@@ -220,11 +199,20 @@ def test_fsdp_convert_refuses_payloads_a_missing_shard_and_converts_a_good_folde
     )  # torch.distributed.checkpoint unpickles it
     missing = _sharded(good, tmp_path / "missing.ckpt", meta)
     next(missing.glob("*.distcp")).unlink()
+    payload = tmp_path / "bytes.ckpt"  # a pickled item in the shards: torch would load it weights_only=False
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save(
+            {"state_dict": good["state_dict"], "extra": Payload(marker)},
+            checkpoint_id=str(payload),
+            no_dist=True,
+        )
+    torch.save(meta, payload / SHARDED_METADATA)
     expected = {
         pickled: "posix.system",
         planted: "pathlib.Path.touch",
         index: "posix.system",
         missing: "lacks",
+        payload: "'extra' as a BytesStorageMetadata item",
     }
     for source, why in expected.items():
         message = convert(source)
@@ -235,22 +223,73 @@ def test_fsdp_convert_refuses_payloads_a_missing_shard_and_converts_a_good_folde
         read_checkpoint(pickled)
 
 
-def test_allowed_targets_are_classes_of_tvq_exp_and_the_attention_factory() -> None:
-    assert allowed_target("tvq_exp.models.decoder.Decoder")
-    assert allowed_target("tvq_exp.attention.build_attention")
-    for bad in (
-        "pathlib.Path.touch",
-        "os.system",
-        "tvq_exp.run.checkpoints.remove_checkpoint",  # a function of ours that deletes files
-        "tvq_exp.run.checkpoints.os.system",  # a foreign function reached through one of our modules
-        "tvq_exp_evil.Decoder",
-        "tvq_exp.nope.Decoder",
-        None,
-        3,
-    ):
-        assert not allowed_target(bad), bad
-    with pytest.raises(ValueError, match=r"data\.corpus\.inner\._target_='os\.system'"):
-        check_targets({"data": {"corpus": {"inner": {"_target_": "os.system"}}}})
+@pytest.mark.parametrize(
+    ("key", "target"),
+    [
+        ("model", "pathlib.Path.touch"),
+        ("model", "os.system"),
+        ("data.corpus", "tvq_exp.data.paths.Path"),  # a foreign class reachable under a tvq_exp module name
+        ("data.corpus", "tvq_exp.run.checkpoints.remove_checkpoint"),  # a function of ours that deletes files
+        ("data.corpus", "tvq_exp.run.checkpoints.os.system"),  # a foreign function reached through our module
+        ("model.block", "tvq_exp.models.decoder.Decoder"),  # a class of the tree, but not where conf/ puts it
+        ("data", "tvq_exp.data.text.hf.HFTextCorpus"),  # a tvq_exp class with side effects (its cache)
+        ("module", "tvq_exp.run.loggers.CSVLogger"),  # one that deletes a file when it starts
+        ("model", 3),
+    ],
+)
+def test_a_stored_config_picks_only_classes_the_tree_puts_there(
+    good: dict[str, Any], key: str, target: Any
+) -> None:
+    config = copy.deepcopy(good["hyper_parameters"]["run_config"])
+    node = config
+    for part in key.split("."):
+        node = node[part]
+    node["_target_"] = target
+    with pytest.raises(StoredConfigError, match=rf"{key}\._target_=.*conf/ puts at {key}"):
+        stored_run(config, "x.ckpt")
+    anywhere = copy.deepcopy(good["hyper_parameters"]["run_config"])
+    anywhere["model"]["block"]["extra"] = {
+        "_target_": "tvq_exp.models.decoder.Decoder"
+    }  # a class of the tree
+    with pytest.raises(StoredConfigError, match=r"model\.block\.extra\._target_=.*conf/ puts no class there"):
+        stored_run(anywhere, "x.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("model.d_model", "${oc.env:HOME}", "interpolation or resolver"),
+        (
+            "data.corpus.path",
+            "${oc.create:{_target_: os.makedirs, name: /tmp/x}}",
+            "interpolation or resolver",
+        ),
+        ("module.lr", float("nan"), "finite number"),
+        ("module.betas", [0.9, object()], "a stored value is null"),
+        ("model.block._args_", ["x"], "_args_"),
+        ("model.block._partial_", False, "conf/ sets _partial_=True"),
+        ("model.attention.codebook._recursive_", False, "Hydra keys stand only beside a _target_"),
+    ],
+)
+def test_a_stored_value_is_a_literal(good: dict[str, Any], key: str, value: Any, why: str) -> None:
+    config = copy.deepcopy(good["hyper_parameters"]["run_config"])
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(StoredConfigError, match=re.escape(why)) as error:
+        stored_run(config, "x.ckpt")
+    assert str(error.value).startswith("x.ckpt: ") and "\n" not in str(error.value)
+
+
+def test_the_rebuilt_run_is_the_stored_one(good: dict[str, Any]) -> None:
+    config = good["hyper_parameters"]["run_config"]
+    rebuilt = stored_run(config, "x.ckpt")
+    assert set(rebuilt) == {"model", "data", "module", "seed"}  # never the trainer, callbacks or loggers
+    assert {k: rebuilt[k] for k in ("model", "data", "module")} == {
+        k: config[k] for k in ("model", "data", "module")
+    }
 
 
 def test_a_torch_file_from_another_project_is_not_a_checkpoint(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 Transformer-VQ's scores read, per VQ layer, against the norm of the keys they stand for.
 
 A score in the window or the cache is ``q · C_s``, so the codes' norm sets the attention's temperature as the
-keys' norm does in a dense model. For each run folder (its ``config.yaml`` and ``checkpoints/last.ckpt``) prints
+keys' norm does in a dense model. For each run folder (its ``checkpoints/last.ckpt``, read by the safe loader and
+rebuilt from its stored run: :func:`tvq_exp.run.build.load_checkpoint`) prints
 one line per VQ layer: the mean norm of the codes weighted by their usage counts ``ema_count`` (what the keys in
 use see) and the norm of a key as the search sees it (``d_k^1/4`` for GAU's RMS-normalised keys, 1 for unit keys
 or under ``codebook.normalize``).
@@ -13,13 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
-import torch
-from omegaconf import OmegaConf
 from torch import nn
 
-import tvq_exp.resolvers  # noqa: F401  (registers the tvq.* interpolations)
 from tvq_exp.attention.vq.layer import VQAttention
+from tvq_exp.run.build import load_checkpoint
 
 
 def code_norms(model: nn.Module) -> list[float]:
@@ -40,15 +38,9 @@ def key_norm(config: dict) -> float:
 
 
 def trained_model(run: Path) -> tuple[nn.Module, dict]:
-    """The run's decoder with the weights of ``checkpoints/last.ckpt``, and its composed config."""
-    cfg = OmegaConf.load(run / "config.yaml")
-    torch.manual_seed(0)
-    model = hydra.utils.instantiate(cfg.model)
-    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
-        "state_dict"
-    ]
-    model.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("model.")})
-    return model, OmegaConf.to_container(cfg, resolve=True)
+    """The run's decoder with the weights of ``checkpoints/last.ckpt``, and its stored run (model, data, module)."""
+    module, config, _ = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    return module.model, config
 
 
 def main(runs: list[str]) -> None:

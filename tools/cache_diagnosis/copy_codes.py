@@ -13,7 +13,7 @@ query that knows only the previous byte finds its source's code only if they nam
 ``copy_oracle.py``'s bound with one code per preceding byte (0.67 / 0.75 bits/byte on ``repeat_smear``'s probe),
 this says whether the codes the model learnt can carry the copy; whether its queries find them is the
 evaluation's bits. ``RUN_DIR`` is a training run's folder (its
-``config.yaml`` and ``checkpoints/last.ckpt``), e.g. ``studies/repeat_smear/runs/vq--copy_only--s1``.
+``checkpoints/last.ckpt``, read by the safe loader and rebuilt from its stored run), e.g. ``studies/repeat_smear/runs/vq--copy_only--s1``.
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-import tvq_exp.resolvers  # noqa: F401  (registers the tvq.* interpolations)
 from tools.cache_diagnosis.copy_oracle import oracle_bits
 from tvq_exp.batch import IGNORE_INDEX
+from tvq_exp.run.build import build_data, load_checkpoint
 
 
 def source_code_reads(
@@ -84,12 +82,8 @@ def vq_codes(model: nn.Module, inputs: Tensor) -> dict[int, np.ndarray]:
 
 def trained_run(run_dir: Path) -> tuple[nn.Module, object, int]:
     """The model (the run's last checkpoint), its data module and ``block_len``."""
-    cfg = OmegaConf.load(run_dir / "config.yaml")
-    torch.manual_seed(0)
-    model, data = hydra.utils.instantiate(cfg.model), hydra.utils.instantiate(cfg.data)
-    weights = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    model.load_state_dict({k[6:]: v for k, v in weights["state_dict"].items() if k.startswith("model.")})
-    return model, data, int(cfg.block_len)
+    module, config, _ = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    return module.model, build_data(config["data"]), int(config["model"]["attention"]["block_len"])
 
 
 def main(run_dirs: list[str]) -> None:

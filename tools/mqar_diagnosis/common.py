@@ -12,6 +12,7 @@ from lightning import LightningDataModule
 from torch import nn
 
 import tvq_exp.resolvers  # noqa: F401  (registers the tvq.* interpolations)
+from tvq_exp.run.checkpoints import read_weights
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -20,12 +21,14 @@ def recall_model(
     overrides: list[str], checkpoint: str | None = None
 ) -> tuple[nn.Module, LightningDataModule]:
     """The decoder and the MQAR data module of ``experiment=recall_cpu`` plus ``overrides``: a seeded
-    initialisation (``torch.manual_seed(1)``) or a training checkpoint's weights."""
+    initialisation (``torch.manual_seed(1)``) or a training checkpoint's weights (read by the safe loader: tensors
+    and plain data only, :func:`tvq_exp.run.checkpoints.read_weights`)."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose("train", overrides=["experiment=recall_cpu", *overrides])
         torch.manual_seed(1)
         model, data = hydra.utils.instantiate(cfg.model), hydra.utils.instantiate(cfg.data)
     if checkpoint is not None:
-        weights = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+        loaded = read_weights(checkpoint)
+        weights = loaded.get("state_dict", loaded)
         model.load_state_dict({k[6:]: v for k, v in weights.items() if k.startswith("model.")}, strict=False)
     return model, data

@@ -1,5 +1,7 @@
-"""Building what a run needs from a resolved config: the Lightning module (and from a checkpoint), the
-callbacks, the loggers."""
+"""Step 4 of a run: build what it needs from a validated config: the Lightning module (also a checkpoint's, for
+``eval.py`` and ``sample.py``: :func:`load_checkpoint`), the trainer with its callbacks and loggers, ``init_from``'s
+weights. Every config reaching :func:`hydra.utils.instantiate` here was composed from the tree and validated
+(a stored run only through :mod:`tvq_exp.run.stored`)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,10 @@ from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.dense_to_vq import init_from_dense
 from tvq_exp.models.legacy import upgrade_checkpoint
 from tvq_exp.models.module import AutoregressiveLitModule
-from tvq_exp.run.checkpoints import UntrustedCheckpointError, gather_checkpoint, read_weights
-from tvq_exp.run.legacy import upgrade_run_config
+from tvq_exp.run.checkpoints import AtomicCheckpointIO, gather_checkpoint, read_weights
 from tvq_exp.run.loggers import ResumePoint, continue_history, resume_options
-from tvq_exp.run.trust import UntrustedError, check_targets
-from tvq_exp.run.validation import ConfigError
+from tvq_exp.run.stored import stored_run
+from tvq_exp.run.validation import ConfigError, check_parts, data_nodes, located, model_nodes, module_nodes
 
 
 def set_torch_threads(cfg: DictConfig) -> None:
@@ -47,6 +48,18 @@ def build_module(config: dict[str, Any], model: Decoder | None = None) -> Autore
     return get_class(config["module"]["_target_"])(model=model, run_config=config, **options)
 
 
+def build_trainer(cfg: DictConfig, callbacks: list[Callback], resumed: ResumePoint | None) -> Any:
+    """The ``lightning.pytorch.Trainer`` of ``cfg.trainer`` (the tree's and the command line's, never a stored
+    run's) with ``cfg.callbacks`` then ``callbacks``, ``cfg.logger`` continuing the history at ``resumed``
+    (:func:`build_loggers`) and checkpoints written atomically (:class:`~tvq_exp.run.checkpoints.AtomicCheckpointIO`)."""
+    return instantiate(
+        cfg.trainer,
+        callbacks=[*build_callbacks(cfg), *callbacks],
+        logger=build_loggers(cfg, resumed) or False,
+        plugins=[AtomicCheckpointIO()],
+    )
+
+
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
     """Callbacks from ``cfg.callbacks`` (progress bars dropped when ``trainer.enable_progress_bar`` is off)."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
@@ -65,18 +78,6 @@ def build_loggers(cfg: DictConfig, resumed: ResumePoint | None = None) -> list[L
     return loggers
 
 
-def run_config(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The resolved run config a :class:`AutoregressiveLitModule` checkpoint carries, its ``_target_``-s checked
-    (:func:`~tvq_exp.run.trust.check_targets`; :func:`~tvq_exp.run.checkpoints.read_checkpoint` did it once,
-    this keeps any other way of reaching a stored config from building what it names unchecked)."""
-    config = upgrade_run_config(checkpoint["hyper_parameters"]["run_config"])
-    try:
-        check_targets(config)
-    except UntrustedError as error:
-        raise UntrustedCheckpointError(f"checkpoint: {error}") from None
-    return config
-
-
 def init_from_checkpoint(
     module: AutoregressiveLitModule, path: str, batches: Iterable[Any], count: int
 ) -> None:
@@ -92,24 +93,37 @@ def init_from_checkpoint(
 def load_checkpoint(
     path: str | Path, model_options: Mapping[str, Any] | None = None
 ) -> tuple[AutoregressiveLitModule, dict[str, Any], dict[str, Any]]:
-    """Rebuild the module stored at ``path`` -> ``(module, run config, raw checkpoint)`` (weights loaded).
-    ``model_options`` are merged into the stored model config first (e.g. ``{"attention": {"use_cache":
-    False}}``: the same weights evaluated without the cache)."""
+    """Rebuild the module stored at ``path`` -> ``(module, stored run, raw checkpoint)`` (weights loaded): the
+    checkpoint read by the safe loader, its stored run checked as data and rebuilt from the tree
+    (:func:`~tvq_exp.run.stored.stored_run`), ``model_options`` merged into its model (e.g. ``{"attention":
+    {"use_cache": False}}``: the same weights evaluated without the cache), validated
+    (:func:`~tvq_exp.run.validation.check_parts`), then built."""
     checkpoint = gather_checkpoint(path)
-    config = run_config(checkpoint)
+    config = stored_run(checkpoint["hyper_parameters"]["run_config"], f"checkpoint {path}")
+    parts = OmegaConf.create(config)
     if model_options:
-        merged = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(model_options)))
-        config = {**config, "model": OmegaConf.to_container(merged, resolve=True)}
+        parts.model = OmegaConf.merge(parts.model, OmegaConf.create(dict(model_options)))
+    check_parts(parts)
+    config = OmegaConf.to_container(parts, resolve=True)  # type: ignore[assignment]
     bad = non_finite(checkpoint["state_dict"])
     if bad:
         raise ConfigError(
             "ckpt_path", str(path), f"holds non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
             "the run diverged; use an earlier checkpoint",
         )  # fmt: skip
-    module = build_module(config)
+    with located(model_nodes(parts.model) + module_nodes(parts.module)):
+        module = build_module(config)
     upgrade_checkpoint(checkpoint, module)
     module.load_state_dict(checkpoint["state_dict"])
     return module, config, checkpoint
+
+
+def build_data(data: Mapping[str, Any]) -> Any:
+    """The data module of a validated data config (a stored run's, :func:`load_checkpoint`), its constructors'
+    rules between options refused on their key."""
+    node = OmegaConf.create(dict(data))
+    with located(data_nodes(node)):
+        return instantiate(node)
 
 
 def non_finite(state_dict: Mapping[str, Any]) -> list[str]:
@@ -121,6 +135,6 @@ def non_finite(state_dict: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = [
-    "build_callbacks", "build_loggers", "build_module", "init_from_checkpoint", "load_checkpoint", "non_finite",
-    "run_config", "to_dict",
+    "build_callbacks", "build_data", "build_loggers", "build_module", "build_trainer", "init_from_checkpoint",
+    "load_checkpoint", "non_finite", "to_dict",
 ]  # fmt: skip

@@ -36,8 +36,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tvq_exp.callbacks.checkpoint import CHECKPOINT_DIR, LAST
 from tvq_exp.files import atomic_write, write_text
-from tvq_exp.run.legacy import upgrade_run_config
-from tvq_exp.run.trust import UntrustedError, check_dcp_metadata, check_targets, load_plain
+from tvq_exp.run.safe_load import UntrustedError, check_dcp_metadata, check_tensors_only, load_plain
+from tvq_exp.run.stored import StoredConfigError, stored_run
 
 PREVIOUS_SUFFIX = ".prev"
 FINISHED = "finished.json"
@@ -45,6 +45,8 @@ REQUIRED_KEYS = ("state_dict", "global_step")
 SHARDED_METADATA = "meta.pt"  # Lightning's ModelParallelStrategy: a sharded checkpoint's non-tensor part
 SAVED_AT = "saved_at"  # the time.time() a checkpoint was saved at
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards (a pickle)
+# a sharded checkpoint's optimiser values (in meta.pt; its shards hold tensors only)
+PARAM_GROUPS = "optimizer_param_groups"
 
 
 class CheckpointError(RuntimeError):
@@ -52,8 +54,9 @@ class CheckpointError(RuntimeError):
 
 
 class UntrustedCheckpointError(CheckpointError):
-    """A checkpoint that asks for more than plain data (code in its pickle, a foreign ``_target_``): never
-    skipped over quietly, always the end of the command (see :mod:`tvq_exp.run.trust`)."""
+    """A checkpoint that asks for more than plain data (code in its pickle, a bytes item in a sharded one, a stored
+    config that is not data: :mod:`tvq_exp.run.safe_load`, :mod:`tvq_exp.run.stored`): never skipped over quietly,
+    always the end of the command."""
 
 
 def previous_path(path: Path) -> Path:
@@ -73,14 +76,16 @@ def is_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 def read_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """Load a checkpoint written by this project; raise :class:`CheckpointError` if it is unusable or asks for
-    more than plain data (:mod:`tvq_exp.run.trust`: loaded ``weights_only``, every ``_target_`` of its run config
-    checked before anything is built from it). Of a sharded checkpoint, its ``meta.pt``: everything but
+    more than plain data (loaded ``weights_only`` by :mod:`tvq_exp.run.safe_load`; its run config checked as data
+    by :func:`~tvq_exp.run.stored.stored_run`). Of a sharded checkpoint, its ``meta.pt``: everything but
     ``state_dict`` and ``optimizer_states`` (the run config, the step, the loops', callbacks' and samplers'
     states); :func:`gather_checkpoint` reads the rest."""
     path = Path(path)
     sharded = is_sharded(path)
     if not (sharded or path.is_file()):
         raise CheckpointError(f"checkpoint {path} does not exist; check ckpt_path")
+    if sharded:
+        check_shards(path)  # its index, before anything of it is read
     checkpoint = _load(path, path / SHARDED_METADATA if sharded else path, map_location)
     required = [key for key in REQUIRED_KEYS if not (sharded and key == "state_dict")]
     missing = [key for key in required if not isinstance(checkpoint, dict) or key not in checkpoint]
@@ -91,11 +96,16 @@ def read_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> 
         raise CheckpointError(
             f"checkpoint {path} is not a tvq_exp training checkpoint (no {', '.join(missing)})"
         )
-    try:
-        check_targets(upgrade_run_config(config["run_config"]))
-    except UntrustedError as error:
-        raise UntrustedCheckpointError(f"checkpoint {path}: {error}") from None
+    _check_stored(config["run_config"], path)
     return checkpoint
+
+
+def _check_stored(config: Any, path: Path) -> None:
+    """:func:`~tvq_exp.run.stored.stored_run` as an :class:`UntrustedCheckpointError` naming ``path``."""
+    try:
+        stored_run(config, f"checkpoint {path}")
+    except StoredConfigError as error:
+        raise UntrustedCheckpointError(str(error)) from None
 
 
 def read_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -107,10 +117,8 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
     loaded = _load(path, path, "cpu")
     config = loaded.get("hyper_parameters", {}) if isinstance(loaded, dict) else {}
     if isinstance(config, dict) and isinstance(config.get("run_config"), dict):
-        try:  # init_from builds nothing from it, but a planted target says the file was tampered with
-            check_targets(upgrade_run_config(config["run_config"]))
-        except UntrustedError as error:
-            raise UntrustedCheckpointError(f"checkpoint {path}: {error}") from None
+        # init_from builds nothing from it, but a stored config that is not data says the file was tampered with
+        _check_stored(config["run_config"], path)
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or not state or not all(torch.is_tensor(v) for v in state.values()):
         raise CheckpointError(
@@ -120,7 +128,7 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _load(path: Path, file: Path, map_location: Any) -> Any:
-    """:func:`~tvq_exp.run.trust.load_plain` with its failures as :class:`CheckpointError` naming ``path``."""
+    """:func:`~tvq_exp.run.safe_load.load_plain` with its failures as :class:`CheckpointError` naming ``path``."""
     try:
         return load_plain(file, map_location=map_location)
     except UntrustedError as error:
@@ -143,7 +151,6 @@ def gather_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not is_sharded(path):
         return checkpoint
     path = Path(path)
-    check_shards(path)
     with tempfile.TemporaryDirectory() as tmp:
         gathered = Path(tmp) / "state.pt"
         try:
@@ -155,18 +162,24 @@ def gather_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         state = _load(path, gathered, "cpu")
     checkpoint["state_dict"] = state.pop("state_dict")
     optimizers = sorted(key for key in state if key.startswith("optimizer_"))
-    checkpoint["optimizer_states"] = [state.pop(key) for key in optimizers]
+    groups = checkpoint.pop(PARAM_GROUPS, [None] * len(optimizers))
+    checkpoint["optimizer_states"] = [
+        {**state.pop(key), **({"param_groups": group} if group is not None else {})}
+        for key, group in zip(optimizers, groups, strict=False)
+    ]
     return checkpoint
 
 
 def check_shards(path: Path) -> None:
-    """A sharded checkpoint's ``.metadata`` holds plain data (:func:`~tvq_exp.run.trust.check_dcp_metadata`)
-    and names only shards that are present: :class:`CheckpointError` naming the folder otherwise."""
+    """A sharded checkpoint's ``.metadata`` holds plain data (:func:`~tvq_exp.run.safe_load.check_dcp_metadata`),
+    indexes tensors only (:func:`~tvq_exp.run.safe_load.check_tensors_only`) and names only shards that are
+    present: :class:`CheckpointError` naming the folder otherwise. Called before any shard is read."""
     metadata = path / DCP_METADATA
     if not metadata.is_file():
         raise CheckpointError(f"sharded checkpoint {path} has no {DCP_METADATA} (an incomplete copy?)")
     try:
         index = check_dcp_metadata(metadata)
+        check_tensors_only(index)
     except UntrustedError as error:
         raise UntrustedCheckpointError(f"sharded checkpoint {path}: its {DCP_METADATA} {error}") from None
     except Exception as error:  # a truncated or corrupt pickle
@@ -287,6 +300,7 @@ def finished_summary(run_dir: Path) -> dict[str, Any] | None:
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "PARAM_GROUPS",
     "AtomicCheckpointIO",
     "CheckpointError",
     "check_shards",

@@ -3,7 +3,7 @@
 ``train.py``, ``eval.py`` and ``sample.py`` hand their task and config name to :func:`run`, which composes
 ``conf/<name>.yaml`` with the command line (``@hydra.main``) and calls the task through :func:`reported`. Errors a user can fix (bad config, override, data or
 checkpoint) print ``error: <message>`` on one line of stderr and exit with status 2; the numerics guard
-stopping a run exits with status 1 the same way. :func:`run` turns Hydra's own reporting off
+stopping a run exits with status 1 the same way; Ctrl-C (SIGINT) says so in one line and exits with status 130. :func:`run` turns Hydra's own reporting off
 (``HYDRA_FULL_ERROR=1``) so composition errors (unknown key, unknown group option) reach it unchanged;
 :func:`reported` catches errors inside the task, before Hydra adds its "Error executing job" line.
 Anything else is a bug and keeps its traceback.
@@ -21,6 +21,7 @@ import inspect
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -41,10 +42,12 @@ USAGE_ERRORS = {
     "tvq_exp.data.download": ("ChecksumError",),
     "tvq_exp.run.checkpoints": ("CheckpointError",),
     "tvq_exp.files": ("UnsafePathError", "RunLockedError"),
+    "tvq_exp.run.stored": ("StoredConfigError",),
 }
 FAILURE_ERRORS = {"tvq_exp.callbacks.numerics_guard": ("NumericsError",), "tvq_exp.files": ("OutputError",)}
 USAGE_STATUS = 2
 FAILURE_STATUS = 1
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 CONF = Path(__file__).resolve().parents[2] / "conf"
 T = TypeVar("T")
 
@@ -82,14 +85,46 @@ def typo_hint(message: str) -> str:
         known = set(inspect.signature(schema.train_options).parameters) | TRAIN_NODES
     else:
         return ""
+    if name in known:  # a real key the preset leaves out: Hydra's own advice (add it with +) is right
+        return ""
     near = difflib.get_close_matches(name, sorted(known), n=1)
     return f"; did you mean {parent + '.' if parent else ''}{near[0]}?" if near else ""
+
+
+@functools.cache
+def group_routes() -> dict[str, str]:
+    """``{config key: group}`` for every node of ``conf/model/attention/*.yaml`` that is a whole config group
+    (``codebook: ${codebook}``): Hydra cannot set a key through it, and says "use +", then "remove +"."""
+    routes = {}
+    for path in sorted((CONF / "model" / "attention").glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            found = re.match(r"(\w+):\s*\$\{(\w+)\}", line)
+            if found and (CONF / found.group(2)).is_dir():
+                routes[f"model.attention.{found.group(1)}"] = found.group(2)
+    return routes
+
+
+def routed(message: str) -> str | None:
+    """For Hydra's "Could not override / append" on a key below a node that is a whole group
+    (:func:`group_routes`): the one message that works, instead of Hydra's advice to add (or remove) a ``+``."""
+    match = re.search(r"(?:Could not override|An item is already at) '([\w.]+)'", message)
+    value = re.search(r"=(\S*?)'?(?: |$|\))", message[match.end() :]) if match else None
+    for node, group in group_routes().items():
+        if match and match.group(1).startswith(node + "."):
+            name = match.group(1)[len(node) + 1 :]
+            given = value.group(1) if value else "..."
+            return (
+                f"{match.group(1)}: {node} is the {group} group (${{{group}}}), set it there: {group}.{name}={given} "
+                f"(to change a stored run's with ckpt_path: ++{match.group(1)}={given})"
+            )
+    return None
 
 
 def fail(error: BaseException, status: int) -> NoReturn:
     """Print ``error: <message>`` on one line of stderr and exit with ``status``."""
     message = one_line(error)
-    print(f"error: {message}{typo_hint(message)}", file=sys.stderr, flush=True)
+    message = routed(message) or f"{message}{typo_hint(message)}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 
@@ -101,6 +136,7 @@ def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
         try:
             return task(cfg)
         except loaded(USAGE_ERRORS) as error:
+            _take_back_run_dir()
             fail(error, USAGE_STATUS)
         except loaded(FAILURE_ERRORS) as error:
             fail(error, FAILURE_STATUS)
@@ -114,6 +150,22 @@ def reported(task: Callable[[DictConfig], T]) -> Callable[[DictConfig], T]:
     return wrapper
 
 
+def _take_back_run_dir() -> None:
+    """The empty run dir Hydra made for a command that was refused (:mod:`tvq_exp.run.run_dir`)."""
+    from hydra.core.hydra_config import HydraConfig  # noqa: PLC0415
+
+    from tvq_exp.run.run_dir import remove_if_empty  # noqa: PLC0415
+
+    if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
+        remove_if_empty(HydraConfig.get().runtime.output_dir)
+
+
+def raised_in(error: BaseException, package: str) -> bool:
+    """Whether ``error`` was raised inside ``package`` (its innermost frame), not by our code."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"{os.sep}{package}{os.sep}" in frames[-1].filename
+
+
 def run(config_name: str, task: Callable[[DictConfig], object]) -> None:
     """Run a command: ``task`` on ``conf/<config_name>.yaml`` composed with the command line's overrides (Hydra
     names the job after the file that defines ``task`` unless the config sets ``hydra.job.name``, as
@@ -125,11 +177,23 @@ def run(config_name: str, task: Callable[[DictConfig], object]) -> None:
         main()
     except loaded(USAGE_ERRORS) as error:
         fail(error, USAGE_STATUS)
+    except ValueError as error:  # Hydra's parser refusing an override (``=5``) with a ValueError of its own
+        if not raised_in(error, "hydra"):
+            raise
+        fail(error, USAGE_STATUS)
+    except KeyboardInterrupt:
+        print(
+            "error: interrupted (SIGINT); a run continues from its last checkpoint (resume=auto or ckpt_path)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(INTERRUPTED_STATUS)
 
 
 __all__ = [
     "FAILURE_ERRORS",
     "FAILURE_STATUS",
+    "INTERRUPTED_STATUS",
     "loaded",
     "USAGE_ERRORS",
     "USAGE_STATUS",

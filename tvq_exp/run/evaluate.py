@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from tvq_exp.run.validation import Command, ConfigError, check
+from tvq_exp.run.validation import Command, ConfigError, check, check_nodes, data_nodes, interpolation_errors
 
 
 def default_eval_output(
@@ -71,7 +70,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     from tvq_exp.console import quiet, say  # noqa: PLC0415
     from tvq_exp.files import atomic_write, check_writable, write_text  # noqa: PLC0415
     from tvq_exp.plots import position_figure, save_figure  # noqa: PLC0415
-    from tvq_exp.run.build import load_checkpoint, set_torch_threads  # noqa: PLC0415
+    from tvq_exp.run.build import build_data, load_checkpoint, set_torch_threads  # noqa: PLC0415
 
     quiet()
     set_torch_threads(cfg)
@@ -79,7 +78,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError("split", cfg.split, "must be val or test")
     module, config, checkpoint = load_checkpoint(cfg.ckpt_path, cfg.get("model_options"))
     data_cfg = eval_data_config(cfg, config["data"])
-    datamodule = instantiate(data_cfg)
+    with interpolation_errors():
+        # the stored data with this command's changes, checked as train.py checks it
+        check_nodes(data_nodes(data_cfg))
+    datamodule = build_data(data_cfg)
     protocol = data_cfg.get("eval_protocol", "segment")
     precision = cfg.precision or (
         "bf16-mixed" if torch.cuda.is_available() and cfg.accelerator != "cpu" else "32-true"

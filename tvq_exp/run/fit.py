@@ -1,13 +1,11 @@
-"""Fitting a checked train config with Lightning: resume, build once, train, summarise (:func:`fit`)."""
+"""Step 5 of a train run: fit a composed, validated config with Lightning (:func:`fit`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -22,86 +20,51 @@ from tvq_exp.console import quiet, say
 from tvq_exp.files import lock_run_dir, refuse_links, write_text
 from tvq_exp.models.module import AutoregressiveLitModule
 from tvq_exp.run.build import (
-    build_callbacks,
-    build_loggers,
     build_module,
+    build_trainer,
     init_from_checkpoint,
-    run_config,
     set_torch_threads,
     to_dict,
 )
-from tvq_exp.run.checkpoints import (
-    CHECKPOINT_DIR,
-    AtomicCheckpointIO,
-    mark_finished,
-    read_checkpoint,
-    remove_stale_temporaries,
-    saved_at,
-)
+from tvq_exp.run.checkpoints import CHECKPOINT_DIR, mark_finished, remove_stale_temporaries
 from tvq_exp.run.loggers import ResumePoint
-from tvq_exp.run.resume import (
-    auto_resume,
-    check_run_options,
-    explicit_overrides,
-    nothing_left,
-    relaunch_config,
-    resume_config,
-)
-from tvq_exp.run.validation import build_run
+from tvq_exp.run.resume import Start
+from tvq_exp.run.run_dir import record_hydra_files
+from tvq_exp.run.validation import build_run, located, module_nodes
 
 
-def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
-    """Train (or resume with ``ckpt_path`` or ``resume=auto``) a config that passed
-    :func:`tvq_exp.run.validation.check` (:func:`tvq_exp.run.train.train` checks it first).
+def fit(cfg: DictConfig, start: Start) -> dict[str, Any]:
+    """Train ``cfg`` (composed by :func:`tvq_exp.run.compose.compose_run` and validated: :func:`tvq_exp.run.train.train`
+    does both) from ``start`` (scratch, or its checkpoint).
 
-    ``ckpt_path`` continues the checkpoint's run with ``overrides`` (default: this launch's command line)
-    laid over its stored config (:func:`tvq_exp.run.resume.resume_config`); ``resume=auto`` relaunches the
-    same command (:func:`tvq_exp.run.resume.relaunch_config`).
-
-    Writes ``config.yaml`` (resolved), logs and ``checkpoints/`` into ``cfg.paths.output_dir`` (checkpoints
-    atomically, with RNG states); ``finished.json`` when the last step is reached, or when a wall-clock budget
-    (``trainer.max_time``) is spent (the run's budget is then time, not steps). SIGTERM/SIGUSR1 save
-    ``last.ckpt`` and return early; the numerics guard raises :class:`NumericsError` after
-    ``guard.max_bad_steps`` bad steps in a row. Returns
+    Writes ``config.yaml`` (resolved), Hydra's ``.hydra/`` record, logs and ``checkpoints/`` into
+    ``cfg.paths.output_dir`` (checkpoints atomically, with RNG states); ``finished.json`` when the last step is
+    reached, or when a wall-clock budget (``trainer.max_time``) is spent (the run's budget is then time, not
+    steps). SIGTERM/SIGUSR1 save ``last.ckpt`` and return early; the numerics guard raises :class:`NumericsError`
+    after ``guard.max_bad_steps`` bad steps in a row. Returns
     ``{"best_val_bpb", "best_ckpt", "last_ckpt", "global_step", "val"}``.
     """
     quiet()
-    check_run_options(cfg)
-    if cfg.get("resume") == "auto":
-        resumed = auto_resume(cfg)
-        if not isinstance(resumed, DictConfig):
-            return resumed
-        cfg = resumed
-    resumed_at = None
-    if cfg.get("ckpt_path"):
-        checkpoint = read_checkpoint(cfg.ckpt_path)
-        if cfg.get("resume") == "auto":
-            cfg = relaunch_config(cfg, run_config(checkpoint))
-        else:
-            given = explicit_overrides() if overrides is None else overrides
-            cfg = resume_config(cfg, run_config(checkpoint), given)
-        resume_step = int(checkpoint.get("global_step", 0))
-        resumed_at = ResumePoint(resume_step, saved_at(cfg.ckpt_path, checkpoint))
-        if cfg.get("resume") != "auto":  # resume=auto at the last step finishes the run (finished.json)
-            done = nothing_left(cfg, resume_step)
-            if done is not None:
-                return done
-            say(f"resuming {cfg.ckpt_path} at step {resume_step} of {cfg.trainer.max_steps}")
     set_torch_threads(cfg)
     L.seed_everything(cfg.seed, workers=True)
-    output_dir = Path(cfg.paths.output_dir)
+    config = to_dict(cfg)
+    model, datamodule = build_run(cfg)  # the constructors' rules between options, refused with their key
+    with located(module_nodes(cfg.module)):
+        module = build_module(config, model)
+    preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
+    ours = [RngState(), DataFingerprint(cfg.allow_data_change), preemption, guard, FinalValidation()]
+    resumed = ResumePoint(start.step, start.saved_at) if start.checkpoint is not None else None
+    trainer: L.Trainer = build_trainer(cfg, ours, resumed)  # Lightning's own checks of its options
+    output_dir = Path(cfg.paths.output_dir)  # written only now: a refused config leaves nothing there
     output_dir.mkdir(parents=True, exist_ok=True)
     # held while this run writes here: a second run with this run_name refuses
     _lock = lock_run_dir(output_dir)
     refuse_links(output_dir)  # a link in the run dir would send a checkpoint, config or log outside it
     for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
         say(f"removed {stale}: a checkpoint save that was killed half-way")
-    config = to_dict(cfg)
     write_text("config.yaml", output_dir, OmegaConf.to_yaml(OmegaConf.create(config)))
-
-    model, datamodule = build_run(cfg)  # the constructors' rules between options, refused with their key
-    module = build_module(config, model)
-    if cfg.get("init_from") and not cfg.get("ckpt_path"):
+    record_hydra_files(output_dir, cfg)
+    if cfg.get("init_from") and start.checkpoint is None:
         datamodule.prepare_data()
         datamodule.setup("fit")
         init_from_checkpoint(module, cfg.init_from, datamodule.train_dataloader(), cfg.init_batches)
@@ -110,29 +73,19 @@ def fit(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, An
         )
         say(f"initialised from {cfg.init_from}{codebooks}")
 
-    preemption, guard = Preemption(), NumericsGuard(cfg.guard.max_bad_steps)
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        callbacks=[
-            *build_callbacks(cfg),
-            RngState(),
-            DataFingerprint(cfg.allow_data_change),
-            preemption,
-            guard,
-            FinalValidation(),
-        ],
-        logger=build_loggers(cfg, resumed_at) or False,
-        plugins=[AtomicCheckpointIO()],
-    )
     n_params = sum(p.numel() for p in module.model.parameters())
     say(f"run dir {output_dir} | {n_params / 1e6:.2f}M parameters | {planned_steps(cfg.trainer)}")
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=start.checkpoint)
     except SIGTERMException:  # raised by Lightning after Preemption saved last.ckpt
         if preemption.signal_name is None:
             raise
         for logger in trainer.loggers:
             logger.finalize("interrupted")
+    except SystemExit:  # Lightning's answer to Ctrl-C (SIGINT): exit 1 without a word
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None  # tvq_exp.run.errors.run says so in one line
+        raise
     _finish_runs(trainer)
     if guard.failure is not None:
         raise NumericsError(guard.failure)

@@ -14,17 +14,17 @@ from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.sharding import DTYPES, shard_decoder
 from tvq_exp.options import OptionError
 from tvq_exp.run.checkpoints import (
+    PARAM_GROUPS,
     SHARDED_METADATA,
     AtomicCheckpointIO,
     CheckpointError,
-    check_shards,
     gather_checkpoint,
     is_sharded,
     previous_path,
     read_checkpoint,
     remove_checkpoint,
 )
-from tvq_exp.run.trust import SAFE_GLOBALS
+from tvq_exp.run.safe_load import SAFE_GLOBALS
 
 
 class BlockFSDPStrategy(ModelParallelStrategy):
@@ -77,6 +77,9 @@ class BlockFSDPStrategy(ModelParallelStrategy):
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         path = Path(self.broadcast(str(filepath)))
         staging = path.with_name(f".{path.name}.tmp")
+        states = checkpoint.get("optimizer_states", [])  # tensors to the shards, plain values to meta.pt
+        checkpoint[PARAM_GROUPS] = [state["param_groups"] for state in states]
+        checkpoint["optimizer_states"] = [{"state": state["state"]} for state in states]
         if self.global_rank == 0:
             remove_checkpoint(staging)  # what a save killed half-way left
         self.barrier("sharded_save_staging")
@@ -92,16 +95,40 @@ class BlockFSDPStrategy(ModelParallelStrategy):
     def load_checkpoint(
         self, checkpoint_path: str | os.PathLike[str], weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Load a sharded or single-file checkpoint ``weights_only`` (:mod:`tvq_exp.run.trust`): it is first
-        checked as :func:`~tvq_exp.run.checkpoints.read_checkpoint` checks every checkpoint of ours (and a
-        sharded one's ``.metadata`` and shards), then Lightning reads it allowing only the RNG states' NumPy
-        types."""
-        path = Path(checkpoint_path)
-        read_checkpoint(path)
-        if is_sharded(path):
-            check_shards(path)
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return super().load_checkpoint(checkpoint_path, weights_only=True)
+        """Load a sharded or single-file checkpoint: it is first checked as
+        :func:`~tvq_exp.run.checkpoints.read_checkpoint` checks every checkpoint of ours (a sharded one's index
+        names tensors only, before any shard is read); a file is then read by Lightning ``weights_only``
+        (:mod:`tvq_exp.run.safe_load`), a folder's shards into this rank's weights and optimiser moments, its
+        optimisers' plain values from ``meta.pt`` (:meth:`save_checkpoint` put them there)."""
+        path = Path(self.broadcast(str(checkpoint_path)))
+        checkpoint = read_checkpoint(path)
+        if not is_sharded(path):
+            with torch.serialization.safe_globals(SAFE_GLOBALS):
+                return super().load_checkpoint(path, weights_only=True)
+        from torch.distributed.checkpoint import load  # noqa: PLC0415 - a sharded resume only
+        from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        weights = {"state_dict": get_model_state_dict(self.model)}
+        load(weights, checkpoint_id=path)
+        self.model.load_state_dict(weights["state_dict"], strict=self.lightning_module.strict_loading)
+        groups = checkpoint.pop(PARAM_GROUPS, [])
+        for index, optimizer in enumerate(self.optimizers):
+            moments = {
+                f"optimizer_{index}": {"state": get_optimizer_state_dict(self.model, optimizer)["state"]}
+            }
+            load(moments, checkpoint_id=path)
+            state = {**moments[f"optimizer_{index}"], "param_groups": groups[index]}
+            set_optimizer_state_dict(
+                self.model, optimizer, optim_state_dict=state, options=StateDictOptions(cpu_offload=True)
+            )
+        checkpoint.pop("state_dict", None)
+        checkpoint.pop("optimizer_states", None)
+        return checkpoint
 
     def parallelize(self, decoder: Decoder) -> Decoder:
         """Shard ``decoder`` over the data-parallel mesh (called from the module's ``configure_model``)."""

@@ -120,11 +120,27 @@ def sample_checkpoint_grid(model: Decoder, data_config: Mapping[str, Any], cfg: 
     )
 
 
+def sampling_device(name: str) -> torch.device:
+    """``device=``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N`` of a GPU this machine has;
+    :class:`ConfigError` otherwise."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError("device", name, "must be auto, cpu, cuda or cuda:N")
+    count = torch.cuda.device_count() if device.type == "cuda" and torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise ConfigError("device", name, f"this machine has {count} usable CUDA device(s): use auto or cpu")
+    return device
+
+
 def sampling_options(cfg: Mapping[str, Any]) -> tuple[torch.device, Sampling]:
     """The device ``cfg`` asks for (``device``; ``auto`` = CUDA when available) and how tokens are drawn there:
     ``temperature``, ``top_k``, ``top_p`` and a generator seeded with ``seed``."""
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if cfg["device"] == "auto" else cfg["device"])
+    device = sampling_device(str(cfg["device"]))
     generator = torch.Generator(device=device).manual_seed(int(cfg["seed"]))
     sampling = Sampling(
         temperature=float(cfg["temperature"]),

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from tvq_exp.options import (
     AtLeast,
+    AtLeastOr,
     Between,
     NewFile,
     NonNegativeFloat,
@@ -33,6 +34,7 @@ LIGHTNING_PRECISIONS = (
 )  # fmt: skip
 PRECISIONS = (*LIGHTNING_PRECISIONS, "bf16", 16, 32, 64)
 RESUME = ("auto",)
+MAX_SAMPLE_BYTES = 10_000_000  # sample.py decodes byte by byte: 10 MB is hours on a CPU; more is a typo
 
 
 def train_options(
@@ -58,9 +60,10 @@ def train_options(
 def trainer_options(
     accelerator: Annotated[str, OneOf(*ACCELERATORS)] = "auto",
     num_nodes: PositiveInt = 1,
+    devices: Annotated[Any, AtLeastOr(1, -1, "every device")] = "auto",  # or "auto", "0,1", [0, 1]
     precision: Annotated[Any, OneOf(*PRECISIONS)] = "32-true",
     max_steps: Annotated[int, AtLeast(-1)] = -1,
-    max_epochs: Annotated[int, AtLeast(-1)] | None = None,
+    max_epochs: Annotated[int, AtLeastOr(1, -1)] | None = None,  # 0 would train nothing and exit 0
     val_check_interval: PositiveFloat | None = None,
     check_val_every_n_epoch: PositiveInt | None = None,
     limit_val_batches: PositiveFloat | None = None,
@@ -131,7 +134,7 @@ def eval_options(
 def sample_options(
     ckpt_path: str,
     prompt: str = "The ",
-    num_bytes: NonNegativeInt = 256,
+    num_bytes: Annotated[int, Between(0, MAX_SAMPLE_BYTES)] = 256,
     num_samples: PositiveInt = 1,
     temperature: NonNegativeFloat = 1.0,
     top_k: PositiveInt | None = None,

@@ -157,7 +157,7 @@ def check_node(
         bad = str(getattr(err, "full_key", "") or err).split("\n")[0]
         name = bad if bad in plain else next((n for n in plain if n in str(err)), bad)
         expected = schema_class.__dataclass_fields__.get(name)
-        kind = getattr(expected.type, "__name__", str(expected.type)) if expected else "a valid value"
+        kind = type_name(expected.type) if expected else "a valid value"
         raise ConfigError(_key(key, name), plain.get(name), f"must be of type {kind}") from None
     for name in schema.keys():
         if OmegaConf.is_missing(schema, name) and name not in plain:
@@ -170,6 +170,14 @@ def check_node(
 
 def _name(target: Any) -> str:
     return getattr(target, "__qualname__", str(target))
+
+
+def type_name(annotation: Any) -> str:
+    """``int``, ``int or null``, ...: a schema field's type as a user reads it."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return f"{type_name(args[0])} or null"
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def _target(node: DictConfig, key: str) -> Any:
@@ -220,6 +228,11 @@ def model_nodes(model: DictConfig) -> list[Node]:
             )
         nodes.insert(0, Node("model.attention.codebook", attention.codebook, VectorQuantizer))
     return nodes
+
+
+def module_nodes(module: DictConfig) -> list[Node]:
+    """The Lightning module's node (its constructor's rules between options, ``betas``, are met when it is built)."""
+    return [Node("module", module, _target(module, "module"))]
 
 
 def data_nodes(data: DictConfig) -> list[Node]:
@@ -339,13 +352,46 @@ def check_trainer(trainer: DictConfig) -> None:
     check_node(subset, "trainer", schema.trainer_options)
 
 
-def check_checkpoints(cfg: DictConfig) -> None:
-    """``init_from`` and ``ckpt_path`` of train.py name checkpoint files (or sharded checkpoint folders)."""
+def check_run_options(cfg: DictConfig) -> None:
+    """``resume``, ``run_name``, ``ckpt_path`` and ``init_from`` of train.py (see docs/reliability.md): the
+    checkpoints they name exist, and they do not contradict each other."""
     from tvq_exp.run.checkpoints import is_checkpoint  # noqa: PLC0415 - imports Lightning: only when one is named
 
+    resume = cfg.get("resume")
+    if resume == "auto" and not cfg.get("run_name"):
+        raise ConfigError(
+            "resume", resume, "needs run_name=<name>: the fixed run directory a relaunch finds again"
+        )
+    if resume == "auto" and cfg.get("ckpt_path"):
+        raise ConfigError("ckpt_path", cfg.ckpt_path, "set either ckpt_path or resume=auto, not both")
     for key in ("init_from", "ckpt_path"):
         if cfg.get(key) and not is_checkpoint(cfg[key]):
             raise ConfigError(key, cfg[key], "no such checkpoint file (or sharded checkpoint folder)")
+
+
+def check_monitors(cfg: DictConfig) -> None:
+    """Every callback's ``monitor`` names a metric the run logs (:func:`logged_metrics`): a name it never logs
+    would fail only after the first validation, or never."""
+    logged = logged_metrics(cfg.data)
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if isinstance(node, DictConfig) and node.get("monitor") is not None and node.monitor not in logged:
+            raise ConfigError(
+                f"callbacks.{name}.monitor",
+                node.monitor,
+                f"not a metric this run logs; one of {', '.join(logged)}",
+            )
+
+
+def logged_metrics(data: DictConfig) -> list[str]:
+    """The metrics a run on ``data`` logs at validation that a callback can monitor
+    (:class:`~tvq_exp.models.module.AutoregressiveLitModule`: loss and bits per byte, bits per dim for images,
+    accuracy for data with answers, the synthetic tasks)."""
+    names = ["val/loss", "val/bpb"]
+    if data.get("kind") == "image":
+        names.append("val/bpd")
+    if isinstance(data.get("task"), DictConfig):
+        names += ["val/acc", "val/acc_seq"]
+    return names
 
 
 def check_trainer_conflicts(trainer: DictConfig) -> None:
@@ -403,7 +449,20 @@ def check_train_nodes(cfg: DictConfig) -> None:
     check_trainer_conflicts(cfg.trainer)
     check_nodes(data_nodes(cfg.data))
     check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
-    check_checkpoints(cfg)
+    check_monitors(cfg)
+    check_run_options(cfg)
+
+
+def check_parts(parts: DictConfig) -> None:
+    """A stored run's ``model``, ``data`` and ``module`` (``eval.py``, ``sample.py``: :mod:`tvq_exp.run.stored`,
+    with the command's own changes laid on) against the same signatures as a train config's."""
+    try:
+        with interpolation_errors():
+            check_nodes(model_nodes(parts.model))
+            check_nodes(data_nodes(parts.data))
+            check_node(parts.module, "module", _target(parts.module, "module"), skip=INJECTED["module"])
+    except ConfigError as err:
+        raise blamed_on_source(parts, err) from None
 
 
 def build_run(cfg: DictConfig, device: str | None = None) -> tuple[Any, Any]:
@@ -433,4 +492,8 @@ def validate(cfg: DictConfig, command: Command = Command.TRAIN) -> None:
         build_run(cfg, device="meta")
 
 
-__all__ = ["Command", "ConfigError", "build_run", "check", "check_node", "schema_for", "validate"]
+__all__ = [
+    "Command", "ConfigError", "build_run", "check", "check_node", "check_parts", "located", "logged_metrics",
+    "module_nodes", "schema_for",
+    "type_name", "validate",
+]  # fmt: skip

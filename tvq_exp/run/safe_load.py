@@ -1,16 +1,18 @@
-"""What a checkpoint from someone else may do when it is loaded: hand over tensors and plain data, and name
-``tvq_exp`` classes to build; nothing else (docs/reliability.md, "Threat model").
+"""The one safe loader of torch files: what reading a file from someone else can do is hand over tensors and plain
+data; nothing runs (docs/reliability.md, "Threat model"). Every reader of the project goes through it: ``train.py``
+(``ckpt_path``, ``resume=auto``, ``init_from``, Lightning's own restore through
+:class:`~tvq_exp.run.checkpoints.AtomicCheckpointIO` and the FSDP strategy), ``eval.py``, ``sample.py``, the FSDP
+converter, the analysis tools and the scripts under ``tools/`` (:mod:`tvq_exp.run.checkpoints` wraps it).
 
 * :func:`load_plain` reads a torch file with ``weights_only=True``: tensors, numbers, strings, lists, dicts,
   and the few non-torch types our own checkpoints hold (:data:`SAFE_GLOBALS`: the NumPy RNG state). A pickle
   that names any other global (``os.system``, a ``__reduce__`` payload) is refused before it runs.
 * :func:`check_dcp_metadata` does the same for the ``.metadata`` file of a sharded checkpoint, which
-  ``torch.distributed.checkpoint`` reads with plain ``pickle.load``.
-* :func:`check_targets` checks a stored run config before anything is built from it: every ``_target_`` is
-  a class defined inside ``tvq_exp`` or one of :data:`ALLOWED_FUNCTIONS`. The check reads the dotted path as
-  text first, so no module outside ``tvq_exp`` is ever imported to answer it.
+  ``torch.distributed.checkpoint`` reads with plain ``pickle.load``; :func:`check_tensors_only` then refuses an
+  index that names anything but tensors (torch unpickles a ``bytes`` item with ``weights_only=False``).
 
-Each refusal is a :class:`UntrustedError` with a one-line message; the callers add the file's name.
+What a stored run config may say is :mod:`tvq_exp.run.stored`'s question. Each refusal here is an
+:class:`UntrustedError` with a one-line message; the callers add the file's name.
 """
 
 from __future__ import annotations
@@ -22,18 +24,13 @@ import os
 import pickle
 import re
 import warnings
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from numpy._core.multiarray import _reconstruct  # how NumPy 2 pickles an array
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-PACKAGE = "tvq_exp"
-# the functions (not classes) a stored config may name: the attention factory of conf/model/attention/*.yaml
-ALLOWED_FUNCTIONS = frozenset({"tvq_exp.attention.build_attention"})
-# the stored config's parts that loading a checkpoint builds (trainer, callbacks, loggers come from the command line)
-BUILT_FROM_CHECKPOINT = ("model", "data", "module")
 # non-torch types in our own checkpoints: the NumPy RNG state (callbacks.rng_state) is a uint32 array
 SAFE_GLOBALS: list[Any] = [np.ndarray, np.dtype, np.dtypes.UInt32DType, _reconstruct]
 # the classes a torch.distributed.checkpoint ``.metadata`` pickle names (module -> names; "*": any class there)
@@ -50,7 +47,7 @@ _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
 class UntrustedError(ValueError):
-    """A file or a stored config that asks for more than plain data (code, a foreign class)."""
+    """A torch file that asks for more than tensors and plain data (code in its pickle, a bytes item)."""
 
 
 def load_plain(source: str | os.PathLike[str] | io.BytesIO, map_location: Any = "cpu") -> Any:
@@ -95,52 +92,20 @@ def check_dcp_metadata(path: str | os.PathLike[str]) -> Any:
         return _DCPUnpickler(file).load()
 
 
-def targets(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
-    """Every ``(key, _target_ value)`` below ``node`` (dicts and lists, depth first)."""
-    if isinstance(node, Mapping):
-        if "_target_" in node:
-            yield (f"{key}._target_" if key else "_target_"), node["_target_"]
-        for name, child in node.items():
-            yield from targets(child, f"{key}.{name}" if key else str(name))
-    elif isinstance(node, (list, tuple)):
-        for i, child in enumerate(node):
-            yield from targets(child, f"{key}[{i}]")
+def check_tensors_only(metadata: Any) -> None:
+    """A ``torch.distributed.checkpoint`` index (:func:`check_dcp_metadata`'s result) that names tensors only:
+    torch reads every other item (a ``BytesStorageMetadata``) with ``torch.load(weights_only=False)``, so one
+    such item refuses the whole folder (:class:`UntrustedError` naming it), before any shard is read. Our own
+    sharded checkpoints hold their optimiser's plain values in ``meta.pt`` (:mod:`tvq_exp.run.fsdp`)."""
+    items = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(items, dict) or not items:
+        raise UntrustedError("indexes no tensors (not a torch.distributed.checkpoint index)")
+    for name, item in items.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise UntrustedError(
+                f"names {name!r} as a {type(item).__name__} item, which torch would unpickle with "
+                "weights_only=False; a sharded checkpoint of tvq_exp holds tensors only: refused without reading it"
+            )
 
 
-def allowed_target(path: Any) -> bool:
-    """Whether ``path`` names a class defined inside ``tvq_exp`` or one of :data:`ALLOWED_FUNCTIONS`. Only a
-    ``tvq_exp.`` path is ever imported to answer."""
-    if not isinstance(path, str) or not path.startswith(PACKAGE + "."):
-        return False
-    if path in ALLOWED_FUNCTIONS:
-        return True
-    module_name, _, name = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError):
-        return False
-    return inspect.isclass(found) and getattr(found, "__module__", "").startswith(PACKAGE + ".")
-
-
-def check_targets(config: Mapping[str, Any]) -> None:
-    """Refuse a stored run config whose ``model``, ``data`` or ``module`` names a ``_target_`` that
-    :func:`allowed_target` refuses (:class:`UntrustedError` naming the key and the value)."""
-    for part in BUILT_FROM_CHECKPOINT:
-        for key, path in targets(config.get(part), part):
-            if not allowed_target(path):
-                raise UntrustedError(
-                    f"its run config has {key}={path!r}: a stored config may only build classes of tvq_exp "
-                    f"(or {', '.join(sorted(ALLOWED_FUNCTIONS))}); refused"
-                )
-
-
-__all__ = [
-    "ALLOWED_FUNCTIONS",
-    "SAFE_GLOBALS",
-    "UntrustedError",
-    "allowed_target",
-    "check_dcp_metadata",
-    "check_targets",
-    "load_plain",
-    "targets",
-]
+__all__ = ["SAFE_GLOBALS", "UntrustedError", "check_dcp_metadata", "check_tensors_only", "load_plain"]
