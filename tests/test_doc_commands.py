@@ -233,7 +233,7 @@ def check_make(command: DocCommand) -> None:
         argv = shlex.split(line)
         if train_args(argv) is not None:
             compose_train(train_args(argv))
-        elif argv[:3] == ["python", "-m", argv[2]] and argv[2].startswith("tvq_exp"):
+        elif argv[:2] == ["python", "-m"] and len(argv) > 2 and argv[2].startswith("tvq_exp"):
             check_module_command(argv)
 
 

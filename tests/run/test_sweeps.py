@@ -268,7 +268,8 @@ def test_experiment_runs_one_fast_dev_run_step(name: str, tmp_path: Path, data_d
     except DataNotFoundError as missing:
         if name not in MD5_PINNED:
             raise
-        missing_data(f"{name}'s data set ({str(missing).splitlines()[0]})")
+        # CI's data root has no CIFAR-10 and no stand-in passes its pinned md5s: said, not silent (issue 44's note)
+        pytest.skip(f"{name}'s data set is not in the data root ({str(missing).splitlines()[0]})")
     assert summary["global_step"] == 1
 
 

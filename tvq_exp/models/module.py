@@ -439,6 +439,9 @@ class AutoregressiveLitModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         upgrade_checkpoint(checkpoint, self)  # weights written before the official parametrisation
+        for optimizer in checkpoint.get("optimizer_states", []):  # written before AdamW was fused: fused now
+            for group in optimizer.get("param_groups", []):
+                group["fused"], group["foreach"] = True, None
         saved = checkpoint.get("train_state") if checkpoint.get("tvq_format") == FORMAT else None
         self.train_state = upgrade_train_state(
             saved

@@ -16,12 +16,13 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.tree import Tree
 
-from tvq_exp.run.validation import Command, ConfigError, validate
+from tvq_exp.run.validation import ConfigError
 
 TAG = re.compile(r"[\w.+-]+")
 RANK_VARIABLES = (
     "RANK",
     "LOCAL_RANK",
+    "NODE_RANK",
     "SLURM_PROCID",
 )  # where launchers say which process this is (Lightning's)
 # the sections in the order a reader looks for them; the rest follow in the config's order
@@ -71,14 +72,10 @@ def print_config(cfg: DictConfig) -> None:
 
 
 def extras(cfg: DictConfig) -> None:
-    """At the start of a checked train config: its tags checked, its tree printed unless ``print_config=false`` or
-    the run continues a checkpoint (its config is then composed with the stored run's: ``<run dir>/config.yaml``).
-    The tree is printed once the whole config passed (:func:`~tvq_exp.run.validation.validate`'s dry run: the
-    constructors' rules too), so a refused config prints its one error line alone."""
+    """At the start of a checked train config: its tags checked (one line when bad). The tree is printed by
+    :func:`tvq_exp.run.fit.fit` once the run is built (the constructors' rules passed), so a refused config prints
+    its one error line alone (``print_config=false``: never)."""
     check_tags(cfg)
-    if cfg.get("print_config", True) and not (cfg.get("ckpt_path") or cfg.get("resume")):
-        validate(cfg, Command.TRAIN)
-        print_config(cfg)
 
 
 __all__ = ["check_tags", "config_tree", "extras", "is_rank_zero", "print_config"]

@@ -27,6 +27,7 @@ from tvq_exp.run.build import (
     to_dict,
 )
 from tvq_exp.run.checkpoints import CHECKPOINT_DIR, mark_finished, remove_stale_temporaries
+from tvq_exp.run.extras import is_rank_zero, print_config
 from tvq_exp.run.loggers import ResumePoint
 from tvq_exp.run.resume import Start
 from tvq_exp.run.run_dir import record_hydra_files
@@ -55,10 +56,13 @@ def fit(cfg: DictConfig, start: Start) -> dict[str, Any]:
     ours = [RngState(), DataFingerprint(cfg.allow_data_change), preemption, guard, FinalValidation()]
     resumed = ResumePoint(start.step, start.saved_at) if start.checkpoint is not None else None
     trainer: L.Trainer = build_trainer(cfg, ours, resumed)  # Lightning's own checks of its options
+    if cfg.get("print_config", True):
+        print_config(cfg)  # the whole config passed: its tree, then the run
     output_dir = Path(cfg.paths.output_dir)  # written only now: a refused config leaves nothing there
     output_dir.mkdir(parents=True, exist_ok=True)
-    # held while this run writes here: a second run with this run_name refuses
-    _lock = lock_run_dir(output_dir)
+    # held while this run writes here: a second run with this run_name refuses (the launch's other ranks write
+    # into the run dir its first process holds)
+    _lock = lock_run_dir(output_dir) if is_rank_zero() else None
     refuse_links(output_dir)  # a link in the run dir would send a checkpoint, config or log outside it
     for stale in remove_stale_temporaries(output_dir / CHECKPOINT_DIR):
         say(f"removed {stale}: a checkpoint save that was killed half-way")
