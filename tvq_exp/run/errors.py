@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tvq_exp.files import DISK_ERRNOS, OutputError
 from tvq_exp.run import schema
@@ -156,8 +156,12 @@ def _take_back_run_dir() -> None:
 
     from tvq_exp.run.run_dir import remove_if_empty  # noqa: PLC0415
 
-    if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
-        remove_if_empty(HydraConfig.get().runtime.output_dir)
+    if not HydraConfig.initialized():
+        return
+    # missing outside a Hydra launch (a composed config, as in tests): nothing was made
+    output_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
+    if output_dir:
+        remove_if_empty(output_dir)
 
 
 def raised_in(error: BaseException, package: str) -> bool:
