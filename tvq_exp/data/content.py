@@ -11,10 +11,10 @@ from pathlib import Path
 
 import xxhash
 
+from tvq_exp.data.digests import hash_file
 from tvq_exp.data.paths import CorruptFileError
 
 ALGORITHM = "xxh3_64"
-CHUNK = 1 << 24
 CACHE_ENV = "TVQ_CACHE_DIR"
 
 
@@ -24,12 +24,8 @@ def cache_dir() -> Path:
 
 
 def content_digest(path: Path) -> str:
-    """The XXH3-64 digest of the file at ``path`` (hex), read in chunks."""
-    hasher = xxhash.xxh3_64()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            hasher.update(chunk)
-    return hasher.hexdigest()
+    """The XXH3-64 digest of the file at ``path`` (hex)."""
+    return hash_file(path, xxhash.xxh3_64())
 
 
 def check_content(path: Path, expected: str, remedy: str) -> None:

@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 CHUNK = 1 << 20
 
 
-def sha256_of(path: Path) -> str:
-    """The SHA-256 of the file at ``path`` (hex), read in chunks."""
-    hasher = hashlib.sha256()
+def hash_file(path: Path, hasher: Any) -> str:
+    """The hex digest of ``hasher`` (hashlib's or xxhash's interface) fed the bytes of the file at ``path``,
+    read in chunks."""
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK):
             hasher.update(chunk)
     return hasher.hexdigest()
 
 
-__all__ = ["sha256_of"]
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of the file at ``path`` (hex)."""
+    return hash_file(path, hashlib.sha256())
+
+
+__all__ = ["hash_file", "sha256_of"]
