@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF
+from tvq_exp.run.errors import USAGE_STATUS, reported
 
 QUIET = ["trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "trainer.precision=32-true"]
 
@@ -35,3 +38,14 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def good(good_run: Path) -> dict[str, Any]:
     """:func:`good_run`'s ``last.ckpt``, loaded without restrictions (a fresh copy per test, to tamper with)."""
     return torch.load(good_run / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+def refused(capsys: pytest.CaptureFixture[str], task: Callable[[DictConfig], Any], cfg: DictConfig) -> str:
+    """Run ``task`` as its command does (:func:`~tvq_exp.run.errors.reported`): it must exit with the usage status
+    and one ``error:`` line on stderr, which is returned."""
+    with pytest.raises(SystemExit) as exit_info:
+        reported(task)(cfg)
+    assert exit_info.value.code == USAGE_STATUS
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,8 +21,7 @@ from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
 from tests.helpers.payloads import Payload, makedirs_node, makedirs_resolver
-from tests.run.conftest import QUIET
-from tvq_exp.run.errors import USAGE_STATUS, reported
+from tests.run.conftest import QUIET, refused
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.fsdp import main as fsdp_main
 from tvq_exp.run.sample import sample
@@ -35,15 +33,6 @@ BASE = ["experiment=smoke", "data=shakespeare", "data.seq_len=64", *QUIET]
 def _compose(name: str, overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(name, overrides=overrides)
-
-
-def _refused(capsys: pytest.CaptureFixture[str], task: Callable[[DictConfig], Any], cfg: DictConfig) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        reported(task)(cfg)
-    assert exit_info.value.code == USAGE_STATUS
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 def _tool(name: str) -> ModuleType:
@@ -81,13 +70,13 @@ def test_a_resolver_in_a_stored_config_is_refused_by_every_reader(
     path = run / "checkpoints" / "last.ckpt"
     torch.save(_with_resolver(good, key, marker), path)
     for line in (
-        _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"])),
-        _refused(capsys, sample, _compose("sample", [f"ckpt_path={path}", "num_bytes=4"])),
-        _refused(capsys, train, _compose("train", [*BASE, f"ckpt_path={path}", f"paths.output_dir={run}"])),
-        _refused(
+        refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"])),
+        refused(capsys, sample, _compose("sample", [f"ckpt_path={path}", "num_bytes=4"])),
+        refused(capsys, train, _compose("train", [*BASE, f"ckpt_path={path}", f"paths.output_dir={run}"])),
+        refused(
             capsys, train, _compose("train", [*BASE, "run_name=r", "resume=auto", f"paths.output_dir={run}"])
         ),
-        _refused(
+        refused(
             capsys,
             train,
             _compose("train", [*BASE, f"init_from={path}", f"paths.output_dir={tmp_path / 'i'}"]),
@@ -135,9 +124,9 @@ def test_a_bytes_item_in_a_sharded_checkpoint_refuses_it_before_any_shard_is_rea
         {k: v for k, v in good.items() if k not in ("state_dict", "optimizer_states")}, folder / "meta.pt"
     )
     lines = [
-        _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={folder}", "accelerator=cpu"])),
-        _refused(capsys, sample, _compose("sample", [f"ckpt_path={folder}", "num_bytes=4"])),
-        _refused(
+        refused(capsys, evaluate, _compose("eval", [f"ckpt_path={folder}", "accelerator=cpu"])),
+        refused(capsys, sample, _compose("sample", [f"ckpt_path={folder}", "num_bytes=4"])),
+        refused(
             capsys, train, _compose("train", [*BASE, f"ckpt_path={folder}", f"paths.output_dir={tmp_path}/o"])
         ),
     ]

@@ -11,7 +11,6 @@ import pickle
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from omegaconf import DictConfig
 
 from tests.helpers.paths import CONF, REPO
 from tests.helpers.payloads import Payload
-from tests.run.conftest import QUIET
+from tests.run.conftest import QUIET, refused
 from tvq_exp.run.checkpoints import (
     SHARDED_METADATA,
     CheckpointError,
@@ -33,7 +32,7 @@ from tvq_exp.run.checkpoints import (
     read_checkpoint,
     read_weights,
 )
-from tvq_exp.run.errors import USAGE_STATUS, reported
+from tvq_exp.run.errors import USAGE_STATUS
 from tvq_exp.run.evaluate import evaluate
 from tvq_exp.run.fsdp import main as fsdp_main
 from tvq_exp.run.sample import sample
@@ -75,15 +74,6 @@ def _planted(good: dict[str, Any], path: Path, marker: Path, where: str) -> Path
     return path
 
 
-def _refused(capsys: pytest.CaptureFixture[str], task: Callable[[DictConfig], Any], cfg: DictConfig) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        reported(task)(cfg)
-    assert exit_info.value.code == USAGE_STATUS
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
-
-
 ATTACKS = ["pickle", "model", "model.block", "data", "module", "foreign"]
 NAMED = {"pickle": "posix.system", "foreign": FOREIGN}  # what the refusal names (else pathlib.Path.touch)
 
@@ -109,9 +99,9 @@ def test_eval_and_sample_refuse_a_payload_without_running_it(
     good: dict[str, Any], tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, marker = _attack(good, tmp_path, kind)
-    line = _refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"]))
+    line = refused(capsys, evaluate, _compose("eval", [f"ckpt_path={path}", "accelerator=cpu"]))
     assert str(path) in line and NAMED.get(kind, "pathlib.Path.touch") in line, line
-    _refused(capsys, sample, _compose("sample", [f"ckpt_path={path}"]))
+    refused(capsys, sample, _compose("sample", [f"ckpt_path={path}"]))
     assert not marker.exists()
 
 
@@ -121,7 +111,7 @@ def test_train_refuses_a_payload_to_resume_from(
 ) -> None:
     path, marker = _attack(good, tmp_path, kind)
     base = ["experiment=smoke", "data=shakespeare", "data.seq_len=64", "trainer.max_steps=4", *QUIET]
-    line = _refused(
+    line = refused(
         capsys, train, _compose("train", [*base, f"ckpt_path={path}", f"paths.output_dir={tmp_path}/a"])
     )
     assert str(path) in line
@@ -130,7 +120,7 @@ def test_train_refuses_a_payload_to_resume_from(
     checkpoints.mkdir(parents=True)
     path.rename(checkpoints / "last.ckpt")
     auto = [*base, "run_name=r", "resume=auto", f"paths.output_dir={checkpoints.parent}"]
-    line = _refused(capsys, train, _compose("train", auto))
+    line = refused(capsys, train, _compose("train", auto))
     assert str(checkpoints / "last.ckpt") in line
     assert not marker.exists() and not (checkpoints.parent / "config.yaml").exists()
 
@@ -150,13 +140,13 @@ def test_init_from_refuses_a_payload_a_foreign_file_and_a_truncated_one(
     expected = {evil: "posix.system", foreign: "no state dict of tensors", truncated: "truncated or corrupt"}
     for path, why in expected.items():
         cfg = _compose("train", [*base, f"init_from={path}", f"paths.output_dir={tmp_path / path.stem}"])
-        line = _refused(capsys, train, cfg)
+        line = refused(capsys, train, cfg)
         assert str(path) in line and why in line, line
     # a VQ checkpoint is not a dense one: refused on init_from, naming what does not fit
     vq = tmp_path / "vq.ckpt"
     torch.save(good, vq)
     cfg = _compose("train", [*base, f"init_from={vq}", f"paths.output_dir={tmp_path / 'vq'}"])
-    assert "init_from=" in _refused(capsys, train, cfg)
+    assert "init_from=" in refused(capsys, train, cfg)
     assert not marker.exists()
 
 
