@@ -188,6 +188,8 @@ LAYER_CASES = {
     "13 positions (padded), grouped heads": dict(kv_heads=1),
     "no gradient through the cache": dict(grad_through_cache=False),
     "cache_key_grad": dict(cache_key_grad=True, codebook_size=3),
+    "cache_keys=mean": dict(cache_keys="mean", codebook_size=3),
+    "cache_code_grad": dict(cache_code_grad=True, codebook_size=3, codebook={"update": "gradient"}),
     "no cache": dict(use_cache=False, window_len=2),
 }
 

@@ -59,13 +59,17 @@ VQ_KERNELS = (*KERNELS, "triton")  # the window + cache step: flex's choices and
 class VQState(State):
     """Transformer-VQ's state: the quantised keys ``k``, values ``v`` and ``codes`` of the positions since the start
     of the previous block ``(B, H_kv, W, ·)``; the cache summarising all earlier blocks, ``cache_n (B, H_kv, S)``
-    counts (fp64) and ``cache_mu (B, H_kv, S, d_v)`` means (None with ``use_cache=False``)."""
+    counts (fp64) and ``cache_mu (B, H_kv, S, d_v)`` means (None with ``use_cache=False``); with
+    ``cache_keys="mean"`` also the positions' keys before quantisation ``raw_k (B, H_kv, W, d_k)`` and the cache's
+    running key means ``cache_k (B, H_kv, S, d_k)``."""
 
     k: Tensor
     v: Tensor
     codes: Tensor
     cache_n: Tensor | None = None
     cache_mu: Tensor | None = None
+    raw_k: Tensor | None = None
+    cache_k: Tensor | None = None
 
 
 class VQAttention(BlockedAttention):
@@ -89,6 +93,19 @@ class VQAttention(BlockedAttention):
             cache scores give the keys no gradient: a key learns only from the queries of its own and the
             next block (docs/mqar_diagnosis.md). Needs ``grad_through_cache``, causal attention and the
             plain or Triton kernel while training (``kernel=auto`` takes one).
+        cache_code_grad: True: the cache scores ``q·C_s + log n_s`` pass their gradient to the codes ``C_s``
+            (the official code detaches the codebook there): the codes learn from what the cache's reads need.
+            Needs a trainable codebook (``codebook.update=gradient`` or ``affine``; EMA codes are running means,
+            not parameters), ``grad_through_cache``, causal attention and the plain or Triton kernel while
+            training. The forward is unchanged.
+        cache_keys: what the cache reads a code by: ``code`` (the official ``C_s``) or ``mean``: the running mean
+            ``m_s`` of this sequence's keys (before quantisation, in the search space) quantised to ``s`` in the
+            cached blocks, scored ``(q_i + u)·m_s + log n_s`` (the dictionary of the sequence's own keys that OVQ
+            reads, applied to VQ's cache): the forward feels the cached keys, and their gradient is the cache
+            scores' (each of the ``n_s`` keys gets ``1/n_s`` of ``∂L/∂m_s``). The window still reads the
+            quantised keys ``C_z``; the state carries the ``S`` key means (``S·d_k`` floats more per head) and
+            the window's raw keys. Needs causal attention and the plain or Triton kernel (not with
+            ``cache_key_grad`` or ``cache_code_grad``: the codes are not read by the cache).
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (update, decay, remedies: docs/design.md §3).
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form), ``triton`` (:mod:`.fused`:
@@ -115,6 +132,8 @@ class VQAttention(BlockedAttention):
         use_cache: bool = True,
         grad_through_cache: bool = True,
         cache_key_grad: bool = False,
+        cache_code_grad: bool = False,
+        cache_keys: Annotated[str, OneOf("code", "mean")] = "code",
         codebook: Mapping[str, Any] | None = None,
         kernel: Annotated[str, OneOf(*VQ_KERNELS)] = "plain",
         **shape: Unpack[Shape],
@@ -135,7 +154,37 @@ class VQAttention(BlockedAttention):
         self.kernel = kernel
         self.last_kernel = "plain"  # the kernel the latest call ran (the benchmarks record it)
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, self.d_k, **dict(codebook or {}))
+        self._check_cache_reads(cache_code_grad, cache_keys)
+        self.cache_code_grad, self.cache_keys = cache_code_grad, cache_keys
         self.register_buffer("dist", window_distances(block_len), persistent=False)
+
+    def _check_cache_reads(self, cache_code_grad: bool, cache_keys: str) -> None:
+        """Refuse ``cache_code_grad`` / ``cache_keys="mean"`` where they cannot hold (see the class docstring)."""
+        layout = self.causal and self.kernel != "flex"
+        if cache_code_grad:
+            if not self.quantizer.rule.trainable:
+                raise OptionError(
+                    "cache_code_grad", cache_code_grad,
+                    "needs a trainable codebook (codebook.update=gradient or affine; EMA codes take no gradient)",
+                    type(self),
+                )  # fmt: skip
+            if not (self.grad_through_cache and layout) or cache_keys == "mean":
+                raise OptionError(
+                    "cache_code_grad", cache_code_grad,
+                    "needs grad_through_cache=True, causal attention, kernel plain, triton or auto and "
+                    "cache_keys=code", type(self),
+                )  # fmt: skip
+        if cache_keys == "mean" and not (layout and not self.cache_key_grad):
+            raise OptionError(
+                "cache_keys", cache_keys,
+                "'mean' needs causal attention, kernel plain, triton or auto and cache_key_grad=False "
+                "(the mean keys already take the cache scores' gradient)", type(self),
+            )  # fmt: skip
+
+    @property
+    def mean_keys(self) -> bool:
+        """Whether the cache reads each code by the running mean of the sequence's keys (``cache_keys="mean"``)."""
+        return self.cache_keys == "mean" and self.use_cache
 
     @property
     def codebook(self) -> Tensor:
@@ -182,9 +231,13 @@ class VQAttention(BlockedAttention):
 
     def state_floats(self, seq_len: int) -> int:
         """Keys, values and codes since the start of the previous block, and the cache (``S`` counts and
-        ``S`` means of ``d_v``; none with ``use_cache=False``), per key/value head."""
+        ``S`` means of ``d_v``; none with ``use_cache=False``), per key/value head; with ``cache_keys="mean"``
+        also the ``S`` key means and the window's keys before quantisation."""
         cache = self.codebook_size * (1 + self.d_v) if self.use_cache else 0
-        return self.kv_heads * (window_floats(seq_len, self.block_len, self.d_k + self.d_v + 1) + cache)
+        per_position = self.d_k + self.d_v + 1
+        if self.mean_keys:  # the key means, and the window's keys before quantisation
+            cache, per_position = cache + self.codebook_size * self.d_k, per_position + self.d_k
+        return self.kv_heads * (window_floats(seq_len, self.block_len, per_position) + cache)
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, state: VQState | None = None
@@ -221,13 +274,20 @@ class VQAttention(BlockedAttention):
                     state.cache_mu.flatten(0, 1),
                 )
             )
-            if self.cache_key_grad and torch.is_grad_enabled():
-                n0 = state.cache_n.flatten(0, 1)
-                mk0 = kb.new_zeros(*n0.shape, kb.shape[-1])  # a carried state's keys take no gradient
-                key_means = running_code_means(cb.flatten(0, 1), kb.flatten(0, 1), valid, n0, mk0)[1]
-                key_means = key_means.unflatten(0, cb.shape[:2])
+            if self.mean_keys:  # the running means of the keys before quantisation
+                raw = torch.cat([state.raw_k.to(k.dtype), self.quantizer.search_keys(k)], dim=2)
+                raw_blocks = _pad_blocks(raw, self.block_len)
+                raw_blocks = raw_blocks if self.grad_through_cache else raw_blocks.detach()
+                key_means = _code_means(cb, raw_blocks, valid, state.cache_n, state.cache_k)
+            elif self.cache_key_grad and torch.is_grad_enabled():
+                mk0 = kb.new_zeros(
+                    *state.cache_n.shape, kb.shape[-1]
+                )  # a carried state's keys take no gradient
+                key_means = _code_means(cb, kb, valid, state.cache_n, mk0)
         out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf, key_means=key_means)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
+        if self.mean_keys:  # the same cut as the values' and the cache's
+            new_state.raw_k, new_state.cache_k = self._next_keys(raw, key_means, t0 + t_new, t0 - n_buf)
         return out, new_state, aux
 
     def empty_state(self, k: Tensor) -> VQState:
@@ -243,6 +303,8 @@ class VQAttention(BlockedAttention):
         if self.use_cache:
             state.cache_n = torch.zeros(b, h, s, device=k.device, dtype=torch.float64)  # exact counts
             state.cache_mu = torch.zeros(b, h, s, self.d_v, device=k.device)
+        if self.mean_keys:
+            state.raw_k, state.cache_k = k.new_zeros(b, h, 0, dk), torch.zeros(b, h, s, dk, device=k.device)
         return state
 
     def _attend(
@@ -263,8 +325,8 @@ class VQAttention(BlockedAttention):
         blocks (the padding rows are dropped). Work that can only be masked is skipped: a lone first
         block gets a one-block window, and the cache is left out while no query can see a cached
         block (``cached_before``: the state's cache holds blocks before ``kb``). ``key_means`` (the running
-        means of the keys per code, like ``prefix``'s values; ``cache_key_grad``) turn the codes into
-        per-item cache keys ``C + m - sg(m)``: the same scores, with a gradient to the cached keys.
+        means of the keys per code, like ``prefix``'s values; ``cache_key_grad``, ``cache_keys="mean"``) make
+        per-item cache keys (:meth:`_cache_keys`).
         """
         b, h, t, _ = q.shape
         hk, L = kb.shape[1], self.block_len
@@ -291,13 +353,10 @@ class VQAttention(BlockedAttention):
         if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
             cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            codebook = self.quantizer.codebook.detach().to(kw.dtype)[None].expand(b, -1, -1, -1).flatten(0, 1)
-            cache = CodeCache(codebook, log_n, cache_mu)  # the means detached above unless grad_through_cache
-            if key_means is not None:
-                m = _cache_entries(key_means, first, last).flatten(0, 1)  # (B·Hk, I, S, d_k)
-                cache = CodeCache(codebook[:, None] + (m - m.detach()).to(kw.dtype), log_n, cache_mu)
+            cache = CodeCache(self._cache_keys(b, key_means, first, last, kw.dtype), log_n, cache_mu)
+        per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
         fused = wants_triton(self.kernel, q)
-        flex = not fused and key_means is None and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
+        flex = not fused and not per_item and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
         attend = fused_window_cache_attention if fused else window_cache_attention
         if flex:  # imported here: torch's flex module is slow to import (see flex_runtime.FLEX_AVAILABLE)
             from tvq_exp.attention.vq.flex import flex_window_cache_attention
@@ -310,6 +369,29 @@ class VQAttention(BlockedAttention):
         out = attend(inputs, prev_grad=self.grad_through_cache)
         return layout.from_grouped_items(out, b, h)
 
+    def _cache_keys(
+        self, batch: int, key_means: Tensor | None, first: int, last: int, dtype: torch.dtype
+    ) -> Tensor:
+        """The keys the cache is read by, ``(B·Hk, S, d_k)`` or per item ``(B·Hk, I, S, d_k)``: the codes, detached
+        (official); with ``cache_code_grad`` (training) per item, taking the cache scores' gradient; with
+        ``cache_key_grad`` ``C + m - sg(m)``, ``m`` the running key means (the same scores, a gradient to the
+        cached keys); with ``cache_keys="mean"`` the running means ``m`` of the raw keys themselves."""
+        entries = (
+            None if key_means is None else _cache_entries(key_means, first, last).flatten(0, 1).to(dtype)
+        )
+        if self.mean_keys:
+            return entries
+        codebook = self.quantizer.codebook.to(dtype)
+        if not (self.cache_code_grad and torch.is_grad_enabled()):
+            codebook = codebook.detach()
+        codebook = codebook[None].expand(batch, -1, -1, -1).flatten(0, 1)
+        if entries is not None:
+            return codebook[:, None] + (entries - entries.detach())
+        if codebook.requires_grad:  # per item: the kernels return a per-item codebook's gradient
+            items = last - first + 1
+            return codebook[:, None].expand(-1, items, -1, -1)
+        return codebook
+
     def _next_state(
         self,
         keys: Tensor,
@@ -321,11 +403,9 @@ class VQAttention(BlockedAttention):
         p0: int,
     ) -> VQState:
         """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
-        L = self.block_len
         t_end = t0 + t_new
-        start = window_start(t_end, L)
-        last_cached = t_end // L - 2 - p0 // L  # index (in this call's blocks) of the newest cached block
-        j = max(last_cached + 1, 0)
+        start = window_start(t_end, self.block_len)
+        j = self._newest_entry(t_end, p0)
         state = VQState(
             position=t_end,
             k=keys[:, :, start - p0 :].detach(),
@@ -336,25 +416,42 @@ class VQAttention(BlockedAttention):
             state.cache_n, state.cache_mu = prefix[0][:, :, j].detach(), prefix[1][:, :, j].detach()
         return state
 
+    def _newest_entry(self, t_end: int, p0: int) -> int:
+        """The prefix entry (of this call's blocks, ``p0`` the position of its first) of the cache after ``t_end``."""
+        L = self.block_len
+        return max(t_end // L - 2 - p0 // L + 1, 0)  # one past the newest cached block
+
+    def _next_keys(self, raw: Tensor, key_means: Tensor, t_end: int, p0: int) -> tuple[Tensor, Tensor]:
+        """``cache_keys="mean"``'s part of the state after ``t_end``: the window's raw keys and the key means."""
+        start = window_start(t_end, self.block_len) - p0
+        return raw[:, :, start:].detach(), key_means[:, :, self._newest_entry(t_end, p0)].detach()
+
 
 def _to_blocks(
     keys: Tensor, values: Tensor, codes: Tensor, block_len: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Pad ``(B, Hk, n, ·)`` keys, values and codes to whole blocks: ``(B, Hk, R, L, ·)``, with the
     ``(R, L)`` mask of real (unpadded) positions."""
-    b, hk, n = codes.shape
+    n = codes.shape[2]
     r = -(-n // block_len)
-    pad = r * block_len - n
     valid = torch.arange(r * block_len, device=codes.device) < n
-    kb, vb = (
-        torch.nn.functional.pad(x, (0, 0, 0, pad)).view(b, hk, r, block_len, -1) for x in (keys, values)
+    cb = _pad_blocks(codes[..., None], block_len)[..., 0]
+    return _pad_blocks(keys, block_len), _pad_blocks(values, block_len), cb, valid.view(r, block_len)
+
+
+def _pad_blocks(x: Tensor, block_len: int) -> Tensor:
+    """``x (B, Hk, n, d)`` padded with zeros to whole blocks: ``(B, Hk, R, L, d)``."""
+    r = -(-x.shape[2] // block_len)
+    return torch.nn.functional.pad(x, (0, 0, 0, r * block_len - x.shape[2])).unflatten(2, (r, block_len))
+
+
+def _code_means(codes: Tensor, keys: Tensor, valid: Tensor, n0: Tensor, mean0: Tensor) -> Tensor:
+    """Running means per code ``(B, Hk, R + 1, S, d)`` of block-aligned ``keys (B, Hk, R, L, d)`` with ``codes
+    (B, Hk, R, L)``, seeded with a carried state's counts ``n0`` and means ``mean0`` ``(B, Hk, S, ·)``."""
+    means = running_code_means(
+        codes.flatten(0, 1), keys.flatten(0, 1), valid, n0.flatten(0, 1), mean0.flatten(0, 1)
     )
-    return (
-        kb,
-        vb,
-        torch.nn.functional.pad(codes, (0, pad)).view(b, hk, r, block_len),
-        valid.view(r, block_len),
-    )
+    return means[1].unflatten(0, codes.shape[:2])
 
 
 def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:

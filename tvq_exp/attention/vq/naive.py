@@ -23,9 +23,14 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     farther than ``M`` (causal: a sliding window over the distances ``0..M``; encoder: blocks beyond the
     neighbours). ``cache_key_grad``: the score of a query in block ``r`` with a key of code ``s`` beyond the
     window also carries the gradient of ``q·m_s``, ``m_s`` the mean of the keys of code ``s`` in blocks
-    ``0..r-2`` (a zero in the forward)."""
+    ``0..r-2`` (a zero in the forward). ``cache_code_grad``: those scores also carry the gradient of ``q·C_s`` to
+    the code (a zero in the forward). ``cache_keys="mean"`` (with the cache): the score of such a key is ``q·m_s``,
+    ``m_s`` the mean of the keys before quantisation of code ``s`` in blocks ``0..r-2``."""
     k_hat, codes, _ = attn.quantizer(k)
-    k_hat, v = repeat_kv(k_hat, q.shape[1]), repeat_kv(v, q.shape[1])
+    heads = q.shape[1]
+    raw = repeat_kv(attn.quantizer.search_keys(k), heads)
+    k_hat, v = repeat_kv(k_hat, heads), repeat_kv(v, heads)
+    codes = repeat_kv(codes[..., None], heads)[..., 0]
     t = q.shape[2]
     position = torch.arange(t, device=q.device)
     block = position // attn.block_len
@@ -33,8 +38,17 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     grad = near if attn.grad_through_cache or not attn.causal else block[:, None] == block[None, :]
     qc = q if attn.bias is None else attn.bias.content_query(q)
     logits = torch.where(grad, qc @ k_hat.transpose(-1, -2), qc @ k_hat.detach().transpose(-1, -2))
+    far = block[:, None] - block[None, :] >= 2
     if getattr(attn, "cache_key_grad", False):
-        logits = logits + _mean_key_scores(qc, k_hat, repeat_kv(codes, q.shape[1]), block, attn.codebook_size)
+        scores = _mean_key_scores(qc.detach(), k_hat, codes, block, attn.codebook_size)
+        logits = logits + (scores - scores.detach())
+    if getattr(attn, "cache_code_grad", False):
+        codebook = attn.quantizer.codebook.repeat_interleave(heads // attn.kv_heads, dim=0)  # (H, S, d)
+        scores = qc.detach() @ _gather_codes(codebook, codes).transpose(-1, -2)
+        logits = logits + (scores - scores.detach()) * far
+    if getattr(attn, "cache_keys", "code") == "mean" and attn.use_cache:
+        means = raw if attn.grad_through_cache else raw.detach()
+        logits = torch.where(far, _mean_key_scores(qc, means, codes, block, attn.codebook_size), logits)
     if attn.bias is not None:
         logits = logits + window_bias_matrix(attn.bias, q, attn.causal)
     visible = torch.ones_like(near)
@@ -47,17 +61,21 @@ def vq_attention(attn, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return (a * grad) @ v + (a * ~grad) @ far_v
 
 
-def _mean_key_scores(qc: Tensor, k_hat: Tensor, codes: Tensor, block: Tensor, size: int) -> Tensor:
-    """``(B, H, T, T)``: ``q_i·m - sg(q_i·m)`` with ``m`` the mean of the keys of code ``z_j`` in the blocks
-    ``0..r_i-2``, where key ``j`` lies in them (zero elsewhere); the gradient reaches the keys only."""
-    far = (block[:, None] - block[None, :] >= 2).to(k_hat.dtype)  # (T query, T key)
-    onehot = torch.nn.functional.one_hot(codes, size).to(k_hat.dtype)  # (B, H, T, S)
+def _mean_key_scores(qc: Tensor, keys: Tensor, codes: Tensor, block: Tensor, size: int) -> Tensor:
+    """``(B, H, T, T)``: ``q_i·m`` with ``m`` the mean of the ``keys`` of code ``z_j`` in the blocks ``0..r_i-2``,
+    where key ``j`` lies in them (zero elsewhere)."""
+    far = (block[:, None] - block[None, :] >= 2).to(keys.dtype)  # (T query, T key)
+    onehot = torch.nn.functional.one_hot(codes, size).to(keys.dtype)  # (B, H, T, S)
     counts = far @ onehot  # (B, H, T, S): keys of code s each query reads through the cache
-    sums = torch.einsum("ij,bhjs,bhjd->bhisd", far, onehot, k_hat)
+    sums = torch.einsum("ij,bhjs,bhjd->bhisd", far, onehot, keys)
     means = sums / counts.clamp_min(1)[..., None]
-    qm = torch.einsum("bhid,bhisd->bhis", qc.detach(), means)
-    scores = (qm - qm.detach()).gather(-1, codes[..., None, :].expand(*qm.shape[:-1], codes.shape[-1]))
-    return scores * far
+    qm = torch.einsum("bhid,bhisd->bhis", qc, means)
+    return qm.gather(-1, codes[..., None, :].expand(*qm.shape[:-1], codes.shape[-1])) * far
+
+
+def _gather_codes(codebook: Tensor, codes: Tensor) -> Tensor:
+    """``codebook (H, S, d)`` rows at ``codes (B, H, T)``: ``(B, H, T, d)``."""
+    return torch.stack([codebook[h][codes[:, h]] for h in range(codebook.shape[0])], dim=1)
 
 
 def window_cache_attention(inputs: WindowInputs) -> Tensor:

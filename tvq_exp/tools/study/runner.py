@@ -54,7 +54,7 @@ def _call(command: list[str], log: Path, threads: int, out: Path) -> None:
         "MKL_NUM_THREADS": str(threads),
         "PYTHONUNBUFFERED": "1",
     }
-    with append_to(log, out) as handle:
+    with append_to(os.path.abspath(log), os.path.abspath(out)) as handle:
         handle.write("$ " + " ".join(command) + "\n")
         handle.flush()
         done = subprocess.run(command, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
@@ -88,7 +88,9 @@ def evaluate_job(job: Job, evaluation: Evaluation, out: Path, threads: int) -> d
 
 
 def run_job(study: Study, job: Job, out: Path, threads: int) -> Path:
-    """Train, evaluate and write the job's result file (skipped when it exists)."""
+    """Train, evaluate and write the job's result file (skipped when it exists). ``out`` may be relative to the
+    working directory: it is made absolute first (the writers take a path inside it as relative to it)."""
+    out = Path(os.path.abspath(out))
     path = result_path(out, job)
     if path.is_file():
         return path
