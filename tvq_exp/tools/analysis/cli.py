@@ -25,6 +25,7 @@ from tvq_exp.tools.analysis.frontier import REPO, frontier_config, run_frontier
 from tvq_exp.tools.analysis.report import markdown_table, write_report
 from tvq_exp.tools.analysis.runs import find_runs
 from tvq_exp.tools.arguments import OneLineParser, plain_names, positive_float, positive_int
+from tvq_exp.tools.study.report import into_page
 from tvq_exp.tools.study.report import write_report as write_study_report
 from tvq_exp.tools.study.runner import run_jobs, select
 from tvq_exp.tools.study.spec import load_study
@@ -135,12 +136,16 @@ def study_main(argv: Sequence[str]) -> None:
         "--cores", type=positive_int, default=None, help="CPU cores the study may use (default: all)"
     )
     parser.add_argument("--figures", default=None, help="folder for the report's PNGs (default: --out)")
+    parser.add_argument(
+        "--page", default=None, help="report: also put the report between this docs page's report markers"
+    )
     args = parser.parse_args(argv)
     try:
         study, out = load_study(args.study), Path(args.out)
         if args.action == "report":
             figures = Path(args.figures) if args.figures else None
-            print(write_study_report(out, f"Study {study.name}", figures))
+            report = write_study_report(out, f"Study {study.name}", figures)
+            print(into_page(report, Path(args.page), figures or out) if args.page else report)
             return
     except (
         OSError,

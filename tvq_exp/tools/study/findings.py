@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tvq_exp.tools.study.report import replace_between
 from tvq_exp.tools.study.results import load_results, mean_and_spread
 
 REPO = Path(__file__).resolve().parents[3]
@@ -127,11 +128,7 @@ def findings_table(studies: Path = REPO / "studies", spec: Path = SPEC) -> str:
 
 def with_table(text: str, table: str) -> str:
     """``text`` with ``table`` between its findings markers (one of each, in order, or a one-line error)."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"expected one {BEGIN} line, then one {END} line")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+    return replace_between(text, "findings", table)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -7,6 +7,8 @@ bits against position with one line per (run, regime).
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +52,27 @@ def table(groups: dict[Group, list[dict[str, Any]]]) -> str:
         seeds = ",".join(str(e["seed"]) for e in evals)
         lines.append("| " + " | ".join([run, regime, seeds, cell([e["bpb"] for e in evals]), *cells]) + " |")
     return "\n".join(lines)
+
+
+def replace_between(text: str, marker: str, content: str) -> str:
+    """``text`` with ``content`` between its ``<!-- {marker}: begin -->`` and ``<!-- {marker}: end -->`` lines (one of
+    each, in order; else a one-line :class:`ValueError`): a page's generated part, rewritten from the files."""
+    begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"expected one {begin} line, then one {end} line")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{content}\n{end}{tail}"
+
+
+def into_page(report: Path, page: Path, figures: Path) -> Path:
+    """Put ``report``'s body (all but its title) between ``page``'s ``report`` markers, its figure links made
+    relative to the page's folder (the PNGs are in ``figures``); returns ``page``."""
+    body = report.read_text().split("\n", 1)[1].strip()
+    folder = Path(os.path.relpath(figures, page.parent))
+    body = re.sub(r"(!\[[^\]]*\]\()([^)/]+\.png)\)", lambda m: f"{m[1]}{(folder / m[2]).as_posix()})", body)
+    page.write_text(replace_between(page.read_text(), "report", body))
+    return page
 
 
 def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
