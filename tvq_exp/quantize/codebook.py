@@ -18,6 +18,7 @@ from tvq_exp.options import (
     NonNegativeFloat,
     NonNegativeInt,
     OneOf,
+    OptionError,
     PositiveFloat,
     PositiveInt,
     checked,
@@ -29,11 +30,12 @@ from tvq_exp.quantize.gradient import GradientUpdate
 from tvq_exp.quantize.health import code_counts, dead_fraction, usage_perplexity
 from tvq_exp.quantize.kmeans import kmeans, nearest_code
 from tvq_exp.quantize.reseed import dead_codes, sample_rows
-from tvq_exp.quantize.sampling import sampled_code
+from tvq_exp.quantize.sampling import relaxation, sampled_code, sampled_code_and_noise
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 from tvq_exp.quantize.update import CodebookUpdate
 
 UPDATES = ("ema", "gradient", "affine")
+ESTIMATORS = ("straight_through", "rotation", "relaxed")
 _FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "tvq_codebook_statistics_frozen", default=False
 )
@@ -57,7 +59,10 @@ class VectorQuantizer(nn.Module):
     ``forward(k)`` returns ``(k_hat, codes, aux)``. ``codes: (B, H, T)`` is ``z = argmin_s ||k' - C_s||²``
     in fp32, where ``k' = search_keys(k)`` (``k`` itself, or ``k/||k||`` under ``normalize``); ``k_hat``
     equals ``C[z]`` exactly, with the gradient of the ``estimator``: ``straight_through``
-    (``sg(C_z) + k' - sg(k')``) or ``rotation`` (the rotation trick, :func:`.estimators.rotation_trick`).
+    (``sg(C_z) + k' - sg(k')``), ``rotation`` (the rotation trick, :func:`.estimators.rotation_trick`) or, with
+    ``assignment=sampled`` only, ``relaxed``: ``k_hat = sg(C_z) + (k' - sg(k')) + (soft - sg(soft))``, ``soft =
+    Σ_s y_s C_s``, ``y = softmax(ℓ + g)`` relaxing the draw ``z = argmax_s(ℓ_s + g_s)`` on the SAME noise ``g``
+    (:func:`.sampling.relaxation`): straight-through's gradient plus the relaxation's; none at temperature 0.
     ``aux`` holds ``commit_loss`` (``β·||k' - sg(C_z)||²`` summed over heads and key dimensions, averaged
     over batch and positions, as the official code), ``codebook_loss`` (trainable rules:
     ``codebook_weight·mean ||C_z - sg(k')||²``) and detached metrics: code-usage perplexity, relative
@@ -75,7 +80,7 @@ class VectorQuantizer(nn.Module):
         share ``N/S`` of the step's ``N`` keys (all ranks, :func:`.reseed.dead_codes`) is re-seeded from a
         key of the step (rank 0's) and given the mean usage count (0: off);
         ``normalize``: l2-normalised (cosine) keys and codes in the search and the read-out;
-        ``estimator``: ``straight_through`` or ``rotation``;
+        ``estimator``: ``straight_through``, ``rotation`` or ``relaxed`` (needs ``assignment=sampled``);
         ``assignment``: ``nearest`` (the official search) or ``sampled``: in training each key draws its code
         from ``softmax(-||k' - C_s||² / (τ·m))`` (:func:`.sampling.sampled_code`; ``m`` the batch's mean squared
         distance to the nearest code), ``τ = temperature`` falling linearly to 0 (the nearest code) over the
@@ -103,7 +108,7 @@ class VectorQuantizer(nn.Module):
         reseed_fraction: Annotated[float, Between(0, 1, "[)")] = 0.0,
         sample_keys: PositiveInt = 4096,
         normalize: bool = False,
-        estimator: Annotated[str, OneOf("straight_through", "rotation")] = "straight_through",
+        estimator: Annotated[str, OneOf(*ESTIMATORS)] = "straight_through",
         assignment: Annotated[str, OneOf("nearest", "sampled")] = "nearest",
         temperature: PositiveFloat = 1.0,
         temperature_anneal: NonNegativeInt = 0,
@@ -111,6 +116,9 @@ class VectorQuantizer(nn.Module):
         codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
         super().__init__()
+        if estimator == "relaxed" and assignment != "sampled":
+            allowed = f"needs assignment='sampled' (not {assignment!r}); else straight_through or rotation"
+            raise OptionError("estimator", estimator, allowed, type(self))
         self.heads, self.codebook_size, self.dim = heads, codebook_size, dim
         self.decay, self.decay_start, self.decay_warmup = decay, decay_start, decay_warmup
         self.init, self.kmeans_iters = init, kmeans_iters
@@ -161,10 +169,11 @@ class VectorQuantizer(nn.Module):
         if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
         codebook = self.codebook
-        codes = nearest_code(flat, codebook.detach())  # (H, N)
+        codes = nearest = nearest_code(flat, codebook.detach())  # (H, N)
+        noise = None
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
         if self.training and torch.is_grad_enabled() and self.assignment == "sampled":
-            codes = self._draw(flat, codebook.detach(), codes)
+            codes, noise = self._draw(flat, codebook.detach(), nearest)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
         counts = code_counts(codes, self.codebook_size)
         if learning:
@@ -173,15 +182,23 @@ class VectorQuantizer(nn.Module):
         aux = self._aux(k, quant, counts)
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, quant.detach().to(k.dtype))
+        if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
+            x = k.to(torch.promote_types(k.dtype, torch.float32)).transpose(0, 1).reshape(h, b * t, d)
+            term = relaxation(x, codebook, nearest, noise, self.current_temperature())
+            k_hat = k_hat + term.view(h, b, t, d).transpose(0, 1).to(k.dtype)
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
 
-    def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> Tensor:
-        """Codes drawn at :meth:`current_temperature` (the ``nearest (H, N)`` where it has annealed to 0)."""
+    def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Codes drawn at :meth:`current_temperature` (the ``nearest (H, N)`` where it has annealed to 0), and
+        under the ``relaxed`` estimator the draw's Gumbel noise ``(H, N, S)`` (else ``None``)."""
         temperature = self.current_temperature()
-        if not isinstance(temperature, Tensor):
-            return sampled_code(flat, codebook, nearest, temperature)
-        drawn = sampled_code(flat, codebook, nearest, temperature.clamp_min(1e-30))
-        return torch.where(temperature > 0, drawn, nearest)  # decided on the device: no host read
+        annealed = isinstance(temperature, Tensor)
+        drawing = temperature.clamp_min(1e-30) if annealed else temperature
+        if self.estimator == "relaxed":
+            drawn, noise = sampled_code_and_noise(flat, codebook, nearest, drawing)
+        else:
+            drawn, noise = sampled_code(flat, codebook, nearest, drawing), None
+        return (torch.where(temperature > 0, drawn, nearest) if annealed else drawn), noise  # no host read
 
     def _accumulate(self, flat: Tensor, codes: Tensor, counts: Tensor) -> None:
         self.pending_count += counts
