@@ -67,6 +67,8 @@ def cache_only(target: Tensor, block_len: int) -> Tensor:
 
 
 def loss_of(model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """The task loss (cross-entropy only); the generator re-seeded, so a sampled assignment draws the same codes."""
+    torch.manual_seed(0)
     logits = model(batch["input"]).logits
     return torch.nn.functional.cross_entropy(
         logits.flatten(0, 1).double(), batch["target"].flatten(), ignore_index=IGNORE_INDEX
@@ -86,7 +88,8 @@ def probe(overrides: list[str], seed: int, checkpoint: Path | None) -> list[dict
             k = args[1]
             if index in push:
                 k = k + push[index]
-            k.retain_grad()
+            if k.requires_grad:
+                k.retain_grad()
             keys.append(k)
             return (args[0], k, *args[2:])
 
