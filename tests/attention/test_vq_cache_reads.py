@@ -62,9 +62,13 @@ def test_layer_equals_the_plain_reference_forward_and_gradients_fp64(
     official_out = official(q, k, v)[0]
     if opts is CODE_GRAD:  # the forward is the official one; the codes take a gradient they did not
         assert torch.equal(out, official_out)
-        codes_grad = got[3 + [n for n, _ in attn.named_parameters() if _.requires_grad].index("quantizer.embed")]
+        codes_grad = got[
+            3 + [n for n, _ in attn.named_parameters() if _.requires_grad].index("quantizer.embed")
+        ]
         assert codes_grad.abs().sum() > 0
-        official_grad = torch.autograd.grad((official_out * g).sum(), official.quantizer.embed, allow_unused=True)[0]
+        official_grad = torch.autograd.grad(
+            (official_out * g).sum(), official.quantizer.embed, allow_unused=True
+        )[0]
         assert official_grad is None or official_grad.abs().sum() == 0
     elif t > 2 * block_len:  # a query beyond two blocks reads the cache, now by the key means
         assert (out - official_out).abs().max() > 1e-6

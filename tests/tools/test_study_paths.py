@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import REPO
-from tvq_exp.tools.study.runner import _call, repo_relative
+from tvq_exp.tools.study.runner import repo_relative, run_logged
 
 
 def test_paths_under_the_repository_become_relative() -> None:
@@ -47,6 +47,6 @@ def test_a_job_log_lands_in_its_run_dir_when_the_study_folder_is_relative(
     not to ``studies/x/studies/x/...`` (the writers take a relative path as relative to the study folder)."""
     monkeypatch.chdir(tmp_path)
     out = Path("studies/x")
-    _call([sys.executable, "-c", "print('trained')"], out / "runs/j/job.log", 1, out)
+    run_logged([sys.executable, "-c", "print('trained')"], out / "runs/j/job.log", 1, out)
     assert "trained" in (tmp_path / "studies/x/runs/j/job.log").read_text()
     assert not (tmp_path / "studies/x/studies").exists()

@@ -46,7 +46,7 @@ def flatten(options: dict[str, Any], prefix: str) -> list[str]:
     return items
 
 
-def _call(command: list[str], log: Path, threads: int, out: Path) -> None:
+def run_logged(command: list[str], log: Path, threads: int, out: Path) -> None:
     """Run ``command`` in the repository with ``threads`` CPU threads, its output appended to ``log`` (inside the
     study folder ``out``, never through a link)."""
     env = os.environ | {
@@ -69,7 +69,7 @@ def train_job(job: Job, out: Path, threads: int) -> dict[str, Any]:
         sys.executable, "train.py", *job.overrides, f"seed={job.seed}", f"run_name={job.id}", "resume=auto",
         f"hydra.run.dir={directory}", f"torch_threads={threads}", "trainer.enable_progress_bar=false",
     ]  # fmt: skip
-    _call(command, directory / "job.log", threads, out)
+    run_logged(command, directory / "job.log", threads, out)
     return json.loads((directory / "finished.json").read_text())
 
 
@@ -83,7 +83,7 @@ def evaluate_job(job: Job, evaluation: Evaluation, out: Path, threads: int) -> d
             sys.executable, "eval.py", f"ckpt_path={directory / 'checkpoints' / 'last.ckpt'}", f"output={output}",
             "progress_bar=false", *options, *flatten(dict(evaluation.model), "model_options"),
         ]  # fmt: skip
-        _call(command, directory / "job.log", threads, out)
+        run_logged(command, directory / "job.log", threads, out)
     return json.loads(output.read_text())
 
 
@@ -147,6 +147,7 @@ def run_jobs(
 
 __all__ = [
     "evaluate_job",
+    "run_logged",
     "repo_relative",
     "result_path",
     "run_dir",
