@@ -4,8 +4,9 @@ reads, on one training batch of ``REGIME`` (``copy_only`` or ``mqar``), from the
 with ``--checkpoints``, its trained weights in ``studies/vq_cache_learning/runs/<job>/checkpoints/last.ckpt``).
 
 The **cache-only keys** of a batch are the positions ``j`` that no supervised position reads through its exact window:
-every target position ``t >= j`` lies two or more blocks after ``j``. Their keys reach the loss through the cache
-alone. Per layer it measures:
+every target position ``t >= j`` lies two or more blocks after ``j``. In the last layer their keys reach the loss through the
+cache alone (in a lower layer also through the later layers' windows of unsupervised positions, so the page's table
+shows the last layer; the JSON file has every layer). Per layer it measures:
 
 - ``key grad``: the mean norm of the task loss's gradient (cross-entropy only) at the cache-only keys: what the
   remedy sends them. The official cache sends none (the scores read the detached codes), so VQ's row must be 0.
@@ -113,8 +114,7 @@ def probe(overrides: list[str], seed: int, checkpoint: Path | None) -> list[dict
             push.clear()
             push[i] = (eps * u) * mask[..., None]
             keys.clear()
-            with torch.no_grad():
-                moved = loss_of(model, batch)
+            moved = loss_of(model, batch).detach()  # with gradients on: a sampled assignment draws as in training
             scale = eps[mask].mean().item()
             rows.append({"layer": i, "key_grad": norm, "code_grad": code,
                          "forward": abs(moved.item() - base.item()) / scale})  # fmt: skip
@@ -125,9 +125,11 @@ def probe(overrides: list[str], seed: int, checkpoint: Path | None) -> list[dict
 
 
 def table(results: dict[str, list[dict]]) -> str:
+    """The last layer's row of each study row (below it a cache-only position's key also reaches the loss through
+    the later layers' windows of unsupervised positions; the JSON file has every layer)."""
     lines = ["| row | layer | key grad (cache-only keys) | code grad | forward |", "|---|---|---|---|---|"]
     for run, rows in results.items():
-        for r in rows:
+        for r in rows[-1:]:
             code = "" if r["code_grad"] is None else f"{r['code_grad']:.2e}"
             lines.append(f"| {run} | {r['layer']} | {r['key_grad']:.2e} | {code} | {r['forward']:.2e} |")
     return "\n".join(lines)
