@@ -114,7 +114,9 @@ def probe(overrides: list[str], seed: int, checkpoint: Path | None) -> list[dict
             push.clear()
             push[i] = (eps * u) * mask[..., None]
             keys.clear()
-            moved = loss_of(model, batch).detach()  # with gradients on: a sampled assignment draws as in training
+            moved = loss_of(
+                model, batch
+            ).detach()  # with gradients on: a sampled assignment draws as in training
             scale = eps[mask].mean().item()
             rows.append({"layer": i, "key_grad": norm, "code_grad": code,
                          "forward": abs(moved.item() - base.item()) / scale})  # fmt: skip
