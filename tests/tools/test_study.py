@@ -228,7 +228,8 @@ def test_the_report_has_each_layers_codebook_health(tmp_path: Path) -> None:
 # the docs page that holds each study's generated report (regenerate it with the study's report command)
 STUDY_PAGES = {"long_context": "long_context.md", "codebooks": "codebooks.md", "recall": "recall.md",
                "repeat": "long_context.md", "repeat_gpu": "long_context.md",
-               "repeat_smear": "long_context.md", "repeat_from_dense": "long_context.md"}  # fmt: skip
+               "repeat_smear": "long_context.md", "repeat_from_dense": "long_context.md",
+               "vq_cache_learning": "vq_cache_learning.md"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(STUDY_PAGES))
@@ -245,3 +246,22 @@ def test_the_docs_tables_are_the_committed_result_files(name: str, tmp_path: Pat
         if "copied_from" in result:
             source = json.loads((REPO / result["copied_from"]).read_text())
             assert result["evaluations"] == source["evaluations"] and result["config"] == source["config"]
+
+
+def test_a_report_goes_between_the_pages_markers_with_its_figures_linked_from_the_page(tmp_path: Path) -> None:
+    from tvq_exp.tools.study.report import into_page
+
+    report = tmp_path / "study/report.md"
+    report.parent.mkdir()
+    report.write_text("# Study x\n\n| run |\n![test](test.png)\n![a b](test-accuracy-vs-state.png)\n")
+    page = tmp_path / "docs/page.md"
+    page.parent.mkdir()
+    page.write_text("intro\n<!-- report: begin -->\nold rows\n<!-- report: end -->\nafter\n")
+    into_page(report, page, tmp_path / "docs/figures/x")
+    assert page.read_text() == (
+        "intro\n<!-- report: begin -->\n| run |\n![test](figures/x/test.png)\n"
+        "![a b](figures/x/test-accuracy-vs-state.png)\n<!-- report: end -->\nafter\n"
+    )
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="report: begin"):
+        into_page(report, page, tmp_path / "docs/figures/x")
