@@ -26,8 +26,9 @@ def probe_accuracy(x: Tensor, y: Tensor, ridge: float = 1e-3) -> float:
     return float(((x[n:] @ w).argmax(1) == y[n:]).double().mean())
 
 
-def main(checkpoint: str, overrides: list[str]) -> None:
-    torch.set_num_threads(1)
+def probe(checkpoint: str, overrides: list[str]) -> dict[str, dict[str, float]]:
+    """Per feature (layer 0's output, layer 1's keys, its quantised keys): the probe's held-out accuracy for the
+    ``previous`` (key) token and, the control, the position's ``own`` token."""
     model, data = recall_model(overrides, checkpoint)
     model.eval()
     feats: dict[str, list[Tensor]] = {"layer-0 output": [], "layer-1 key": [], "layer-1 quantised key": []}
@@ -49,11 +50,17 @@ def main(checkpoint: str, overrides: list[str]) -> None:
             previous.append(batch["input"][:, 0:16:2])
             own.append(batch["input"][:, 1:16:2])
     previous, own = torch.cat(previous).flatten(), torch.cat(own).flatten()
+    found = {}
     for name, xs in feats.items():
         x = torch.cat(xs).flatten(0, 1)
-        print(
-            f"{name:22s} previous token {probe_accuracy(x, previous):.3f}  own token {probe_accuracy(x, own):.3f}"
-        )
+        found[name] = {"previous": probe_accuracy(x, previous), "own": probe_accuracy(x, own)}
+    return found
+
+
+def main(checkpoint: str, overrides: list[str]) -> None:
+    torch.set_num_threads(1)
+    for name, acc in probe(checkpoint, overrides).items():
+        print(f"{name:22s} previous token {acc['previous']:.3f}  own token {acc['own']:.3f}")
 
 
 if __name__ == "__main__":
