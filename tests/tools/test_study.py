@@ -265,3 +265,17 @@ def test_a_report_goes_between_the_pages_markers_with_its_figures_linked_from_th
     page.write_text("no markers\n")
     with pytest.raises(ValueError, match="report: begin"):
         into_page(report, page, tmp_path / "docs/figures/x")
+
+
+def test_a_report_of_relative_folders_writes_its_figures_where_they_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out studies/x --figures docs/figures/x`` (relative to the working directory): the PNGs land in
+    ``docs/figures/x``, not in ``docs/figures/x/docs/figures/x``, and the report names the folder as given."""
+    monkeypatch.chdir(tmp_path)
+    _write(Path("studies/x"), [_result("vq", 1, 2.0, accuracy=_accuracy(0.5, {"gap_0_32": 0.5}))])
+    report = write_report(Path("studies/x"), "Study x", figures=Path("docs/figures/x")).read_text()
+    assert (tmp_path / "docs/figures/x/test.png").is_file()
+    assert (tmp_path / "docs/figures/x/test-accuracy-vs-state.png").is_file()
+    assert not (tmp_path / "docs/figures/x/docs").exists()
+    assert "(`studies/x/results/*.json`)" in report

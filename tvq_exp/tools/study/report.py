@@ -79,9 +79,10 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
     """``<out>/report.md`` (a table per evaluation) and ``<figures or out>/<evaluation>.png`` (bits against
     position, one line per run and regime); returns the report's path."""
     results = load_results(out)
-    figures = make_dirs(figures or out, figures or out)
+    shown, out = out, Path(os.path.abspath(out))  # a relative folder is the working directory's, not its own
+    figures = make_dirs(os.path.abspath(figures or out), os.path.abspath(figures or out))
     names = sorted({name for r in results for name in r["evaluations"]})
-    lines = [f"# {title}", "", f"{len(results)} jobs (`{out}/results/*.json`).", ""]
+    lines = [f"# {title}", "", f"{len(results)} jobs (`{shown}/results/*.json`).", ""]
     for name in names:
         groups = grouped(results, name)
         figure = position_figure(
