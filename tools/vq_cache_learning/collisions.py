@@ -1,0 +1,104 @@
+"""``python tools/vq_cache_learning/collisions.py [--out DIR] [--runs a,b] [--page docs/vq_cache_learning.md]``: where
+does a trained MQAR model of the cache-learning study fail? On the test split, every answer whose pair lies two or
+more blocks before it is read through the cache; with ``cache_keys=mean`` the cache holds, per code, the mean of the
+cached keys quantised to it. The answer is split by whether the pair's value position (where the key token is the
+previous token) shares its layer-1 code with another cached position of the sequence (a **collision**: its key is
+averaged with another's) or has the code to itself, with the accuracy of each part; and the answers read through the
+window. Jobs: every trained ``mqar`` job (``<out>/runs/<job>/checkpoints/last.ckpt``, seed 1 unless ``--seed``).
+Writes ``studies/vq_cache_learning/probes/mqar--collisions--s<seed>.json`` and, with ``--page``, the table between the
+page's ``<!-- collisions: begin -->`` and ``<!-- collisions: end -->`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from tools.mqar_diagnosis.common import recall_model
+from tvq_exp.batch import IGNORE_INDEX
+from tvq_exp.tools.study.report import replace_between
+from tvq_exp.tools.study.spec import load_study
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "studies/vq_cache_learning"
+PAIRS = 16  # MQAR (128, 8): keys at positions 0, 2, .., 14, their values at 1, 3, .., 15
+
+
+def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]]:  # noqa: ANN001
+    """Per answer: read through the cache or the window, collided or not (cache reads), correct or not."""
+    codes: list[Tensor] = []
+
+    def keep(module: torch.nn.Module, args: tuple) -> None:
+        codes.append(module.quantizer(args[1])[1][:, 0])  # (B, T): the first key head's codes
+
+    hook = model.blocks[-1].attn.register_forward_pre_hook(keep)
+    parts: dict[str, list[int]] = {"window": [], "cache, own code": [], "cache, shared code": []}
+    with torch.no_grad():
+        for batch in data.test_dataloader():
+            codes.clear()
+            correct = model(batch["input"]).logits.argmax(-1) == batch["target"]
+            z = codes[0]
+            for b, t in (batch["target"] != IGNORE_INDEX).nonzero().tolist():
+                keys = batch["input"][b, 0:PAIRS:2]
+                match = (keys == batch["input"][b, t]).nonzero()
+                if len(match) == 0:
+                    continue
+                value = 2 * int(match[0]) + 1
+                cached_end = (t // block_len - 1) * block_len  # positions of blocks <= r - 2
+                if value >= cached_end:
+                    parts["window"].append(int(correct[b, t]))
+                    continue
+                others = torch.cat([z[b, :value], z[b, value + 1 : cached_end]])
+                shared = bool((others == z[b, value]).any())
+                parts["cache, shared code" if shared else "cache, own code"].append(int(correct[b, t]))
+    hook.remove()
+    return parts
+
+
+def table(results: dict[str, dict[str, list[int]]]) -> str:
+    names = ["window", "cache, own code", "cache, shared code"]
+    lines = ["| row | " + " | ".join(f"{n}: answers, accuracy" for n in names) + " |", "|---|---|---|---|"]
+    for run, parts in results.items():
+        cells = [f"{len(parts[n])}, {sum(parts[n]) / max(len(parts[n]), 1):.3f}" for n in names]
+        lines.append(f"| {run} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="collisions.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=OUT, help="the study folder (runs/)")
+    parser.add_argument("--runs", default="", help="comma-separated rows (default: every trained mqar row)")
+    parser.add_argument("--page", default=None, help="write the table into this page's collisions markers")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    results = {}
+    for job in load_study(REPO / "conf/study/vq_cache_learning.yaml").jobs:
+        checkpoint = args.out / "runs" / job.id / "checkpoints/last.ckpt"
+        chosen = not args.runs or job.run in args.runs.split(",")
+        if job.regime != "mqar" or job.seed != args.seed or not checkpoint.is_file() or not chosen:
+            continue
+        if "model=gau_dense" in job.overrides:
+            continue
+        overrides = [o for o in job.overrides if not o.startswith(("experiment=", "trainer."))]
+        model, data = recall_model(overrides, str(checkpoint))
+        model.eval()
+        data.setup("test")
+        block_len = model.blocks[-1].attn.block_len
+        results[job.run] = answers(model, data, block_len)
+        print(table({job.run: results[job.run]}).splitlines()[-1], flush=True)
+    target = OUT / "probes" / f"mqar--collisions--s{args.seed}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results) + "\n")
+    if args.page:
+        page = Path(args.page)
+        page.write_text(replace_between(page.read_text(), "collisions", table(results)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
