@@ -47,6 +47,8 @@ def main(argv: list[str]) -> None:
         checkpoint = args.out / "runs" / job.id / "checkpoints/last.ckpt"
         if job.regime != "mqar" or job.seed != args.seed or not checkpoint.is_file():
             continue
+        if "model=gau_dense" in job.overrides:  # the probe reads layer 1's quantiser
+            continue
         overrides = [o for o in job.overrides if not o.startswith(("experiment=", "trainer."))]
         results[job.run] = probe(str(checkpoint), overrides)
         print(table({job.run: results[job.run]}).splitlines()[-1], flush=True)
