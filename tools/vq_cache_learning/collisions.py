@@ -20,12 +20,10 @@ import torch
 from torch import Tensor
 
 from tools.mqar_diagnosis.common import recall_model
+from tools.vq_cache_learning.common import OUT, rows_table, trained_vq_jobs
 from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.tools.study.report import replace_between
-from tvq_exp.tools.study.spec import load_study
 
-REPO = Path(__file__).resolve().parents[2]
-OUT = REPO / "studies/vq_cache_learning"
 PAIRS = 16  # MQAR (128, 8): keys at positions 0, 2, .., 14, their values at 1, 3, .., 15
 
 
@@ -61,12 +59,13 @@ def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]
 
 
 def table(results: dict[str, dict[str, list[int]]]) -> str:
-    names = ["window", "cache, own code", "cache, shared code"]
-    lines = ["| row | " + " | ".join(f"{n}: answers, accuracy" for n in names) + " |", "|---|---|---|---|"]
-    for run, parts in results.items():
-        cells = [f"{len(parts[n])}, {sum(parts[n]) / max(len(parts[n]), 1):.3f}" for n in names]
-        lines.append(f"| {run} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    columns = [f"{n}: answers, accuracy" for n in ("window", "cache, own code", "cache, shared code")]
+
+    def cell(parts: dict[str, list[int]], column: str) -> str:
+        found = parts[column.split(":")[0]]
+        return f"{len(found)}, {sum(found) / max(len(found), 1):.3f}"
+
+    return rows_table(columns, results, cell)
 
 
 def main(argv: list[str]) -> None:
@@ -78,20 +77,12 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = {}
-    for job in load_study(REPO / "conf/study/vq_cache_learning.yaml").jobs:
-        checkpoint = args.out / "runs" / job.id / "checkpoints/last.ckpt"
-        chosen = not args.runs or job.run in args.runs.split(",")
-        if job.regime != "mqar" or job.seed != args.seed or not checkpoint.is_file() or not chosen:
-            continue
-        if "model=gau_dense" in job.overrides:
-            continue
-        overrides = [o for o in job.overrides if not o.startswith(("experiment=", "trainer."))]
-        model, data = recall_model(overrides, str(checkpoint))
+    for run, checkpoint, overrides in trained_vq_jobs(args.out, args.seed, args.runs):
+        model, data = recall_model(overrides, checkpoint)
         model.eval()
         data.setup("test")
-        block_len = model.blocks[-1].attn.block_len
-        results[job.run] = answers(model, data, block_len)
-        print(table({job.run: results[job.run]}).splitlines()[-1], flush=True)
+        results[run] = answers(model, data, model.blocks[-1].attn.block_len)
+        print(table({run: results[run]}).splitlines()[-1], flush=True)
     target = OUT / "probes" / f"mqar--collisions--s{args.seed}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results) + "\n")

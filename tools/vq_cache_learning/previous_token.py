@@ -17,20 +17,16 @@ from pathlib import Path
 import torch
 
 from tools.mqar_diagnosis.previous_token_probe import probe
+from tools.vq_cache_learning.common import OUT, rows_table, trained_vq_jobs
 from tvq_exp.tools.study.report import replace_between
-from tvq_exp.tools.study.spec import load_study
-
-REPO = Path(__file__).resolve().parents[2]
-OUT = REPO / "studies/vq_cache_learning"
 
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     features = ["layer-0 output", "layer-1 key", "layer-1 quantised key"]
-    lines = ["| row | " + " | ".join(f"{f}: previous / own" for f in features) + " |", "|---|---|---|---|"]
-    for run, found in results.items():
-        cells = [f"{found[f]['previous']:.3f} / {found[f]['own']:.3f}" for f in features]
-        lines.append(f"| {run} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    columns = [f"{f}: previous / own" for f in features]
+    return rows_table(columns, {run: dict(zip(columns, (found[f] for f in features), strict=True))
+                                for run, found in results.items()},
+                      lambda found, c: f"{found[c]['previous']:.3f} / {found[c]['own']:.3f}")  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -43,15 +39,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = {}
-    for job in load_study(REPO / "conf/study/vq_cache_learning.yaml").jobs:
-        checkpoint = args.out / "runs" / job.id / "checkpoints/last.ckpt"
-        if job.regime != "mqar" or job.seed != args.seed or not checkpoint.is_file():
-            continue
-        if "model=gau_dense" in job.overrides:  # the probe reads layer 1's quantiser
-            continue
-        overrides = [o for o in job.overrides if not o.startswith(("experiment=", "trainer."))]
-        results[job.run] = probe(str(checkpoint), overrides)
-        print(table({job.run: results[job.run]}).splitlines()[-1], flush=True)
+    for run, checkpoint, overrides in trained_vq_jobs(args.out, args.seed):
+        results[run] = probe(checkpoint, overrides)
+        print(table({run: results[run]}).splitlines()[-1], flush=True)
     target = OUT / "probes" / f"mqar--previous-token--s{args.seed}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=1) + "\n")
