@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from tests.attention.backends import build
 from tests.helpers.paths import CONF
+from tests.helpers.vq_reference import assert_equals_reference as replayed_reference
 from tvq_exp.attention.vq import VQAttention
-from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.run.validation import validate
 
 PRESETS = sorted(p.stem for p in Path(CONF, "codebook").glob("*.yaml"))
@@ -106,19 +106,7 @@ def qkv(grad: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def assert_equals_reference(attn: VQAttention, seed: int | None = None) -> None:
     """The VQ attention's output and input gradients equal the dense reference over its quantised keys; with
     ``seed``, both draw their codes after seeding torch's generator with it (the same draw)."""
-    q, k, v = qkv()
-    if seed is not None:
-        torch.manual_seed(seed)
-    out, _, _ = attn(q, k, v)
-    if seed is not None:
-        torch.manual_seed(seed)
-    ref = vq_reference(attn, q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    grads = replayed_reference(attn, *qkv(), seed=seed)[2]
     assert grads[1].abs().sum() > 0
 
 

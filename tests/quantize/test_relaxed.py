@@ -12,7 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from tests.attention.backends import build
 from tests.helpers.paths import CONF
-from tvq_exp.attention.vq.naive import vq_attention as vq_reference
+from tests.helpers.vq_reference import assert_equals_reference
 from tvq_exp.quantize import VectorQuantizer
 from tvq_exp.quantize.sampling import relaxed_code, sampled_code, sampled_code_and_noise
 from tvq_exp.run.validation import validate
@@ -208,16 +208,7 @@ def test_vq_attention_with_the_relaxed_estimator_is_dense_softmax_over_the_drawn
     equal outputs and input gradients; the relaxation changes the key gradient only; causal."""
     attn = attention()
     q, k, v = qkv()
-    torch.manual_seed(11)
-    out, _, _ = attn(q, k, v)
-    torch.manual_seed(11)
-    ref = vq_reference(attn, q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    g = torch.randn_like(out)
-    grads = torch.autograd.grad((out * g).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * g).sum(), (q, k, v))
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert torch.allclose(got, want, atol=1e-10, rtol=0)
+    out, g, grads = assert_equals_reference(attn, q, k, v, seed=11)
     plain = attention("straight_through")
     plain.load_state_dict(attn.state_dict())
     torch.manual_seed(11)
