@@ -170,3 +170,37 @@ def test_a_long_unused_code_shrinks_to_its_sum_over_the_count_floor() -> None:
         vq.update()
     assert vq.ema_count[0, 1].item() == pytest.approx(2.0**-10, rel=1e-6)
     assert vq.codebook[0, 1, 0].item() == pytest.approx(2.0**-10 / 0.01, rel=1e-5)
+
+
+def test_the_nearest_code_is_searched_in_fp32_under_bf16_autocast() -> None:
+    # keys between codes: a bf16 product rounds their distances to 8 bits and picks another code for some
+    torch.manual_seed(0)
+    x, codes = torch.randn(2, 4096, 64), torch.randn(2, 256, 64)
+    want = nearest_code(x, codes)
+    in_bf16 = ((codes * codes).sum(-1)[:, None] - 2 * (x.bfloat16() @ codes.bfloat16().mT).float()).argmin(-1)
+    assert (in_bf16 != want).any()  # the case can tell the two apart
+    quantizer = VectorQuantizer(2, 256, 64).eval()  # the layer's quantiser: keys (B, H, T, d)
+    with torch.no_grad():
+        _, plain, _ = quantizer(x[None])
+        with torch.autocast("cpu", torch.bfloat16):
+            assert torch.equal(nearest_code(x, codes), want)
+            _, got, _ = quantizer(x[None])
+    assert torch.equal(got, plain)
+
+
+def test_the_code_search_takes_few_chunks_on_cuda_and_any_chunking_finds_the_same_codes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    kmeans_module = importlib.import_module("tvq_exp.quantize.kmeans")  # the package exports the function kmeans
+
+    assert kmeans_module.nearest_chunk_rows("cpu", 4, 512) == kmeans_module.NEAREST_ROWS
+    # an H100's attention case: 128k keys per head, 4 heads of 512 codes: 8 chunks, not 64
+    assert -(-131072 // kmeans_module.nearest_chunk_rows("cuda", 4, 512)) == 8
+    assert kmeans_module.nearest_chunk_rows("cuda", 64, 65536) == kmeans_module.NEAREST_ROWS
+    torch.manual_seed(1)
+    x, codes = torch.randn(3, 1000, 16), torch.randn(3, 40, 16)
+    want = nearest_code(x, codes)
+    monkeypatch.setattr(kmeans_module, "NEAREST_ROWS", 7)
+    assert torch.equal(nearest_code(x, codes), want)

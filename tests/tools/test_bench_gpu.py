@@ -19,9 +19,9 @@ from tvq_exp.tools.bench.gpu import (
     jobs,
     parser,
     run_sections,
-    training_section,
     write_report,
 )
+from tvq_exp.tools.bench.gpu_training import training_section
 
 needs_data = pytest.mark.needs_data("text/gutenberg")
 
@@ -51,6 +51,35 @@ def test_the_training_section_at_cpu_size_into_the_json_file(tmp_path: Path) -> 
     assert train["batch_size"] == 8 and train["tried"] == [] and train["last_step"] > 2
     assert train["tokens_per_s"] > 0 and train["peak_mem_mb"] > 0
     assert not (tmp_path / "bench" / "gpu.json.part").exists()
+
+
+def test_a_training_run_stopped_at_the_budget_still_gives_the_rows_it_flushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the compiled paper-size step on an H100 ran past its budget: the process is killed, its flushed rows stay
+    def stopped(args: list[str], timeout: float) -> None:
+        log_dir = next(a.split("=", 1)[1] for a in args if a.startswith("paths.log_dir="))
+        csv_dir = Path(log_dir) / "runs" / "bench_gpu" / "csv"
+        csv_dir.mkdir(parents=True)
+        rows = ["step,throughput/tokens_per_s,throughput/peak_mem_mb"]
+        rows += [f"{10 * i},{1000 * i},{500 + i}" for i in range(1, 5)]
+        (csv_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
+        raise subprocess.TimeoutExpired("train.py", timeout, stderr=b"compiling\nstep 40")
+
+    monkeypatch.setattr("tvq_exp.tools.bench.gpu_training.run_train", stopped)
+    train = training_section(["experiment=smoke"], seconds=8, batch_sizes=[8, 4], budget_s=60)
+    assert train["batch_size"] == 8 and train["stopped"].startswith("stopped at the section's 60 s")
+    assert train["tokens_per_s"] == 3500 and train["peak_mem_mb"] == 504 and train["last_step"] == 40
+
+    # nothing flushed: the stop is recorded with what the run was printing, and no smaller batch is tried
+    def silent(args: list[str], timeout: float) -> None:
+        raise subprocess.TimeoutExpired("train.py", timeout, stderr=b"compiling\nstill compiling")
+
+    monkeypatch.setattr("tvq_exp.tools.bench.gpu_training.run_train", silent)
+    train = training_section(["experiment=smoke"], seconds=8, batch_sizes=[8, 4], budget_s=60)
+    assert train["error"] == "no batch size fitted"
+    assert train["tried"] == [{"batch_size": 8, "error": "stopped at the section's 60 s budget",
+                               "log_tail": ["compiling", "still compiling"]}]  # fmt: skip
 
 
 def test_a_run_cut_short_keeps_the_sections_that_finished(tmp_path: Path) -> None:

@@ -26,8 +26,10 @@ def logit_scale(x: Tensor, codebook: Tensor, nearest: Tensor, temperature: float
 def assignment_logits(x: Tensor, codebook: Tensor, scale: Tensor) -> Tensor:
     """Log-probabilities, up to a constant per key, of each key's codes: ``x (H, N, d)``,
     ``codebook (H, S, d)``, ``scale (H, 1)`` -> ``(H, N, S)``, ``-(||C_s||² - 2·x·C_s) / scale`` in fp32
-    (``-||x - C_s||² / scale`` less the key's own ``||x||²``, which no draw depends on)."""
-    return _logits(x.float(), codebook.float(), scale)
+    (``-||x - C_s||² / scale`` less the key's own ``||x||²``, which no draw depends on; autocast off inside, as in
+    :func:`.kmeans.nearest_code`)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return _logits(x.float(), codebook.float(), scale)
 
 
 def _logits(x: Tensor, c: Tensor, scale: Tensor) -> Tensor:
@@ -76,16 +78,17 @@ def relaxed_code(x: Tensor, codebook: Tensor, scale: Tensor, noise: Tensor) -> T
     ``codebook (H, S, d)``, ``scale (H, 1)`` (``τ·m``, :func:`logit_scale`; a constant, detached),
     ``noise (H, N, S)`` (the draw's, :func:`sampled_code_and_noise`) -> ``soft (H, N, d)``,
     ``soft = Σ_s y_s C_s`` with ``y = softmax(ℓ + g)``, ``ℓ = assignment_logits(x, codebook, scale)``; in fp32
-    (fp64 for fp64 inputs).
+    (fp64 for fp64 inputs), autocast off inside.
 
     Differentiable in ``x`` and ``codebook``: the gradient reaching ``x`` from an upstream ``g_out`` is
     ``(2/scale)·Σ_s y_s (C_s - c̄)(C_s·g_out)``, ``c̄ = Σ_s y_s C_s`` (the relaxed code itself). Its backward
     keeps ``y``: ``H·N·S`` floats.
     """
     dtype = torch.promote_types(torch.promote_types(x.dtype, codebook.dtype), torch.float32)
-    c = codebook.to(dtype)
-    y = (_logits(x.to(dtype), c, scale.detach()) + noise.to(dtype)).softmax(-1)
-    return y @ c
+    with torch.autocast(x.device.type, enabled=False):
+        c = codebook.to(dtype)
+        y = (_logits(x.to(dtype), c, scale.detach()) + noise.to(dtype)).softmax(-1)
+        return y @ c
 
 
 def relaxation(

@@ -34,10 +34,13 @@ from tvq_exp.attention.vq.kernel import WindowInputs
 MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
 
 
+@torch.compiler.disable
 def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
     """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` in Triton (shapes there): ``(N, I, R, d_v)``.
 
-    Raises ValueError (one line) where it cannot run (:func:`unsupported`)."""
+    Raises ValueError (one line) where it cannot run (:func:`unsupported`). Inside a compiled training step
+    (``module.compile``) it runs as it is, between the compiled graphs: its kernels are already fused, and
+    dynamo does not trace their launches (the tile ranges, the per-mode kernel module)."""
     q, kb, vb, index, bias, cache, prev_masked = inputs
     reason = unsupported(q.device, q.dtype)
     if reason:

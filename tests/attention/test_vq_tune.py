@@ -1,0 +1,65 @@
+"""The fused kernel's block-size search (:mod:`tvq_exp.attention.vq.fused.tune`) on CPU under Triton's interpreter:
+a check of the tool (its comparison, its choice), not a measurement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tvq_exp.attention.vq.fused import tune
+from tvq_exp.attention.vq.fused.config import Tiles
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def test_every_tiling_computes_what_the_shipped_one_does_and_the_report_holds_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one other tiling of the forward kernel and of the query-gradient kernel; the shipped tiles first
+    monkeypatch.setitem(tune.CANDIDATES, "forward", ((32, 16, 4, 2),))
+    monkeypatch.setitem(tune.CANDIDATES, "dq", ((16, 32, 4, 1),))
+    out = tmp_path / "tune.json"
+    argv = ["--device", "cpu", "--seq-len", "64", "--lengths", "64", "--head-dim", "16", "--tokens", "256",
+            "--reps", "1", "--kernels", "forward,dq", "--out", str(out)]  # fmt: skip
+    assert tune.main(argv) == 0
+    report = json.loads(out.read_text())
+    tiles = [r for r in report["records"] if r["section"] == "tiles"]
+    assert [(r["kernel"], r["bm"], r["bn"]) for r in tiles] == [
+        ("forward", 64, 64), ("forward", 32, 16), ("dq", 64, 64), ("dq", 16, 32)
+    ]  # fmt: skip
+    # fp32 under the interpreter: a tiling only reorders sums (the shipped one compared with itself: exactly;
+    # an alias of .grad, accumulated by the later calls, would show here as an error of order 1)
+    assert all(r["rel_err"] <= 1e-5 for r in tiles), tiles
+    assert {r["mode"] for r in tiles if r["kernel"] == "dq"} == {"fwdbwd"}
+    assert set(report["best"]) == {"forward", "dq"}
+    lengths = [r for r in report["records"] if r["section"] == "lengths"]
+    assert [(r["tiles"], r["mode"]) for r in lengths] == [
+        ("shipped", "fwd"), ("tuned", "fwd"), ("shipped", "fwdbwd"), ("tuned", "fwdbwd")
+    ]  # fmt: skip
+    assert set(report["profile"]) == {"fwd", "fwdbwd"} and report["device_ms"]["fwdbwd"] > 0
+
+
+def test_the_choice_is_the_fastest_kernel_within_tolerance() -> None:
+    def rec(bm: int, ms: float, kernel_ms: float | None, err: float) -> dict:
+        return {"section": "tiles", "kernel": "dq", "bm": bm, "bn": 64, "bdv": 128, "num_warps": 8,
+                "num_stages": 1, "ms": ms, "kernel_ms": kernel_ms, "rel_err": err}  # fmt: skip
+
+    # the kernel's own time decides, not the layer's; a wrong result is never chosen
+    records = [rec(64, 10.0, 3.0, 0.0), rec(128, 9.0, 3.5, 0.0), rec(32, 8.0, 1.0, 0.5)]
+    assert tune.best_tiles(records) == {"dq": Tiles(64, 64, 128, 8, 1)}
+    # without a profile (a CPU), the layer's time
+    records = [rec(64, 10.0, None, 0.0), rec(128, 9.0, None, 0.0)]
+    assert tune.best_tiles(records) == {"dq": Tiles(128, 64, 128, 8, 1)}
+
+
+def test_the_search_leaves_the_shipped_tiles_in_place() -> None:
+    shipped = tune.op.tiles
+    with tune.using({"forward": Tiles(16, 16, 16)}):
+        assert tune.op.tiles("forward", 16, 16) == Tiles(16, 16, 16)
+        assert tune.op.tiles("dq", 16, 16) == shipped("dq", 16, 16)
+    assert tune.op.tiles is shipped

@@ -1,0 +1,290 @@
+"""Block-size tuning of the fused window + cache kernels on one CUDA device:
+``python -m tvq_exp.attention.vq.fused.tune --out tune.json``.
+
+The case is the GPU check's ``vq_triton`` attention (:mod:`tvq_exp.tools.bench.gpu_attention`: bf16, ``S = L =
+512``, ``B·H·T`` = 512k tokens, head dim ``--head-dim``) at ``--seq-len``. For each kernel of
+:data:`~tvq_exp.attention.vq.fused.config.KERNEL_NAMES` in turn, each candidate :class:`~.config.Tiles` of
+:data:`CANDIDATES` replaces the shipped tiles of that kernel alone (the others keep theirs): the forward kernel is
+timed forward, the three backward kernels forward + backward. Every candidate's output and gradients are compared
+with the shipped configuration's (relative error; a tiling only reorders fp32 sums, so a large error is a defect,
+not rounding). First a profile of the shipped configuration (time per device kernel) at ``--seq-len``; then the
+tile search; then the best tiles of each kernel together against the shipped ones at ``--lengths``.
+
+One ``TUNE {json}`` line per record as it is done, the JSON file rewritten after each, a table at the end. On a CPU
+(``--device cpu``, under ``TRITON_INTERPRET=1``) it runs the same steps on small sizes: a check of this tool, not
+a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.vq.fused import config, op
+from tvq_exp.attention.vq.fused.config import KERNEL_NAMES, Tiles
+from tvq_exp.measure.timing import sync, time_calls
+
+HEADS = 4
+# per kernel, (bm, bn, num_warps, num_stages); bdv stays the shipped one (the values' chunk)
+CANDIDATES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
+    "forward": ((64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 4, 3),
+                (64, 128, 8, 2), (128, 128, 8, 2)),
+    "dq": ((64, 64, 4, 1), (64, 64, 8, 2), (128, 64, 8, 1), (128, 64, 8, 2), (64, 32, 4, 2), (64, 128, 8, 1)),
+    "window_key": ((64, 64, 4, 1), (64, 64, 8, 2), (64, 128, 8, 1), (128, 64, 8, 1), (32, 64, 4, 2),
+                   (128, 128, 8, 1)),
+    "code": ((64, 64, 4, 1), (64, 64, 8, 2), (64, 128, 8, 1), (128, 64, 8, 1), (32, 64, 4, 2), (128, 128, 8, 1)),
+}  # fmt: skip
+TOLERANCE = 1e-2  # bf16 results: a different tiling's rounding stays far under this
+
+
+@contextmanager
+def using(chosen: dict[str, Tiles]) -> Iterator[None]:
+    """The fused op takes ``chosen[kernel]`` for the kernels named there, the shipped tiles elsewhere."""
+    shipped = op.tiles
+
+    def pick(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False) -> Tiles:
+        return chosen.get(kernel) or shipped(kernel, d_k, d_v, interpret, fp32)
+
+    op.tiles = pick
+    try:
+        yield
+    finally:
+        op.tiles = shipped
+
+
+def candidates(kernel: str, d_k: int, d_v: int) -> list[Tiles]:
+    """The shipped tiles of ``kernel`` first, then the other shapes of :data:`CANDIDATES`."""
+    base = config.tiles(kernel, d_k, d_v)
+    out = [base]
+    for bm, bn, warps, stages in CANDIDATES[kernel]:
+        t = Tiles(bm, bn, base.bdv, warps, stages)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+class Case:
+    """The GPU check's ``vq_triton`` layer and bf16 inputs at one length: ``(B, H, T, d)`` views of ``(B, T, H,
+    d)`` leaves, as a model's projections give them."""
+
+    def __init__(self, seq_len: int, head_dim: int, tokens: int, device: torch.device) -> None:
+        from tvq_exp.attention import build_attention
+
+        self.device = device
+        # bf16 on the GPU; fp32 under the interpreter (its bf16 dots and casts are not Triton's)
+        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        batch = max(1, tokens // (seq_len * HEADS))
+        block = min(512, seq_len)
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        shape = (batch, seq_len, HEADS, head_dim)
+        self.leaves = [
+            (torch.randn(shape, generator=gen) * head_dim**-0.25).to(device, self.dtype).requires_grad_()
+            for _ in range(3)
+        ]
+        self.grad = torch.randn(shape, generator=gen).to(device, self.dtype).transpose(1, 2)
+        self.layer = build_attention("vq", d_k=head_dim, d_v=head_dim, heads=HEADS, codebook_size=block,
+                                     block_len=block, kernel="triton").to(device)  # fmt: skip
+        self.flops = {train: self.layer.flops(seq_len, batch, backward=train) for train in (False, True)}
+
+    def call(self, train: bool) -> Callable[[], Tensor]:
+        q, k, v = (x.transpose(1, 2) for x in self.leaves)
+
+        def run() -> Tensor:
+            with (
+                torch.set_grad_enabled(train),
+                torch.autocast(self.device.type, torch.bfloat16, enabled=self.dtype == torch.bfloat16),
+            ):
+                out = self.layer(q, k, v)[0]
+            if train:
+                out.backward(self.grad)
+            return out
+
+        return run
+
+    def results(self) -> list[Tensor]:
+        """The output and the three inputs' gradients (fp32 copies: later backward calls accumulate into ``.grad``)."""
+        for x in self.leaves:
+            x.grad = None
+        out = self.call(True)()
+        return [out.detach().float().clone(), *(x.grad.float().clone() for x in self.leaves)]
+
+
+def relative_error(got: Sequence[Tensor], want: Sequence[Tensor]) -> float:
+    """The largest ``‖got − want‖ / ‖want‖`` over the tensors (``inf`` for a NaN)."""
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        err = float((g - w).norm() / w.norm().clamp_min(1e-30))
+        worst = max(worst, err if err == err else float("inf"))
+    return worst
+
+
+def timed(case: Case, train: bool, reps: int) -> dict[str, float]:
+    """Median ms of ``reps`` synchronised calls after a warm-up (which compiles), and TFLOP/s of useful work."""
+    times = time_calls(case.call(train), case.device, reps, budget_s=3.0)
+    ms = sorted(times)[len(times) // 2]
+    return {"ms": ms, "tflops_per_s": case.flops[train] / (ms / 1e3) / 1e12}
+
+
+def tile_record(kernel: str, t: Tiles, case: Case, want: list[Tensor], reps: int) -> dict[str, Any]:
+    """One candidate of one kernel: its time and its error against the shipped configuration."""
+    record: dict[str, Any] = {"kernel": kernel, "bm": t.bm, "bn": t.bn, "bdv": t.bdv, "num_warps": t.num_warps,
+                              "num_stages": t.num_stages, "mode": "fwd" if kernel == "forward" else "fwdbwd"}  # fmt: skip
+    try:
+        with using({kernel: t}):
+            record |= timed(case, kernel != "forward", reps)
+            record["rel_err"] = relative_error(case.results(), want)
+            record["kernel_ms"] = kernel_ms(profile(case, kernel != "forward"), kernel)
+    except Exception as err:  # noqa: BLE001 - a candidate that does not compile or fit is recorded, the next runs
+        record["error"] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
+    finally:
+        if case.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def best_tiles(records: Sequence[dict[str, Any]]) -> dict[str, Tiles]:
+    """Per kernel, the candidate within :data:`TOLERANCE` of the shipped results whose kernel took the least device
+    time (the layer's wall time where the profile has no such kernel: on a CPU). The kernel's own time, since the
+    layer's wall time also holds the work around the kernels, whose spread hides the tiles' differences."""
+    best: dict[str, tuple[float, Tiles]] = {}
+    for r in records:
+        if r.get("section") != "tiles" or "ms" not in r or r["rel_err"] > TOLERANCE:
+            continue
+        t = Tiles(r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"])
+        cost = r["ms"] if r.get("kernel_ms") is None else r["kernel_ms"]
+        if r["kernel"] not in best or cost < best[r["kernel"]][0]:
+            best[r["kernel"]] = (cost, t)
+    return {kernel: t for kernel, (_, t) in best.items()}
+
+
+def profile(case: Case, train: bool) -> list[dict[str, Any]]:
+    """Time per device kernel of one call (the current tiles), largest first (CPU ops' own time on a CPU): every
+    kernel, so that their sum against the call's wall time says how much of it the device was busy."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run = case.call(train)
+    run()
+    sync(case.device)
+    cuda = case.device.type == "cuda"
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        run()
+        sync(case.device)
+    spent = [(e, e.device_time_total if cuda else e.self_cpu_time_total) for e in prof.key_averages()]
+    rows = [{"name": e.key[:90], "calls": e.count, "ms": us / 1e3} for e, us in spent if us > 0]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def kernel_ms(rows: Sequence[dict[str, Any]], kernel: str) -> float | None:
+    """The device time of the fused op's ``kernel`` (its Triton function ``{kernel}_kernel``) in a profile."""
+    return next((r["ms"] for r in rows if r["name"] == f"{kernel}_kernel"), None)
+
+
+def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every section in turn; ``save`` gets the report after each record."""
+    device, start = torch.device(args.device), time.monotonic()
+    report: dict[str, Any] = {"args": vars(args), "records": []}
+
+    def add(record: dict[str, Any]) -> None:
+        print("TUNE " + json.dumps(record), flush=True)
+        report["records"].append(record)
+        save(report)
+
+    case = Case(args.seq_len, args.head_dim, args.tokens, device)
+    want = case.results()
+    report["profile"] = {mode: profile(case, mode == "fwdbwd") for mode in ("fwd", "fwdbwd")}
+    report["device_ms"] = {mode: sum(r["ms"] for r in rows) for mode, rows in report["profile"].items()}
+    save(report)
+    kernels = [k for k in KERNEL_NAMES if k in args.kernels.split(",")]
+    for kernel in kernels:
+        for t in candidates(kernel, args.head_dim, args.head_dim):
+            if time.monotonic() - start > args.budget:
+                add({"section": "tiles", "kernel": kernel, "error": "skipped: budget"})
+                break
+            add(
+                {"section": "tiles", "seq_len": args.seq_len, **tile_record(kernel, t, case, want, args.reps)}
+            )
+    chosen = best_tiles(report["records"])
+    report["best"] = {k: vars(t) for k, t in chosen.items()}
+    del case
+    for seq_len in (int(n) for n in args.lengths.split(",")):
+        case = Case(seq_len, args.head_dim, args.tokens, device)
+        for train in (False, True):
+            for name, tiles in (("shipped", {}), ("tuned", chosen)):
+                record = {
+                    "section": "lengths",
+                    "tiles": name,
+                    "seq_len": seq_len,
+                    "mode": "fwdbwd" if train else "fwd",
+                }
+                if time.monotonic() - start > args.budget:
+                    add(record | {"error": "skipped: budget"})
+                    continue
+                with using(tiles):
+                    add(record | timed(case, train, args.reps))
+        del case
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    """The records as a markdown table, then the best tiles and the profile's largest kernels."""
+    lines = [
+        "| section | kernel / tiles | T | mode | bm×bn×bdv w s | ms | TFLOP/s | rel err | kernel ms |",
+        "|---|---|--:|---|---|--:|--:|--:|--:|",
+    ]
+    for r in report["records"]:
+        shape = f"{r['bm']}×{r['bn']}×{r['bdv']} {r['num_warps']} {r['num_stages']}" if "bm" in r else ""
+        cells = (f"{r['ms']:.3f}", f"{r['tflops_per_s']:.1f}") if "ms" in r else (r.get("error", "?"), "")
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        own = f"{r['kernel_ms']:.3f}" if r.get("kernel_ms") is not None else ""
+        lines.append(f"| {r['section']} | {r.get('kernel', r.get('tiles', ''))} | {r.get('seq_len', '')} | "
+                     f"{r.get('mode', '')} | {shape} | {cells[0]} | {cells[1]} | {err} | {own} |")  # fmt: skip
+    lines.append(f"best: {report.get('best')}")
+    for mode, rows in report.get("profile", {}).items():
+        top = "; ".join(f"{r['name']} {r['ms']:.3f} ms ×{r['calls']}" for r in rows[:12])
+        lines.append(f"profile {mode} (device busy {report['device_ms'][mode]:.2f} ms in all): {top}")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tvq_exp.attention.vq.fused.tune", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--out", default="bench/tune.json", help="the JSON file to write")
+    p.add_argument("--seq-len", type=int, default=32768, help="T of the tile search")
+    p.add_argument("--lengths", default="8192,32768,131072", help="T of the tuned-against-shipped comparison")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=512 * 1024, help="B·H·T of every case")
+    p.add_argument("--kernels", default=",".join(KERNEL_NAMES), help="the kernels whose tiles are searched")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--budget", type=float, default=150.0, help="seconds after which the rest is skipped")
+    p.add_argument("--device", default="cuda")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("tune: skipped, no CUDA device here (torch.cuda.is_available() is False)")
+        return 0
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(report: dict[str, Any]) -> None:
+        path.write_text(json.dumps(report, indent=1) + "\n")
+
+    print(table(tune(args, save)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
