@@ -105,3 +105,60 @@ def test_the_gpu_presets_compile_the_training_step_and_the_cpu_presets_do_not() 
         }.items()
     }  # fmt: skip
     assert compiled == {"default": False, "gpu": True, "enwik8_paper": True, "smoke": False, "off": False}
+    assert compose_config("train", ["experiment=enwik8_paper"]).module.compile_scope == "blocks"
+
+
+def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_eager() -> None:
+    """``compile_scope="blocks"``: three identical blocks share one compiled code (one frame per state shape:
+    a fresh segment, then one continuing its state), and the step equals eager: losses, gradients, the state."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    blocks = functools.partial(GAUBlock, d_k=16)
+    attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8)
+    modules = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        modules.append(AutoregressiveLitModule(Decoder(256, 32, 3, blocks, attention).train(), compile_scope="blocks"))
+    eager, compiled = modules
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.compile_step(backend=counter, fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    for step in range(2):
+        results = []
+        for i, module in enumerate((eager, compiled)):
+            module.zero_grad()
+            loss, out = training_step(module, x, states[i])
+            states[i] = detach_state(out.state)
+            results.append(loss)
+        torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-6)
+        for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+        for s_e, s_c in zip(states[0], states[1], strict=True):
+            torch.testing.assert_close(s_c.attn.cache_mu, s_e.attn.cache_mu, rtol=1e-5, atol=1e-6)
+        assert counter.frame_count == step + 1  # one code for the three blocks, once per state shape
+    assert dict(counters["graph_break"]) == {}
+
+
+def test_compiled_blocks_run_the_fused_kernel_between_their_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel=triton`` (Triton's interpreter here) inside blocks compiled by ``compile_scope="blocks"``: the fused op
+    runs between the compiled graphs, and a training step equals the eager one (loss and every gradient)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch._dynamo.reset()
+    blocks = functools.partial(GAUBlock, d_k=16)
+    attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, kernel="triton")
+    modules = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        modules.append(AutoregressiveLitModule(Decoder(256, 32, 2, blocks, attention).train(), compile_scope="blocks"))
+    eager, compiled = modules
+    compiled.compile_step(backend="aot_eager")
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    losses = [training_step(module, x, None)[0] for module in modules]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+    assert all(attn.last_kernel == "triton" for attn in compiled.model.attention_modules())
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)

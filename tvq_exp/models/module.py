@@ -78,6 +78,10 @@ class AutoregressiveLitModule(L.LightningModule):
         compile: ``torch.compile`` the training step's forward and loss (:meth:`training_loss`) and the codebook
             update (``torch._dynamo``: one graph each, no graph break; a carried state's new position or shape
             compiles once more, so TBPTT's few segment positions each compile once). Validation runs eager.
+        compile_scope: what ``compile`` compiles: ``step`` (the whole step, as above) or ``blocks`` (regional
+            compilation: each block's forward, with its backward; the blocks share one code, so the compiler's
+            work is one block's however deep the model, where a whole 48-layer step takes minutes per TBPTT
+            position; the embedding, head, loss and codebook update run eager around them).
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
@@ -109,6 +113,7 @@ class AutoregressiveLitModule(L.LightningModule):
         kind: Annotated[str, OneOf("text", "image", "synthetic")] = "text",
         position_bucket_len: PositiveInt = 128,
         compile: bool = False,
+        compile_scope: Annotated[str, OneOf("step", "blocks")] = "step",
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -124,7 +129,7 @@ class AutoregressiveLitModule(L.LightningModule):
         )
         self.grad_clip = grad_clip
         self.kind = kind
-        self.compile = compile
+        self.compile, self.compile_scope = compile, compile_scope
         self._training_loss: Any = None  # compiled by compile_step (None: eager)
         self._codebook_step: Any = None
         self.train_state: ModelState | None = None
@@ -175,7 +180,13 @@ class AutoregressiveLitModule(L.LightningModule):
 
     def compile_step(self, backend: str = "inductor", fullgraph: bool = False) -> None:
         """Compile :meth:`training_loss` and the model's codebook update with ``torch.compile`` (``backend``;
-        ``fullgraph=True`` raises at a graph break instead of splitting the graph: the tests use it)."""
+        ``fullgraph=True`` raises at a graph break instead of splitting the graph: the tests use it); with
+        ``compile_scope="blocks"`` each block instead (in place: ``nn.Module.compile``)."""
+        if self.compile_scope == "blocks":
+            for block in self.model.blocks:
+                block.compile(backend=backend, fullgraph=fullgraph, dynamic=False)
+            self._training_loss = self.training_loss
+            return
         self._training_loss = torch.compile(
             self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False
         )

@@ -5,12 +5,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+import tvq_exp.quantize.fused_nearest  # noqa: F401  (registers torch.ops.tvq.nearest_code)
+from tvq_exp.nn.triton_loader import has_triton
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 
 NEAREST_ROWS = 2048  # rows per chunk of the code search on a CPU: (rows, S) fp32 distances stay in cache
-# on CUDA, (H, rows, S) fp32 distances per chunk (128 MiB): few launches. One H100 (2026-11-27) ran the search at
-# 128k keys per head as 64 chunks of 2048 rows, three kernels each, about 2.3 ms of a 17 ms attention layer
+# on CUDA without Triton, (H, rows, S) fp32 distances per chunk (128 MiB): few launches. One H100 (2026-11-27) ran
+# the search at 128k keys per head as 64 chunks of 2048 rows, three kernels each, about 2.3 ms of a 17 ms attention
+# layer; in 8 chunks, its fp32 matmul on the CUDA cores, 3.3 ms of 13.7; the fused kernel takes 1.3 ms
 NEAREST_ELEMENTS_CUDA = 1 << 25
+# CUDA searches in the fused kernel where Triton is installed: read once here, as a constant torch.compile folds (a
+# call to has_triton() inside a compiled step is a graph break: dynamo does not trace importlib)
+FUSED_SEARCH = has_triton()
 
 
 def nearest_chunk_rows(device_type: str, heads: int, codes: int) -> int:
@@ -26,8 +32,11 @@ def nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
 
     ``argmin_s ||x - c_s||² = argmin_s (||c_s||² - 2·x·c_s)``: per chunk of rows, one matmul with the
     (exactly) scaled codes ``-2·C`` and one in-place add. Autocast is off inside: a bf16 product would round the
-    distances to 8 bits and pick another code for keys between two codes.
+    distances to 8 bits and pick another code for keys between two codes. On CUDA with Triton, one fused kernel
+    (:mod:`.fused_nearest`) does the same.
     """
+    if x.is_cuda and FUSED_SEARCH:
+        return torch.ops.tvq.nearest_code(x.detach(), codebook.detach())  # indices: no gradient
     x, c = x.float(), codebook.float()
     rows = nearest_chunk_rows(x.device.type, *c.shape[:2])
     with torch.autocast(x.device.type, enabled=False):

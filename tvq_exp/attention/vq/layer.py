@@ -255,9 +255,7 @@ class VQAttention(BlockedAttention):
         state = state if state is not None else self.empty_state(k)
         t0, t_new = state.position, q.shape[2]
         n_buf = state.k.shape[2]
-        keys = torch.cat([state.k.to(k_hat.dtype), k_hat], dim=2)
-        values = torch.cat([state.v.to(v.dtype), v], dim=2)
-        all_codes = torch.cat([state.codes, codes], dim=2)
+        keys, values, all_codes = _join(state.k, k_hat), _join(state.v, v), _join(state.codes, codes)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
         vals = vb if self.grad_through_cache else vb.detach()
         prefix = key_means = (
@@ -439,10 +437,18 @@ def _to_blocks(
     return _pad_blocks(keys, block_len), _pad_blocks(values, block_len), cb, valid.view(r, block_len)
 
 
+def _join(carried: Tensor, new: Tensor) -> Tensor:
+    """A carried state's positions ``(B, Hk, n0, ·)`` then the call's ``(B, Hk, n, ·)``, in the call's dtype (the call's
+    tensor itself, not a copy, when nothing is carried)."""
+    return new if carried.shape[2] == 0 else torch.cat([carried.to(new.dtype), new], dim=2)
+
+
 def _pad_blocks(x: Tensor, block_len: int) -> Tensor:
-    """``x (B, Hk, n, d)`` padded with zeros to whole blocks: ``(B, Hk, R, L, d)``."""
+    """``x (B, Hk, n, d)`` padded with zeros to whole blocks: ``(B, Hk, R, L, d)`` (a view when ``n`` is whole
+    blocks)."""
     r = -(-x.shape[2] // block_len)
-    return torch.nn.functional.pad(x, (0, 0, 0, r * block_len - x.shape[2])).unflatten(2, (r, block_len))
+    pad = r * block_len - x.shape[2]
+    return (torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x).unflatten(2, (r, block_len))
 
 
 def _code_means(codes: Tensor, keys: Tensor, valid: Tensor, n0: Tensor, mean0: Tensor) -> Tensor:

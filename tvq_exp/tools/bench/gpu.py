@@ -177,6 +177,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budgets", default=",".join(f"{BUDGETS[name]:.0f}" for name in SECTIONS), help="seconds per section"
     )
+    p.add_argument("--kernels", default=",".join(KERNELS), help="the attention section's kernels, in order")
     p.add_argument("--skip", default="", help="sections to leave out: attention,training,tests")
     return p
 
@@ -184,15 +185,24 @@ def parser() -> argparse.ArgumentParser:
 Job = Callable[[Callable[[Any], None]], Any]
 
 
+def _kernels(names: str) -> list[str]:
+    """``--kernels``: known attention kernels, comma-separated (one line naming the allowed ones otherwise)."""
+    chosen = [k for k in names.split(",") if k]
+    unknown = [k for k in chosen if k not in KERNELS]
+    if unknown or not chosen:
+        raise SystemExit(f"bench-gpu: --kernels {names!r}: unknown {unknown or 'none given'}; allowed: {','.join(KERNELS)}")
+    return chosen
+
+
 def jobs(args: argparse.Namespace) -> list[tuple[str, Job]]:
     """The sections in order, each a function of ``save`` (which writes a partial result) with its budget."""
     budgets = dict(zip(SECTIONS, (float(b) for b in args.budgets.split(",")), strict=True))
-    lengths = [int(n) for n in args.lengths.split(",")]
+    lengths, kernels = [int(n) for n in args.lengths.split(",")], _kernels(args.kernels)
     shape = (*TRAIN_SHAPE, f"data={args.data}")
     batches = [int(b) for b in args.batch_sizes.split(",")]
     every: dict[str, Job] = {
         "attention": lambda save: attention_section(
-            budgets["attention"], save, lengths=lengths, head_dim=args.head_dim
+            budgets["attention"], save, kernels=kernels, lengths=lengths, head_dim=args.head_dim
         ),
         "training": lambda save: training_section(
             shape, args.train_seconds, batches, budgets["training"], args.compile_seconds

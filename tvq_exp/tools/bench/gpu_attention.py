@@ -8,7 +8,10 @@ forward + backward (``fwdbwd``). Kernels (:data:`KERNELS`):
   quantised by the layer's own codebook, the cache on, no XL bias);
 - ``sdpa_flash``, ``sdpa_cudnn``: ``F.scaled_dot_product_attention(is_causal=True)`` restricted to that SDPA
   backend (``torch.nn.attention.sdpa_kernel``); an error where torch has no such kernel for the shape;
-- ``dense_flex``: the dense backend's compiled flex-attention kernel (``kernel=flex``).
+- ``dense_flex``: the dense backend's compiled flex-attention kernel (``kernel=flex``);
+- ``vq_triton_compiled``: ``vq_triton``'s layer under ``torch.compile`` (as ``module.compile`` runs it in training):
+  the quantiser, the cache's running means and the layout around the fused kernels become inductor's kernels, the
+  fused op runs between the compiled graphs.
 
 Each measurement prints one ``CASE {json}`` line as soon as it is done (the parent keeps what came before a
 timeout): ``ms`` (median of CUDA-synchronised calls after a warm-up, which includes any compilation),
@@ -36,7 +39,7 @@ from tvq_exp.measure.timing import sync, time_calls
 # in this order: the GPU check gives each kernel an equal share of what is left, so the kernel that needs the most
 # (VQ's fused kernel: its compilation took the whole 22 s share of 130 s on an H100) runs last and takes what the
 # others left
-KERNELS = ("sdpa_flash", "sdpa_cudnn", "vq_flex", "vq_plain", "dense_flex", "vq_triton")
+KERNELS = ("sdpa_flash", "sdpa_cudnn", "vq_flex", "vq_plain", "dense_flex", "vq_triton", "vq_triton_compiled")
 LENGTHS = (8192, 32768, 131072)
 TOKENS = 512 * 1024  # B·H·T
 HEADS = 4
@@ -69,7 +72,7 @@ def _layer(kernel: str, head_dim: int, device: torch.device) -> Any:
 
     if kernel == "dense_flex":
         return build_attention("dense", d_k=head_dim, d_v=head_dim, heads=HEADS, kernel="flex").to(device)
-    opts = {"codebook_size": 512, "block_len": 512, "kernel": kernel.removeprefix("vq_")}
+    opts = {"codebook_size": 512, "block_len": 512, "kernel": kernel.removeprefix("vq_").removesuffix("_compiled")}
     return build_attention("vq", d_k=head_dim, d_v=head_dim, heads=HEADS, **opts).to(device)
 
 
@@ -92,7 +95,8 @@ def case(
         attend, flops = _sdpa(kernel), dense_flops(batch * HEADS, seq_len, head_dim, train)
     else:
         layer = _layer(kernel, head_dim, device)
-        attend = lambda q, k, v: layer(q, k, v)[0]  # noqa: E731
+        run = torch.compile(layer, dynamic=False) if kernel.endswith("_compiled") else layer
+        attend = lambda q, k, v: run(q, k, v)[0]  # noqa: E731
         flops = layer.flops(seq_len, batch, backward=train) if kernel.startswith("vq") else None
         flops = flops or dense_flops(batch * HEADS, seq_len, head_dim, train)
 

@@ -7,9 +7,6 @@ why not elsewhere (the layer's one-line refusal); :func:`wants_triton` is ``kern
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
 from pathlib import Path
 from types import ModuleType
 
@@ -17,19 +14,9 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.flex_runtime import FLEX_MIN_QUERIES
+from tvq_exp.nn.triton_loader import has_triton, interpreted, load_kernels
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def interpreted() -> bool:
-    """Whether Triton's interpreter is asked for (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-
-
-@functools.cache
-def has_triton() -> bool:
-    """Whether Triton can be imported."""
-    return importlib.util.find_spec("triton") is not None
 
 
 def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = None) -> str | None:
@@ -49,28 +36,9 @@ def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = N
     return None
 
 
-@functools.cache
 def kernels(interpret: bool) -> ModuleType:
-    """The kernel module decorated for the interpreter (``interpret``) or for the GPU: Triton reads
-    ``TRITON_INTERPRET`` when it decorates, so each mode loads its own copy. Triton itself (its standard library's
-    jit functions, which the kernels only name, never call) is imported in the compiled mode, so that both copies
-    work in one process."""
-    before = os.environ.get("TRITON_INTERPRET")
-    try:
-        os.environ["TRITON_INTERPRET"] = "0"
-        importlib.import_module("triton")
-        os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-        path = Path(__file__).with_name("kernels.py")
-        name = f"{__package__}.kernels_{'interpreted' if interpret else 'compiled'}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
-    return module
+    """The fused attention's kernel module (:mod:`.kernels`) for the interpreter or the GPU (:func:`load_kernels`)."""
+    return load_kernels(Path(__file__).with_name("kernels.py"), __package__, interpret)
 
 
 def wants_triton(kernel: str, q: Tensor) -> bool:
@@ -84,4 +52,4 @@ def wants_triton(kernel: str, q: Tensor) -> bool:
     )
 
 
-__all__ = ["DTYPES", "has_triton", "interpreted", "kernels", "unsupported", "wants_triton"]
+__all__ = ["DTYPES", "kernels", "unsupported", "wants_triton"]
