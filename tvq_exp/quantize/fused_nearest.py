@@ -21,7 +21,9 @@ from torch import Tensor
 from tvq_exp.nn.triton_loader import load_kernels
 
 BM, BS = 64, 64  # rows per program, codes per tile
-NUM_WARPS = 4
+# Triton's default stages on sm_90 (as measured on the H100): 231 registers, no spills, 192 KiB of shared memory
+# (make kernel-report)
+NUM_WARPS, NUM_STAGES = 4, 3
 
 
 def _padded(d: int) -> int:
@@ -45,6 +47,7 @@ def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
     kernel[(_cdiv(n, BM), h)](
         x, scaled, c2, out, n, s, d,
         BM=BM, BS=BS, DK=_padded(d), PREC="ieee" if interpret else "tf32x3", num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
     )  # fmt: skip
     return out
 

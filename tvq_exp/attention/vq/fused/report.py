@@ -52,9 +52,10 @@ class Row:
 
     @property
     def gated(self) -> bool:
-        """Whether spills fail the report: bf16 (the path trained and benchmarked). fp32 operands (three tf32
-        products per dot) are the GPU's correctness path: their spills are reported, not refused."""
-        return self.dtype != "fp32"
+        """Whether spills fail the report: bf16 (the path trained and benchmarked) and the nearest-code search (fp32
+        only, and on every path). fp32 operands of the attention kernels (three tf32 products per dot) are the GPU's
+        correctness path: their spills are reported, not refused."""
+        return self.dtype != "fp32" or self.kernel == "nearest"
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,6 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
     t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32")
@@ -117,6 +117,38 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": t.num_warps, "num_stages": t.num_stages},
         )
+    return _row(kernel, d_k, d_v, dtype, t, compiled)
+
+
+def compile_nearest(d_k: int) -> Row:
+    """Compile the nearest-code search (:mod:`tvq_exp.quantize.fused_nearest`, fp32, its shipped tiles) for
+    sm_90a."""
+    import tvq_exp.quantize.fused_nearest as nearest
+    from tvq_exp.nn.triton_loader import load_kernels
+
+    fn = load_kernels(Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False).nearest_kernel
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    const = {"BM": nearest.BM, "BS": nearest.BS, "DK": padded_dim(d_k), "PREC": "tf32x3"}
+    pointers = {"x_ptr": "*fp32", "c_ptr": "*fp32", "c2_ptr": "*fp32", "out_ptr": "*i64"}
+    signature = {name: "constexpr" if name in const else pointers.get(name, "i32") for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in pointers or name in "SD"}
+    src = ASTSource(fn, signature, constexprs=const, attrs=attrs)
+    t = Tiles(nearest.BM, nearest.BS, 0, num_warps=nearest.NUM_WARPS, num_stages=nearest.NUM_STAGES)
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = False
+        compiled = triton.compile(
+            src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t.num_warps, "num_stages": t.num_stages}
+        )
+    return _row("nearest", d_k, 0, "fp32", t, compiled)
+
+
+def _row(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: object) -> Row:
+    """What ``ptxas -v`` reports for a Triton-compiled kernel, as a :class:`Row`."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
@@ -134,13 +166,14 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
 def report(
     heads: tuple[tuple[int, int], ...] = SHIPPED, dtypes: tuple[str, ...] = ("bf16", "fp32")
 ) -> list[Row]:
-    """Every shipped configuration, compiled."""
+    """Every shipped configuration, compiled; then the nearest-code search at each shipped ``d_k``."""
     rows = []
     for d_k, d_v in heads:
         for dtype in dtypes:
             for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
                 row = compile_one(kernel, const, d_k, d_v, dtype)
                 rows.append(Row(**{**row.__dict__, "flags": flags}))
+    rows += [compile_nearest(d_k) for d_k in sorted({d_k for d_k, _ in heads}, reverse=True)]
     return rows
 
 
