@@ -91,6 +91,9 @@ def test_ctrl_c_is_one_line_and_status_130(
             "+callbacks.stop.signal_name=SIGINT"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["train.py", *args])
     GlobalHydra.instance().clear()
+    # Python's own Ctrl-C handler, whatever this process inherited: a shell starts a background job (`make test &`)
+    # with SIGINT ignored, and Python then installs none, so the signal would never reach the run
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SystemExit) as exit_info:
             run("train", entry.main)

@@ -148,10 +148,10 @@ def test_a_kernel_past_its_share_of_the_budget_is_stopped(tmp_path: Path) -> Non
 def test_the_attention_kernels_can_be_chosen_and_an_unknown_one_is_refused_in_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tvq_exp.tools.bench.gpu import _kernels
+    from tvq_exp.tools.bench.gpu import attention_kernels
     from tvq_exp.tools.bench.gpu_attention import KERNELS
 
-    assert _kernels("sdpa_flash,vq_triton_compiled") == ["sdpa_flash", "vq_triton_compiled"]
-    assert _kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[-2:] == ("vq_triton", "vq_triton_compiled")
+    assert attention_kernels("sdpa_flash,vq_triton_compiled") == ["sdpa_flash", "vq_triton_compiled"]
+    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[-2:] == ("vq_triton", "vq_triton_compiled")
     with pytest.raises(SystemExit, match=r"--kernels 'sdpa_flash,vq_fast': unknown \['vq_fast'\]; allowed: sdpa_flash,"):
-        _kernels("sdpa_flash,vq_fast")
+        attention_kernels("sdpa_flash,vq_fast")

@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
 Job = Callable[[Callable[[Any], None]], Any]
 
 
-def _kernels(names: str) -> list[str]:
+def attention_kernels(names: str) -> list[str]:
     """``--kernels``: known attention kernels, comma-separated (one line naming the allowed ones otherwise)."""
     chosen = [k for k in names.split(",") if k]
     unknown = [k for k in chosen if k not in KERNELS]
@@ -197,7 +197,7 @@ def _kernels(names: str) -> list[str]:
 def jobs(args: argparse.Namespace) -> list[tuple[str, Job]]:
     """The sections in order, each a function of ``save`` (which writes a partial result) with its budget."""
     budgets = dict(zip(SECTIONS, (float(b) for b in args.budgets.split(",")), strict=True))
-    lengths, kernels = [int(n) for n in args.lengths.split(",")], _kernels(args.kernels)
+    lengths, kernels = [int(n) for n in args.lengths.split(",")], attention_kernels(args.kernels)
     shape = (*TRAIN_SHAPE, f"data={args.data}")
     batches = [int(b) for b in args.batch_sizes.split(",")]
     every: dict[str, Job] = {
