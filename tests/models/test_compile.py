@@ -110,7 +110,8 @@ def test_the_gpu_presets_compile_the_training_step_and_the_cpu_presets_do_not() 
 
 def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_eager() -> None:
     """``compile_scope="blocks"``: three identical blocks share one compiled code (one frame per state shape:
-    a fresh segment, then one continuing its state), and the step equals eager: losses, gradients, the state."""
+    a fresh segment, then one continuing its state) that each of them runs, and the step equals eager: losses,
+    gradients, the state."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
@@ -123,8 +124,13 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
         torch.manual_seed(0)
         modules.append(AutoregressiveLitModule(Decoder(256, 32, 3, blocks, attention).train(), compile_scope="blocks"))
     eager, compiled = modules
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled.compile_step(backend=counter, fullgraph=True)
+    counter, runs = CompileCounterWithBackend("aot_eager"), []
+
+    def backend(graph: torch.fx.GraphModule, inputs: list[Tensor]) -> Any:  # counts the compiled code's runs
+        compiled_graph = counter(graph, inputs)
+        return lambda *args: runs.append(1) or compiled_graph(*args)
+
+    compiled.compile_step(backend=backend, fullgraph=True)
     x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
     states: dict[int, ModelState | None] = {0: None, 1: None}
     for step in range(2):
@@ -140,6 +146,7 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
         for s_e, s_c in zip(states[0], states[1], strict=True):
             torch.testing.assert_close(s_c.attn.cache_mu, s_e.attn.cache_mu, rtol=1e-5, atol=1e-6)
         assert counter.frame_count == step + 1  # one code for the three blocks, once per state shape
+        assert len(runs) == 3 * (step + 1)  # ... that every block runs
     assert dict(counters["graph_break"]) == {}
 
 
