@@ -1,5 +1,6 @@
 """Triton kernel modules loaded per mode: compiled for the GPU, or run by Triton's interpreter on the CPU
-(``TRITON_INTERPRET=1``, how kernels are debugged and how the tests run them without a GPU)."""
+(``TRITON_INTERPRET=1``, how kernels are debugged and how the tests run them without a GPU); and the launch
+arithmetic every kernel here shares (grid sizes, padded tile widths)."""
 
 from __future__ import annotations
 
@@ -44,4 +45,17 @@ def load_kernels(path: Path, package: str, interpret: bool) -> ModuleType:
     return module
 
 
-__all__ = ["has_triton", "interpreted", "load_kernels"]
+MIN_TILE = 16  # tl.dot needs every dimension >= 16
+
+
+def padded_dim(d: int) -> int:
+    """A head dimension as the kernels tile it: the next power of two, at least :data:`MIN_TILE`."""
+    return max(MIN_TILE, 1 << (d - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)``: programs of ``b`` covering ``a``."""
+    return -(-a // b)
+
+
+__all__ = ["MIN_TILE", "cdiv", "has_triton", "interpreted", "load_kernels", "padded_dim"]

@@ -18,17 +18,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tvq_exp.nn.triton_loader import load_kernels
+from tvq_exp.nn.triton_loader import cdiv, load_kernels, padded_dim
 
 BM, BS = 64, 64  # rows per program, codes per tile
 # Triton's default stages on sm_90 (as measured on the H100): 231 registers, no spills, 192 KiB of shared memory
 # (make kernel-report)
 NUM_WARPS, NUM_STAGES = 4, 3
-
-
-def _padded(d: int) -> int:
-    """The dot's width: ``d`` rounded up to a power of two, at least 16 (tl.dot's smallest)."""
-    return max(16, 1 << (d - 1).bit_length())
 
 
 def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
@@ -44,17 +39,12 @@ def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
     if n == 0:
         return out
     kernel = load_kernels(Path(__file__).with_name("nearest_kernel.py"), __package__, interpret).nearest_kernel
-    kernel[(_cdiv(n, BM), h)](
+    kernel[(cdiv(n, BM), h)](
         x, scaled, c2, out, n, s, d,
-        BM=BM, BS=BS, DK=_padded(d), PREC="ieee" if interpret else "tf32x3", num_warps=NUM_WARPS,
+        BM=BM, BS=BS, DK=padded_dim(d), PREC="ieee" if interpret else "tf32x3", num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )  # fmt: skip
     return out
-
-
-def _cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)``."""
-    return -(-a // b)
 
 
 @torch.library.custom_op("tvq::nearest_code", mutates_args=(), device_types="cuda")

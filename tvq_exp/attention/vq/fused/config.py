@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvq_exp.nn.triton_loader import MIN_TILE, padded_dim
+
 KERNEL_NAMES = ("forward", "dq", "window_key", "code")
-MIN_TILE = 16  # tl.dot needs every dimension >= 16
 H100_SHARED_BYTES = 232_448  # the most shared memory one block may take on sm_90 (227 KB)
 # (d_k, d_v) the GPU path is sized for: the benchmarks' heads (d_k 128, d_v 256) and the paper's GAU (d_v 1536)
 SHIPPED = ((128, 256), (128, 1536), (64, 64))
@@ -27,11 +28,6 @@ class Tiles:
     bdv: int
     num_warps: int = 4
     num_stages: int = 1
-
-
-def padded_dim(d: int) -> int:
-    """A head dimension as the kernels tile it: the next power of two, at least :data:`MIN_TILE`."""
-    return max(MIN_TILE, 1 << (d - 1).bit_length())
 
 
 def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False) -> Tiles:

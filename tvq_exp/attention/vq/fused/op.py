@@ -30,6 +30,7 @@ from torch import Tensor
 from tvq_exp.attention.vq.fused.config import Tiles, padded_dim, tiles
 from tvq_exp.attention.vq.fused.support import kernels, unsupported
 from tvq_exp.attention.vq.kernel import WindowInputs
+from tvq_exp.nn.triton_loader import cdiv
 
 MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
 
@@ -97,8 +98,8 @@ class _Layout:
 
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
-        tpb = _cdiv(self.block, t.bn)
-        return _cdiv(self.lq, t.bm), self.blocks * tpb, tpb
+        tpb = cdiv(self.block, t.bn)
+        return cdiv(self.lq, t.bm), self.blocks * tpb, tpb
 
     def visible(self, t: Tiles) -> tuple[Tensor, Tensor]:
         """Which tiles to visit: per row block, the window tiles ``[lo, hi)`` any of its rows sees ``(NPB, 2)``;
@@ -123,11 +124,6 @@ def _span(seen: Tensor) -> Tensor:
     return torch.stack([torch.where(hi > 0, lo, 0), hi], 1).to(torch.int32).contiguous()
 
 
-def _cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)``."""
-    return -(-a // b)
-
-
 def _contiguous(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.contiguous()
 
@@ -144,7 +140,7 @@ class _Fused(torch.autograd.Function):
         lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
         t = lay.tiles("forward")
         npb, _, tpb = lay.tile_counts(t)
-        ndv = _cdiv(lay.d_v, t.bdv)
+        ndv = cdiv(lay.d_v, t.bdv)
         dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
         kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
             q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32),
@@ -201,7 +197,7 @@ def _or(x: Tensor | None, dummy: Tensor) -> Tensor:
 def _passes(lay: _Layout, t: Tiles, want_k: bool, want_v: bool) -> list[tuple[bool, bool, int]]:
     """The launches of a key-gradient kernel: ``(DO_DK, DO_DV, value chunks)``; one when ``d_v`` fits one
     chunk, else the values' chunks and the keys apart (the keys' gradient needs all of ``d_v``)."""
-    ndv = _cdiv(lay.d_v, t.bdv)
+    ndv = cdiv(lay.d_v, t.bdv)
     if ndv == 1:
         return [(want_k, want_v, 1)]
     return [p for p in [(False, True, ndv), (True, False, 1)] if (p[0] and want_k) or (p[1] and want_v)]
@@ -225,9 +221,9 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
 def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Tensor, do: Tensor,
                 lse: Tensor, delta: Tensor, dcode: Tensor | None, dmu: Tensor | None) -> None:  # fmt: skip
     t = lay.tiles("code")
-    npb = _cdiv(lay.lq, t.bm)
+    npb = cdiv(lay.lq, t.bm)
     for do_k, do_v, chunks in _passes(lay, t, dcode is not None, dmu is not None):
-        kernels(lay.interpret).code_kernel[(_cdiv(lay.s, t.bn) * chunks, lay.items, lay.n)](
+        kernels(lay.interpret).code_kernel[(cdiv(lay.s, t.bn) * chunks, lay.items, lay.n)](
             q, codebook, log_n, mu, do, lse, delta, _or(dcode, q), _or(dmu, q),
             lay.items, lay.rows, lay.g, lay.lq, lay.s, lay.d_k, lay.d_v, *lay.code_strides, npb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
