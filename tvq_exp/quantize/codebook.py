@@ -85,7 +85,11 @@ class VectorQuantizer(nn.Module):
         from ``softmax(-||k' - C_s||² / (τ·m))`` (:func:`.sampling.sampled_code`; ``m`` the batch's mean squared
         distance to the nearest code), ``τ = temperature`` falling linearly to 0 (the nearest code) over the
         first ``temperature_anneal`` optimiser steps (0: no annealing); evaluation always takes the nearest.
-        A training step's quantised keys, commitment loss, statistics and metrics use the drawn codes.
+        A training step's quantised keys, commitment loss, statistics and metrics use the drawn codes;
+        ``hard_warmup``: a soft-to-hard schedule of the value the attention reads: in training ``k_hat`` is
+        ``α·C_z + (1 - α)·k'`` in value (``α = steps / hard_warmup``, capped at 1: the key itself at step 0, its
+        code from step ``hard_warmup`` on), with the estimator's gradient; evaluation reads the code (0: off, the
+        official). A small component of a key moves the scores early, while codes and keys settle.
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -112,6 +116,7 @@ class VectorQuantizer(nn.Module):
         assignment: Annotated[str, OneOf("nearest", "sampled")] = "nearest",
         temperature: PositiveFloat = 1.0,
         temperature_anneal: NonNegativeInt = 0,
+        hard_warmup: NonNegativeInt = 0,
         commit_weight: NonNegativeFloat = 1e-4,
         codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
@@ -126,6 +131,7 @@ class VectorQuantizer(nn.Module):
         self.normalize, self.estimator = normalize, estimator
         self.assignment = assignment
         self.temperature, self.temperature_anneal = temperature, temperature_anneal
+        self.hard_warmup = hard_warmup
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
         self.rule = _rule(update, smoothing, count_floor)
         self.rule.create(
@@ -144,8 +150,10 @@ class VectorQuantizer(nn.Module):
 
     @property
     def counts_steps(self) -> bool:
-        """Whether a schedule (decay warm-up, temperature annealing) needs the optimiser step, ``steps``."""
-        return bool(self.decay_warmup) or (self.assignment == "sampled" and bool(self.temperature_anneal))
+        """Whether a schedule (decay warm-up, temperature annealing, hard warm-up) needs the optimiser step,
+        ``steps``."""
+        sampled = self.assignment == "sampled" and bool(self.temperature_anneal)
+        return bool(self.decay_warmup) or sampled or bool(self.hard_warmup)
 
     @property
     def codebook(self) -> Tensor:
@@ -171,8 +179,9 @@ class VectorQuantizer(nn.Module):
         codebook = self.codebook
         codes = nearest = nearest_code(flat, codebook.detach())  # (H, N)
         noise = None
+        training = self.training and torch.is_grad_enabled()
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
-        if self.training and torch.is_grad_enabled() and self.assignment == "sampled":
+        if training and self.assignment == "sampled":
             codes, noise = self._draw(flat, codebook.detach(), nearest)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
         counts = code_counts(codes, self.codebook_size)
@@ -186,6 +195,9 @@ class VectorQuantizer(nn.Module):
             x = k.to(torch.promote_types(k.dtype, torch.float32)).transpose(0, 1).reshape(h, b * t, d)
             term = relaxation(x, codebook, nearest, noise, self.current_temperature())
             k_hat = k_hat + term.view(h, b, t, d).transpose(0, 1).to(k.dtype)
+        if training and self.hard_warmup:  # + (1 - α)·sg(k' - C_z): the value moves from the key to the code
+            soft = 1 - self.hard_fraction()
+            k_hat = k_hat + (soft * (k.detach().float() - quant.detach().float())).to(k.dtype)
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
 
     def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -246,6 +258,13 @@ class VectorQuantizer(nn.Module):
         if not self.temperature_anneal:
             return self.temperature
         return self.temperature * (1 - self.steps / self.temperature_anneal).clamp_min(0.0)
+
+    def hard_fraction(self) -> float | Tensor:
+        """``α`` of ``hard_warmup`` in this optimiser step: ``steps / hard_warmup`` capped at 1 (a 0-d tensor from
+        the step counter, no host read); 1.0 (the code) without the warm-up."""
+        if not self.hard_warmup:
+            return 1.0
+        return (self.steps / self.hard_warmup).clamp(max=1.0)
 
     @torch.no_grad()
     def update(self, apply: Tensor | None = None) -> None:

@@ -105,7 +105,9 @@ class VQAttention(BlockedAttention):
             scores' (each of the ``n_s`` keys gets ``1/n_s`` of ``∂L/∂m_s``). The window still reads the
             quantised keys ``C_z``; the state carries the ``S`` key means (``S·d_k`` floats more per head) and
             the window's raw keys. Needs causal attention and the plain or Triton kernel (not with
-            ``cache_key_grad`` or ``cache_code_grad``: the codes are not read by the cache).
+            ``cache_key_grad`` or ``cache_code_grad``: the codes are not read by the cache). The quantiser's
+            soft-to-hard schedule ``codebook.hard_warmup`` (the window reads keys between the key and its code
+            while it lasts) needs it, or ``use_cache=False``: the official cache reads the codes themselves.
         codebook: keyword arguments of :class:`~tvq_exp.quantize.VectorQuantizer` (update, decay, remedies: docs/design.md §3).
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form), ``triton`` (:mod:`.fused`:
@@ -159,7 +161,8 @@ class VQAttention(BlockedAttention):
         self.register_buffer("dist", window_distances(block_len), persistent=False)
 
     def _check_cache_reads(self, cache_code_grad: bool, cache_keys: str) -> None:
-        """Refuse ``cache_code_grad`` / ``cache_keys="mean"`` where they cannot hold (see the class docstring)."""
+        """Refuse ``cache_code_grad`` / ``cache_keys="mean"`` / ``codebook.hard_warmup`` where they cannot hold (see
+        the class docstring)."""
         layout = self.causal and self.kernel != "flex"
         if cache_code_grad:
             if not self.quantizer.rule.trainable:
@@ -174,6 +177,12 @@ class VQAttention(BlockedAttention):
                     "needs grad_through_cache=True, causal attention, kernel plain, triton or auto and "
                     "cache_keys=code", type(self),
                 )  # fmt: skip
+        if self.quantizer.hard_warmup and self.use_cache and cache_keys != "mean":
+            raise OptionError(
+                "codebook.hard_warmup", self.quantizer.hard_warmup,
+                "> 0 needs cache_keys=mean or use_cache=False: the official cache reads the codes C_s, while the "
+                "window would read keys between the key and its code (0: off)", type(self),
+            )  # fmt: skip
         if cache_keys == "mean" and not (layout and not self.cache_key_grad):
             raise OptionError(
                 "cache_keys", cache_keys,
