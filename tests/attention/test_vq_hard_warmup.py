@@ -35,7 +35,9 @@ def qkv(t: int, h_kv: int = 2, b: int = 2):  # noqa: ANN201
 
 @pytest.mark.parametrize("steps", [0, 1, 3])
 @pytest.mark.parametrize("t,kv_heads", [(12, None), (13, 1), (8, None)])
-def test_equals_the_plain_reference_forward_and_gradients_fp64(steps: int, t: int, kv_heads: int | None) -> None:
+def test_equals_the_plain_reference_forward_and_gradients_fp64(
+    steps: int, t: int, kv_heads: int | None
+) -> None:
     torch.manual_seed(0)
     attn = make(steps, kv_heads=kv_heads)
     q, k, v = qkv(t, h_kv=kv_heads or 2)
@@ -117,5 +119,7 @@ def test_refused_with_the_official_cache(opts: dict) -> None:
 
 
 def test_allowed_without_the_cache() -> None:
-    attn = build("vq", d_k=4, d_v=4, codebook_size=8, block_len=4, use_cache=False, codebook={"hard_warmup": 10})
+    attn = build(
+        "vq", d_k=4, d_v=4, codebook_size=8, block_len=4, use_cache=False, codebook={"hard_warmup": 10}
+    )
     assert attn.quantizer.hard_warmup == 10

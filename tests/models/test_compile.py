@@ -122,7 +122,9 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
     modules = []
     for _ in range(2):
         torch.manual_seed(0)
-        modules.append(AutoregressiveLitModule(Decoder(256, 32, 3, blocks, attention).train(), compile_scope="blocks"))
+        modules.append(
+            AutoregressiveLitModule(Decoder(256, 32, 3, blocks, attention).train(), compile_scope="blocks")
+        )
     eager, compiled = modules
     counter, runs = CompileCounterWithBackend("aot_eager"), []
 
@@ -150,22 +152,27 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
     assert dict(counters["graph_break"]) == {}
 
 
-def test_compiled_blocks_run_the_fused_kernel_between_their_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compiled_blocks_hold_the_fused_kernel_in_their_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """``kernel=triton`` (Triton's interpreter here) inside blocks compiled by ``compile_scope="blocks"``: the fused op
-    runs between the compiled graphs, and a training step equals the eager one (loss and every gradient)."""
+    is one node of each block's graph (``fullgraph=True``, no graph break), and a training step equals the eager one
+    (loss and every gradient)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch._dynamo.reset()
+    counters.clear()
     blocks = functools.partial(GAUBlock, d_k=16)
     attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, kernel="triton")
     modules = []
     for _ in range(2):
         torch.manual_seed(0)
-        modules.append(AutoregressiveLitModule(Decoder(256, 32, 2, blocks, attention).train(), compile_scope="blocks"))
+        modules.append(
+            AutoregressiveLitModule(Decoder(256, 32, 2, blocks, attention).train(), compile_scope="blocks")
+        )
     eager, compiled = modules
-    compiled.compile_step(backend="aot_eager")
+    compiled.compile_step(backend="aot_eager", fullgraph=True)
     x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
     losses = [training_step(module, x, None)[0] for module in modules]
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
     assert all(attn.last_kernel == "triton" for attn in compiled.model.attention_modules())
     for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert dict(counters["graph_break"]) == {}

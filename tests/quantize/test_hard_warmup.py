@@ -36,5 +36,6 @@ def test_the_steps_count_optimiser_steps_and_evaluation_reads_the_code() -> None
     k_hat, codes, _ = vq.eval()(k)
     assert torch.equal(k_hat, vq.codebook[0, codes[0, 0]][None, None])
     assert torch.allclose(vq.train()(k)[0], k, atol=1e-6, rtol=0)  # step 0 of the warm-up: the key itself
-    with torch.no_grad():  # a training-mode forward without gradients follows evaluation's rule, as sampled codes do
+    # a training-mode forward without gradients follows evaluation's rule, as sampled codes do
+    with torch.no_grad():
         assert torch.equal(vq(k)[0], k_hat)

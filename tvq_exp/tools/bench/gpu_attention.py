@@ -11,7 +11,7 @@ forward + backward (``fwdbwd``). Kernels (:data:`KERNELS`):
 - ``dense_flex``: the dense backend's compiled flex-attention kernel (``kernel=flex``);
 - ``vq_triton_compiled``: ``vq_triton``'s layer under ``torch.compile`` (as ``module.compile`` runs it in training):
   the quantiser, the cache's running means and the layout around the fused kernels become inductor's kernels, the
-  fused op runs between the compiled graphs.
+  fused op (two custom ops, ``tvq::window_cache_forward`` / ``_backward``) is one node of the compiled graph.
 
 Each measurement prints one ``CASE {json}`` line as soon as it is done (the parent keeps what came before a
 timeout): ``ms`` (median of CUDA-synchronised calls after a warm-up, which includes any compilation),

@@ -19,7 +19,9 @@ masked). Each bias column appears at most once in a row of ``index`` (a column i
 gradient is written, not added, column by column.
 
 Where it runs (:mod:`.support`): CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``). Operands fp32,
-bf16 or fp16.
+bf16 or fp16. The forward and the backward are custom ops (``tvq::window_cache_forward``,
+``tvq::window_cache_backward``, the second registered as the first's gradient): ``torch.compile`` keeps the fused
+step in its graph as one opaque node (no graph break), and does not trace the launches.
 """
 
 from __future__ import annotations
@@ -35,13 +37,12 @@ from tvq_exp.nn.triton_loader import cdiv
 MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
 
 
-@torch.compiler.disable
 def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
     """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` in Triton (shapes there): ``(N, I, R, d_v)``.
 
-    Raises ValueError (one line) where it cannot run (:func:`unsupported`). Inside a compiled training step
-    (``module.compile``) it runs as it is, between the compiled graphs: its kernels are already fused, and
-    dynamo does not trace their launches (the tile ranges, the per-mode kernel module)."""
+    Raises ValueError (one line) where it cannot run (:func:`unsupported`). The checks and the distance logits'
+    matmul are plain torch; the kernels run in the custom op ``tvq::window_cache_forward`` (its gradient
+    ``tvq::window_cache_backward``), which a compiled training step (``module.compile``) keeps in its graph."""
     q, kb, vb, index, bias, cache, prev_masked = inputs
     reason = unsupported(q.device, q.dtype)
     if reason:
@@ -61,7 +62,8 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
             bq = bias_q.reshape(n, items, rel.shape[1], -1, d_k).float()
             dl = (bq @ rel[:, None].float().transpose(-1, -2)).reshape(n, items, rows, -1)  # (N, I, R, M + 1)
     codebook, log_n, mu = (None, None, None) if cache is None else cache
-    return _Fused.apply(q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad)
+    out, _ = window_cache_forward(q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad)
+    return out
 
 
 class _Layout:
@@ -128,65 +130,121 @@ def _contiguous(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.contiguous()
 
 
-class _Fused(torch.autograd.Function):
-    """Forward and backward of :func:`fused_window_cache_attention` (autocast off inside)."""
+@torch.library.custom_op("tvq::window_cache_forward", mutates_args=(), device_types=("cpu", "cuda"))
+def window_cache_forward(
+    q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None, codebook: Tensor | None,
+    log_n: Tensor | None, mu: Tensor | None, prev_masked: bool, prev_grad: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The forward kernel: the output ``(N, I, R, d_v)`` (``vb``'s dtype) and the rows' log-sum-exp ``(N, I, R)``
+    (fp32, no gradient; the backward's). ``dl`` the distance logits, or None; ``prev_grad`` is the backward's."""
+    q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
+    log_n = None if log_n is None else log_n.float().contiguous()
+    lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
+    out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
+    lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
+    t = lay.tiles("forward")
+    npb, _, tpb = lay.tile_counts(t)
+    ndv = cdiv(lay.d_v, t.bdv)
+    dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
+    kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
+        q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32),
+        _or(mu, dummy), out, lse,
+        lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+        *lay.code_strides, lay.prev_masked, npb, tpb,
+        BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, DOT=lay.dot,
+        PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
+    return out, lse
 
-    @staticmethod
-    def forward(ctx, q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad):  # noqa: ANN001
-        q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
-        log_n = None if log_n is None else log_n.float().contiguous()
-        lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
-        out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
-        lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
-        t = lay.tiles("forward")
+
+@window_cache_forward.register_fake
+def _forward_fake(
+    q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None, codebook: Tensor | None,
+    log_n: Tensor | None, mu: Tensor | None, prev_masked: bool, prev_grad: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    rows = q.shape[:3]
+    return q.new_empty(*rows, vb.shape[-1], dtype=vb.dtype), q.new_empty(rows, dtype=torch.float32)
+
+
+@torch.library.custom_op("tvq::window_cache_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def window_cache_backward(
+    grad_out: Tensor, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+    codebook: Tensor | None, log_n: Tensor | None, mu: Tensor | None, out: Tensor, lse: Tensor,
+    prev_masked: bool, prev_grad: bool, need: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The backward kernels: the gradients of ``q, kb, vb, dl``, a per-item ``codebook`` and ``mu`` where ``need``
+    (six flags, in that order) asks for them, else empty tensors (``(0,)``; a shared codebook takes none)."""
+    q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
+    log_n = None if log_n is None else log_n.float().contiguous()
+    want_q, want_k, want_v, want_dl, want_code, want_mu = need
+    lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
+    do = grad_out.contiguous()
+    delta = (do.float() * out.float()).sum(-1)  # (N, I, R): Σ dO·O per row
+    dummy = q
+    common = (_or(dl, lse), _or(codebook, dummy), _or(log_n, lse), _or(mu, dummy))
+    dq = ddl = None
+    if want_q or want_dl:
+        dq = torch.empty_like(q)  # written whenever the kernel runs
+        ddl = torch.zeros_like(dl) if want_dl else None
+        t = lay.tiles("dq")
         npb, _, tpb = lay.tile_counts(t)
-        ndv = cdiv(lay.d_v, t.bdv)
-        dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
-        kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
-            q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32),
-            _or(mu, dummy), out, lse,
+        kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
+            q, kb, vb, lay.index, lay.visible(t)[0], *common, do, lse, delta,
+            dq, _or(ddl, lse),
             lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
             *lay.code_strides, lay.prev_masked, npb, tpb,
-            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, DOT=lay.dot,
-            PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
+            BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
-        ctx.save_for_backward(q, kb, vb, index, dl, codebook, log_n, mu, out, lse)
-        ctx.prev_masked, ctx.prev_grad = prev_masked, prev_grad
-        return out
+    dkb = torch.empty_like(kb) if want_k else None
+    dvb = torch.empty_like(vb) if want_v else None
+    if dkb is not None or dvb is not None:
+        _window_key_grads(lay, q, kb, vb, dl, do, lse, delta, dkb, dvb, prev_grad)
+    dcode = torch.empty_like(codebook) if want_code and lay.per_item else None
+    dmu = torch.empty_like(mu) if want_mu else None
+    if dcode is not None or dmu is not None:
+        _code_grads(lay, q, codebook, log_n, mu, do, lse, delta, dcode, dmu)
+    grads = (dq if want_q else None, dkb, dvb, ddl, dcode, dmu)
+    return tuple(q.new_empty(0) if x is None else x for x in grads)
 
-    @staticmethod
-    def backward(ctx, grad_out):  # noqa: ANN001
-        q, kb, vb, index, dl, codebook, log_n, mu, out, lse = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        lay = _Layout(q, kb, vb, index, dl, codebook, ctx.prev_masked)
-        do = grad_out.contiguous()
-        delta = (do.float() * out.float()).sum(-1)  # (N, I, R): Σ dO·O per row
-        dummy = q
-        common = (_or(dl, lse), _or(codebook, dummy), _or(log_n, lse), _or(mu, dummy))
-        dq = ddl = None
-        if need[0] or need[4]:
-            dq = torch.empty_like(q)  # written whenever the kernel runs
-            ddl = torch.zeros_like(dl) if need[4] else None
-            t = lay.tiles("dq")
-            npb, _, tpb = lay.tile_counts(t)
-            kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
-                q, kb, vb, lay.index, lay.visible(t)[0], *common, do, lse, delta,
-                dq, _or(ddl, lse),
-                lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
-                *lay.code_strides, lay.prev_masked, npb, tpb,
-                BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
-                BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
-                num_warps=t.num_warps, num_stages=t.num_stages,
-            )  # fmt: skip
-        dkb = torch.empty_like(kb) if need[1] else None
-        dvb = torch.empty_like(vb) if need[2] else None
-        if dkb is not None or dvb is not None:
-            _window_key_grads(lay, q, kb, vb, dl, do, lse, delta, dkb, dvb, ctx.prev_grad)
-        dcode = torch.empty_like(codebook) if need[5] and lay.per_item else None
-        dmu = torch.empty_like(mu) if need[7] else None
-        if dcode is not None or dmu is not None:
-            _code_grads(lay, q, codebook, log_n, mu, do, lse, delta, dcode, dmu)
-        return dq if need[0] else None, dkb, dvb, None, ddl, dcode, None, dmu, None, None
+
+@window_cache_backward.register_fake
+def _backward_fake(
+    grad_out: Tensor, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+    codebook: Tensor | None, log_n: Tensor | None, mu: Tensor | None, out: Tensor, lse: Tensor,
+    prev_masked: bool, prev_grad: bool, need: list[bool],
+) -> tuple[Tensor, ...]:  # fmt: skip
+    want_q, want_k, want_v, want_dl, want_code, want_mu = need
+    want_code = want_code and codebook is not None and codebook.dim() == 4
+    wants = (want_q, want_k, want_v, want_dl, want_code, want_mu)
+    like = (q, kb, vb, dl, codebook, mu)
+    return tuple(torch.empty_like(x) if want else q.new_empty(0) for want, x in zip(wants, like, strict=True))
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:  # noqa: ANN001
+    q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, kb, vb, index, dl, codebook, log_n, mu, out, lse)
+    ctx.prev_masked, ctx.prev_grad = prev_masked, prev_grad
+
+
+def _backward(ctx, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+    """The gradients of :func:`window_cache_forward`'s inputs (None where none is asked for, and for
+    ``index``, ``log_n`` and a shared codebook)."""
+    q, kb, vb, index, dl, codebook, log_n, mu, out, lse = ctx.saved_tensors
+    need = ctx.needs_input_grad  # q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad
+    per_item = codebook is not None and codebook.dim() == 4
+    flags = [*need[:3], need[4] and dl is not None, need[5] and per_item, need[7] and mu is not None]
+    grads = window_cache_backward(
+        grad_out, q, kb, vb, index, dl, codebook, log_n, mu, out, lse, ctx.prev_masked, ctx.prev_grad, flags
+    )
+    dq, dkb, dvb, ddl, dcode, dmu = (g if want else None for g, want in zip(grads, flags, strict=True))
+    return dq, dkb, dvb, None, ddl, dcode, None, dmu, None, None
+
+
+window_cache_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _or(x: Tensor | None, dummy: Tensor) -> Tensor:
@@ -231,4 +289,4 @@ def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Te
         )  # fmt: skip
 
 
-__all__ = ["MAX_ELEMENTS", "fused_window_cache_attention"]
+__all__ = ["MAX_ELEMENTS", "fused_window_cache_attention", "window_cache_backward", "window_cache_forward"]

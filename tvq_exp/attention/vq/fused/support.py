@@ -17,12 +17,15 @@ from tvq_exp.attention.flex_runtime import FLEX_MIN_QUERIES
 from tvq_exp.nn.triton_loader import has_triton, interpreted, load_kernels
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# whether Triton is installed, read once here as a constant torch.compile folds (:func:`unsupported` runs inside a
+# compiled step: dynamo would trace has_triton()'s importlib)
+TRITON = has_triton()
 
 
 def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = None) -> str | None:
     """Why the Triton kernel cannot run on ``device`` (None: anywhere it may, CUDA or the interpreter) with
     ``dtype`` operands; None when it can."""
-    if not has_triton():
+    if not TRITON:
         return "needs Triton, which is not installed"
     kind = None if device is None else torch.device(device).type
     if kind is None and not (torch.cuda.is_available() or interpreted()):
