@@ -42,7 +42,8 @@ def test_without_a_gpu_it_skips_in_one_line_and_writes_nothing(tmp_path: Path) -
 @needs_data
 def test_the_training_section_at_cpu_size_into_the_json_file(tmp_path: Path) -> None:
     shape = ["experiment=smoke", "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=1000000", "trainer.max_steps=1000000",
-             "trainer.log_every_n_steps=2", "logger=csv", "trainer.enable_progress_bar=false", "torch_threads=1"]  # fmt: skip
+             "trainer.log_every_n_steps=2", "logger=csv", "trainer.enable_progress_bar=false", "torch_threads=1",
+             "debug=device_profile", "callbacks.device_profile.skip=1", "callbacks.device_profile.steps=2"]  # fmt: skip
     training = training_section(shape, seconds=8, batch_sizes=[8], budget_s=120)
     path = write_report(tmp_path / "bench" / "gpu.json", {"training": training})
 
@@ -50,6 +51,8 @@ def test_the_training_section_at_cpu_size_into_the_json_file(tmp_path: Path) -> 
     train = written["training"]
     assert train["batch_size"] == 8 and train["tried"] == [] and train["last_step"] > 2
     assert train["tokens_per_s"] > 0 and train["peak_mem_mb"] > 0
+    profile = train["profile"]  # where the step's time goes: steps 1 and 2
+    assert profile["device"] == "cpu" and profile["steps"] == 2 and profile["rows"][0]["ms_per_step"] > 0
     assert not (tmp_path / "bench" / "gpu.json.part").exists()
 
 

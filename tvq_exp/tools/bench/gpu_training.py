@@ -1,9 +1,11 @@
 """The GPU check's training section (:mod:`.gpu`): the paper-size model's compiled training step on one GPU, its
-throughput, MFU and peak memory read from the throughput callback's rows in a CSV logger's ``metrics.csv``."""
+throughput, MFU and peak memory read from the throughput callback's rows in a CSV logger's ``metrics.csv``, and
+where its time goes: the device profile of optimiser steps 40..44 (``debug=device_profile``), its largest rows."""
 
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 import subprocess
 import tempfile
@@ -20,6 +22,7 @@ TRAIN_SHAPE = (
     "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=1000000", "trainer.limit_val_batches=1",
     "trainer.max_steps=1000000", "trainer.log_every_n_steps=10", "logger=csv",
     "trainer.enable_progress_bar=false", "++logger.csv.flush_logs_every_n_steps=10",
+    "debug=device_profile", "callbacks.device_profile.skip=40", "callbacks.device_profile.rows=20",
 )  # fmt: skip
 
 
@@ -58,7 +61,8 @@ def training_section(
             limit = time.strftime("%H:%M:%S", time.gmtime(min(seconds + compile_s, left - 15)))
             args = [*shape, f"data.batch_size={batch}", f"++trainer.max_time=00:{limit}", f"paths.log_dir={scratch}",
                     "run_name=bench_gpu"]  # fmt: skip
-            metrics = Path(scratch) / "runs" / "bench_gpu" / "csv" / "metrics.csv"
+            run_dir = Path(scratch) / "runs" / "bench_gpu"
+            metrics = run_dir / "csv" / "metrics.csv"
             figures = {
                 "command": "python train.py " + " ".join(args[:-2]),
                 "batch_size": batch,
@@ -69,16 +73,24 @@ def training_section(
             except subprocess.TimeoutExpired as stopped:
                 cut = f"stopped at the section's {budget_s:.0f} s budget"
                 if _logged(metrics):  # the rows flushed before the stop still give the figures
-                    return {**figures, "stopped": cut, **throughput(metrics, warmup=0.5)}
+                    return {**figures, "stopped": cut, **throughput(metrics, warmup=0.5), **_profile(run_dir)}
                 tried.append({"batch_size": batch, "error": cut, "log_tail": _tail(stopped.stderr)})
                 break
             if done.returncode == 0 and _logged(metrics):
-                return {**figures, **throughput(metrics, warmup=compile_s / (seconds + compile_s))}
+                warmup = compile_s / (seconds + compile_s)
+                return {**figures, **throughput(metrics, warmup=warmup), **_profile(run_dir)}
             error = (done.stderr.strip().splitlines() or ["?"])[-1]
             tried.append({"batch_size": batch, "error": error})
             if "out of memory" not in error.lower():  # a smaller batch only cures a lack of memory
                 break
     return {"command": "python train.py " + " ".join(shape), "tried": tried, "error": "no batch size fitted"}
+
+
+def _profile(run_dir: Path) -> dict[str, Any]:
+    """``{"profile": ...}``: the device profile the run wrote (:class:`~tvq_exp.callbacks.device_profile.DeviceProfile`),
+    or nothing where it stopped before the window."""
+    path = run_dir / "device-profile.json"
+    return {"profile": json.loads(path.read_text())} if path.is_file() else {}
 
 
 def _logged(metrics_csv: Path) -> bool:

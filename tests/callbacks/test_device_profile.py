@@ -1,0 +1,53 @@
+"""``debug=device_profile``: a torch.profiler window over optimiser steps ``skip .. skip + steps - 1``, written per
+step (self device time, its share, calls) to ``device-profile.json`` and as torch's table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tests.models.test_flops import tiny_preset
+from tvq_exp.callbacks.device_profile import DeviceProfile
+from tvq_exp.models.module import AutoregressiveLitModule
+
+
+def _fit(tmp_path: Path, steps: int, profiler: DeviceProfile) -> None:
+    torch.manual_seed(0)
+    model = tiny_preset("tiny")
+    tokens = torch.randint(0, model.vocab_size, (steps * 4, 33))
+    trainer = L.Trainer(
+        max_steps=steps, accelerator="cpu", precision="32-true", logger=False, callbacks=[profiler],
+        limit_val_batches=0, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    data = [{"input": row[:-1], "target": row[1:]} for row in tokens]
+    trainer.fit(AutoregressiveLitModule(model, lr=1e-3, max_steps=steps), DataLoader(data, batch_size=4))
+
+
+def test_the_window_is_written_per_step(tmp_path: Path) -> None:
+    _fit(tmp_path, 7, DeviceProfile(str(tmp_path), skip=2, steps=3, rows=500))
+    profile = json.loads((tmp_path / "device-profile.json").read_text())
+    assert profile["device"] == "cpu" and profile["steps"] == 3
+    rows = profile["rows"]
+    times = [r["ms_per_step"] for r in rows]
+    assert times == sorted(times, reverse=True) and times[-1] > 0
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)  # every op kept (rows=500)
+    assert sum(times) == pytest.approx(profile["ms_per_step"])
+    steps = [r for r in rows if r["name"].startswith("Optimizer.step#")]
+    assert [r["calls_per_step"] for r in steps] == [1.0]  # one optimiser step per profiled step
+    assert any(r["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for r in rows)
+    assert "Self CPU" in (tmp_path / "device-profile.txt").read_text()
+
+
+def test_a_run_ending_inside_the_window_writes_what_it_profiled(tmp_path: Path) -> None:
+    _fit(tmp_path, 4, DeviceProfile(str(tmp_path), skip=2, steps=5))
+    assert json.loads((tmp_path / "device-profile.json").read_text())["steps"] == 2
+
+
+def test_no_window_before_the_skip(tmp_path: Path) -> None:
+    _fit(tmp_path, 3, DeviceProfile(str(tmp_path), skip=5, steps=2))
+    assert not (tmp_path / "device-profile.json").exists()
