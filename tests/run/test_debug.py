@@ -26,6 +26,10 @@ def composed(overrides: list[str]):
 def test_every_debug_preset_composes_and_validates(preset: str) -> None:
     cfg = composed(["experiment=smoke", f"debug={preset}"])
     validate(cfg)
+    if preset == "device_profile":  # profiles the run as configured (a GPU's): only adds its callback
+        assert cfg.callbacks.device_profile._target_.endswith("DeviceProfile")
+        assert cfg.trainer == composed(["experiment=smoke"]).trainer
+        return
     assert cfg.trainer.accelerator == "cpu" and cfg.trainer.detect_anomaly is True and not cfg.logger
     expected = {"fdr": ("fast_dev_run", True), "overfit": ("overfit_batches", 3), "limit": ("max_steps", 10)}
     if preset in expected:
