@@ -3,6 +3,7 @@ code over the first ``hard_warmup`` optimiser steps, with the straight-through g
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tvq_exp.quantize.codebook import VectorQuantizer
@@ -39,3 +40,20 @@ def test_the_steps_count_optimiser_steps_and_evaluation_reads_the_code() -> None
     # a training-mode forward without gradients follows evaluation's rule, as sampled codes do
     with torch.no_grad():
         assert torch.equal(vq(k)[0], k_hat)
+
+
+def test_a_delay_reads_the_key_itself_first() -> None:
+    torch.manual_seed(2)
+    vq = VectorQuantizer(1, 4, 2, hard_warmup=4, hard_warmup_delay=3).double().train()
+    k = torch.randn(1, 1, 5, 2, dtype=torch.float64)
+    code = vq.eval()(k)[0]
+    vq.train()
+    for step, alpha in [(0, 0.0), (3, 0.0), (4, 0.25), (6, 0.75), (7, 1.0), (20, 1.0)]:
+        vq.steps.fill_(step)
+        assert torch.allclose(vq(k)[0], alpha * code + (1 - alpha) * k, atol=1e-12), step
+        vq.discard_pending()
+
+
+def test_a_delay_without_a_warm_up_is_refused() -> None:
+    with pytest.raises(ValueError, match="hard_warmup_delay"):
+        VectorQuantizer(1, 4, 2, hard_warmup_delay=3)

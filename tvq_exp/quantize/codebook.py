@@ -87,9 +87,10 @@ class VectorQuantizer(nn.Module):
         first ``temperature_anneal`` optimiser steps (0: no annealing); evaluation always takes the nearest.
         A training step's quantised keys, commitment loss, statistics and metrics use the drawn codes;
         ``hard_warmup``: a soft-to-hard schedule of the value the attention reads: in training ``k_hat`` is
-        ``α·C_z + (1 - α)·k'`` in value (``α = steps / hard_warmup``, capped at 1: the key itself at step 0, its
-        code from step ``hard_warmup`` on), with the estimator's gradient; evaluation reads the code (0: off, the
-        official). A small component of a key moves the scores early, while codes and keys settle.
+        ``α·C_z + (1 - α)·k'`` in value, ``α = (steps - hard_warmup_delay) / hard_warmup`` clipped to [0, 1]: the
+        key itself for the first ``hard_warmup_delay`` optimiser steps, then moving linearly to its code over
+        ``hard_warmup`` steps; the estimator's gradient throughout; evaluation reads the code (``hard_warmup=0``:
+        off, the official). A small component of a key moves the scores early, while codes and keys settle.
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -117,6 +118,7 @@ class VectorQuantizer(nn.Module):
         temperature: PositiveFloat = 1.0,
         temperature_anneal: NonNegativeInt = 0,
         hard_warmup: NonNegativeInt = 0,
+        hard_warmup_delay: NonNegativeInt = 0,
         commit_weight: NonNegativeFloat = 1e-4,
         codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
@@ -131,7 +133,10 @@ class VectorQuantizer(nn.Module):
         self.normalize, self.estimator = normalize, estimator
         self.assignment = assignment
         self.temperature, self.temperature_anneal = temperature, temperature_anneal
-        self.hard_warmup = hard_warmup
+        if hard_warmup_delay and not hard_warmup:
+            allowed = "needs hard_warmup > 0 (the schedule it delays); else 0"
+            raise OptionError("hard_warmup_delay", hard_warmup_delay, allowed, type(self))
+        self.hard_warmup, self.hard_warmup_delay = hard_warmup, hard_warmup_delay
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
         self.rule = _rule(update, smoothing, count_floor)
         self.rule.create(
@@ -260,11 +265,11 @@ class VectorQuantizer(nn.Module):
         return self.temperature * (1 - self.steps / self.temperature_anneal).clamp_min(0.0)
 
     def hard_fraction(self) -> float | Tensor:
-        """``α`` of ``hard_warmup`` in this optimiser step: ``steps / hard_warmup`` capped at 1 (a 0-d tensor from
-        the step counter, no host read); 1.0 (the code) without the warm-up."""
+        """``α`` of ``hard_warmup`` in this optimiser step: ``(steps - hard_warmup_delay) / hard_warmup`` clipped to
+        [0, 1] (a 0-d tensor from the step counter, no host read); 1.0 (the code) without the warm-up."""
         if not self.hard_warmup:
             return 1.0
-        return (self.steps / self.hard_warmup).clamp(max=1.0)
+        return ((self.steps - self.hard_warmup_delay) / self.hard_warmup).clamp(0.0, 1.0)
 
     @torch.no_grad()
     def update(self, apply: Tensor | None = None) -> None:
