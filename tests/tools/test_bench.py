@@ -127,6 +127,15 @@ def test_model_bench_sets_options_the_preset_does_not_state() -> None:
     assert compose_model("gau_vq", model_settings(args, "gau_vq")).model.block.key_smear is True
 
 
+def test_model_bench_sets_a_field_of_the_codebook_group() -> None:
+    """``--set MODEL:codebook.KEY=VALUE`` reaches the VQ layer's codebook (``attention.codebook`` reads the group)."""
+    args = bench.parser().parse_args(
+        ["model", "--models", "gau_vq", "--set", "gau_vq:attention.cache_keys=mean",
+         "--set", "gau_vq:codebook.hard_warmup=7"]
+    )  # fmt: skip
+    assert compose_model("gau_vq", model_settings(args, "gau_vq")).model.attention.codebook.hard_warmup == 7
+
+
 def test_model_bench_refuses_a_malformed_override() -> None:
     with pytest.raises(SystemExit):
         bench.parser().parse_args(["model", "--set", "gau_dense:block.position"])
@@ -199,6 +208,9 @@ def test_bench_creates_its_folders_and_keeps_each_record_as_it_finishes(
     argv = ["attention", "--backends", "dense", "--mode", "fwd", "--mm-size", "64", *TINY]
     bench.main([*argv, "--lengths", "32,64", "--json", str(out), "--plot", str(png)])
     assert [rec["seq_len"] for rec in json.loads(out.read_text())] == [32, 64] and png.stat().st_size > 0
+    monkeypatch.chdir(tmp_path)  # a relative path names the file from the working folder (not its folder twice)
+    bench.main([*argv, "--lengths", "32", "--json", "rel/bench/attn.json"])
+    assert [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "rel").rglob("*.json")] == ["rel/bench/attn.json"]
 
     measured = driver.measure
 

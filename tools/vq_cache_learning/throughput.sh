@@ -10,6 +10,7 @@ run() { name=$1; model=$2; shift 2; .venv/bin/python -m tvq_exp.bench model --mo
 run base gau_vq
 run mean gau_vq --set gau_vq:attention.cache_keys=mean
 run keygrad gau_vq --set gau_vq:attention.cache_key_grad=true
+run mean_warmup gau_vq --set gau_vq:attention.cache_keys=mean --set gau_vq:codebook.hard_warmup=1000
 run rotation gau_vq@rotation
 run rotation_mean gau_vq@rotation --set gau_vq@rotation:attention.cache_keys=mean
 run base2 gau_vq

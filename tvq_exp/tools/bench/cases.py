@@ -205,5 +205,8 @@ def worker_main(spec_json: str) -> None:
 
 def hydra_override(item: str) -> str:
     """``KEY=VALUE`` below ``model.`` as a Hydra override; ``+KEY=VALUE`` adds a key the preset does not state (as
-    Hydra's own ``+``), so a misspelt key is still refused by name."""
+    Hydra's own ``+``), so a misspelt key is still refused by name; ``codebook.KEY=VALUE`` sets a field of the codebook
+    group (which a VQ model's ``attention.codebook`` reads) as it is."""
+    if item.startswith("codebook."):
+        return item
     return f"+model.{item[1:]}" if item.startswith("+") else f"model.{item}"

@@ -60,7 +60,7 @@ def write_records(path: str | None, records: list[dict[str, Any]]) -> None:
     if path is None:
         return
     text = json.dumps([{f: None for f in RECORD_FIELDS} | rec for rec in records], indent=1)
-    write_text(path, Path(path).parent, text)
+    write_text(Path(path).name, Path(path).parent, text)
 
 
 def run_sweep(
