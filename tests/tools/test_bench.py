@@ -208,9 +208,11 @@ def test_bench_creates_its_folders_and_keeps_each_record_as_it_finishes(
     argv = ["attention", "--backends", "dense", "--mode", "fwd", "--mm-size", "64", *TINY]
     bench.main([*argv, "--lengths", "32,64", "--json", str(out), "--plot", str(png)])
     assert [rec["seq_len"] for rec in json.loads(out.read_text())] == [32, 64] and png.stat().st_size > 0
-    monkeypatch.chdir(tmp_path)  # a relative path names the file from the working folder (not its folder twice)
+    # a relative path names the file from the working folder (not its folder twice)
+    monkeypatch.chdir(tmp_path)
     bench.main([*argv, "--lengths", "32", "--json", "rel/bench/attn.json"])
-    assert [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "rel").rglob("*.json")] == ["rel/bench/attn.json"]
+    written = [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "rel").rglob("*.json")]
+    assert written == ["rel/bench/attn.json"]
 
     measured = driver.measure
 
