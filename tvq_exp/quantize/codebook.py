@@ -1,5 +1,9 @@
 """The vector quantiser of attention keys: nearest-code search, gradient estimator, per-step metrics,
-k-means init and dead-code re-seeding, around a pluggable update rule (:mod:`.update`)."""
+k-means init and dead-code re-seeding, around a pluggable update rule (:mod:`.update`).
+
+Over 300 lines: one class whose forward, statistics, update and schedules (decay warm-up, temperature, hard warm-up)
+share its buffers and step counter; the search, estimators, sampling, health and update rules are their own modules.
+"""
 
 from __future__ import annotations
 
