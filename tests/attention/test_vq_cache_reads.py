@@ -35,6 +35,23 @@ def qkv(t: int, h_kv: int = 2, b: int = 2, dtype=torch.float64):  # noqa: ANN201
     return mk(2, DK), mk(h_kv, DK), mk(h_kv, DV)
 
 
+def assert_equals_the_plain_reference(attn, q, k, v):  # noqa: ANN001, ANN201
+    """The layer against ``naive.vq_attention`` (fp64, 1e-10): the output and the gradients of ``q, k, v`` and every
+    trainable parameter (None on both sides or equal). Returns the output, its gradients and the cotangent used."""
+    out = attn(q, k, v)[0]
+    ref = vq_reference(attn, q, k, v)
+    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
+    params = [p for p in attn.parameters() if p.requires_grad]
+    g = torch.randn_like(out)
+    got = torch.autograd.grad((out * g).sum(), (q, k, v, *params), allow_unused=True)
+    want = torch.autograd.grad((ref * g).sum(), (q, k, v, *params), allow_unused=True)
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.allclose(a, b, atol=1e-10, rtol=0)
+    return out, got, g
+
+
 MEAN = {"cache_keys": "mean"}
 CODE_GRAD = {"cache_code_grad": True, "codebook": {"update": "gradient"}}
 
@@ -48,17 +65,7 @@ def test_layer_equals_the_plain_reference_forward_and_gradients_fp64(
     torch.manual_seed(0)
     attn, official = make(block_len, window_bias, kv_heads=kv_heads, **opts)
     q, k, v = qkv(t, h_kv=kv_heads or 2)
-    out = attn(q, k, v)[0]
-    ref = vq_reference(attn, q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    params = [p for p in attn.parameters() if p.requires_grad]
-    g = torch.randn_like(out)
-    got = torch.autograd.grad((out * g).sum(), (q, k, v, *params), allow_unused=True)
-    want = torch.autograd.grad((ref * g).sum(), (q, k, v, *params), allow_unused=True)
-    for a, b in zip(got, want, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert torch.allclose(a, b, atol=1e-10, rtol=0)
+    out, got, g = assert_equals_the_plain_reference(attn, q, k, v)
     official_out = official(q, k, v)[0]
     if opts is CODE_GRAD:  # the forward is the official one; the codes take a gradient they did not
         assert torch.equal(out, official_out)

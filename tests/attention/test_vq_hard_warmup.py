@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.attention.backends import build
-from tvq_exp.attention.vq.naive import vq_attention as vq_reference
+from tests.attention.test_vq_cache_reads import assert_equals_the_plain_reference
 
 DK, DV = 6, 5
 WARM = {"cache_keys": "mean", "codebook": {"hard_warmup": 4}}
@@ -41,17 +41,7 @@ def test_equals_the_plain_reference_forward_and_gradients_fp64(
     torch.manual_seed(0)
     attn = make(steps, kv_heads=kv_heads)
     q, k, v = qkv(t, h_kv=kv_heads or 2)
-    out = attn(q, k, v)[0]
-    ref = vq_reference(attn, q, k, v)
-    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
-    params = [p for p in attn.parameters() if p.requires_grad]
-    g = torch.randn_like(out)
-    got = torch.autograd.grad((out * g).sum(), (q, k, v, *params), allow_unused=True)
-    want = torch.autograd.grad((ref * g).sum(), (q, k, v, *params), allow_unused=True)
-    for a, b in zip(got, want, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert torch.allclose(a, b, atol=1e-10, rtol=0)
+    out = assert_equals_the_plain_reference(attn, q, k, v)[0]
     with torch.no_grad():
         hard = attn.eval()(q, k, v)[0]  # evaluation reads the codes
     assert (out - hard).abs().max() > 1e-6
