@@ -39,6 +39,9 @@ def curve(run_dir: Path) -> list[tuple[int, float]]:
 def by_quarter(points: list[tuple[int, float]], steps: int) -> dict[str, float]:
     """Mean training accuracy over each quarter of ``steps`` optimiser steps (steps are 0-based)."""
     size = steps // QUARTERS
+    empty = [q for q in range(QUARTERS) if not any(q * size <= s < (q + 1) * size for s, _ in points)]
+    if empty:
+        raise ValueError(f"no train/acc point in quarter(s) {empty} of {steps} steps: was the run finished?")
     return {
         f"{q * size}-{(q + 1) * size}": statistics.fmean(
             v for s, v in points if q * size <= s < (q + 1) * size
