@@ -53,6 +53,8 @@ KEPT: dict[str, dict[str, tuple[str, ...]]] = {
     "docs/scaling.md's table documents the FSDP keys with these values": {
         "trainer/fsdp.yaml": ("strategy.param_dtype", "strategy.reduce_dtype", "strategy.activation_checkpointing"),
     },
+    "set on a command line by make bench-gpu's training section (tvq_exp/tools/bench/gpu_training.py) and "
+    "test_bench_gpu": {"debug/device_profile.yaml": tuple(f"callbacks.device_profile.{k}" for k in ("skip", "steps", "rows"))},
     "the file's comment ties the distances to longctx_cpu's L = 128": {"data/repeat.yaml": ("task.distances",)},
 }  # fmt: skip
 ALLOWED = {(name, key) for files in KEPT.values() for name, keys in files.items() for key in keys}
