@@ -1,4 +1,4 @@
-"""``python tools/cache_diagnosis/copy_codes.py RUN_DIR [RUN_DIR ...]``: can a trained VQ model's cache address the
+"""``python -m tools.cache_diagnosis.copy_codes RUN_DIR [RUN_DIR ...]``: can a trained VQ model's cache address the
 repeat probe's source at all? Per VQ layer, on the test set's repeated bytes.
 
 A VQ layer's cache keeps one value sum per code, so the best any query can read is the code of the source key:

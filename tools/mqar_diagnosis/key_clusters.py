@@ -1,4 +1,4 @@
-"""``python tools/mqar_diagnosis/key_clusters.py CHECKPOINT [overrides]``: how many clusters the attention keys of a
+"""``python -m tools.mqar_diagnosis.key_clusters CHECKPOINT [overrides]``: how many clusters the attention keys of a
 trained recall_cpu model form, per layer: the usage perplexity of a fresh k-means with S codes on held-out keys (the
 health metrics' k-means reference, :func:`tvq_exp.quantize.health.codebook_regret`), and, for a VQ model, that of
 its own codebook on the same keys; with each, the share of the keys' variance the codes leave unexplained (how

@@ -1,4 +1,4 @@
-"""``python tools/mqar_diagnosis/key_gradients.py [CHECKPOINT]``: how much of the recall loss's gradient
+"""``python -m tools.mqar_diagnosis.key_gradients [CHECKPOINT]``: how much of the recall loss's gradient
 reaches each layer's keys at the pair positions of MQAR (recall_cpu: pairs at positions 0..15, keys at even
 and values at odd positions), for the same weights under VQ, VQ with ``cache_key_grad`` and dense attention,
 with the cosine between each VQ gradient and dense's (one training batch; docs/mqar_diagnosis.md)."""

@@ -1,4 +1,4 @@
-"""``python tools/mqar_diagnosis/previous_token_probe.py CHECKPOINT [overrides]``: does a trained recall_cpu
+"""``python -m tools.mqar_diagnosis.previous_token_probe CHECKPOINT [overrides]``: does a trained recall_cpu
 model know, at MQAR's value positions, the key token before them? A ridge-regression linear probe (features ->
 one-hot token) of layer 0's output, layer 1's keys and layer 1's quantised keys, for the preceding token and
 (a control) the position's own token; held-out accuracy (chance 1/127; docs/mqar_diagnosis.md)."""

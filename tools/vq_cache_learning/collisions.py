@@ -1,4 +1,4 @@
-"""``python tools/vq_cache_learning/collisions.py [--out DIR] [--runs a,b] [--page docs/vq_cache_learning.md]``: where
+"""``python -m tools.vq_cache_learning.collisions [--out DIR] [--runs a,b] [--page docs/vq_cache_learning.md]``: where
 does a trained MQAR model of the cache-learning study fail? On the test split, every answer whose pair lies two or
 more blocks before it is read through the cache; with ``cache_keys=mean`` the cache holds, per code, the mean of the
 cached keys quantised to it. The answer is split by whether the pair's value position (where the key token is the

@@ -1,4 +1,4 @@
-"""``python tools/vq_cache_learning/previous_token.py [--seed N] [--page docs/vq_cache_learning.md]``: does any
+"""``python -m tools.vq_cache_learning.previous_token [--seed N] [--page docs/vq_cache_learning.md]``: does any
 row of the cache-learning study grow the previous-token feature MQAR needs? For every trained ``mqar`` job of the
 seed (its ``studies/vq_cache_learning/runs/<job>/checkpoints/last.ckpt``), the linear probe of
 ``tools/mqar_diagnosis/previous_token_probe.py``: at the value positions, held-out accuracy for the key token before

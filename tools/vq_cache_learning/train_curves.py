@@ -1,4 +1,4 @@
-"""``python tools/vq_cache_learning/train_curves.py --runs A,B [--seeds 1,2] [--out DIR] [--page docs/vq_cache_learning.md]``:
+"""``python -m tools.vq_cache_learning.train_curves --runs A,B [--seeds 1,2] [--out DIR] [--page docs/vq_cache_learning.md]``:
 the training accuracy of ``mqar`` jobs, by quarter of the run, from their TensorBoard logs (``train/acc``, logged at
 every logging step of ``runs/<job>/tensorboard``).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -94,7 +95,13 @@ class VectorQuantizer(nn.Module):
         ``α·C_z + (1 - α)·k'`` in value, ``α = (steps - hard_warmup_delay) / hard_warmup`` clipped to [0, 1]: the
         key itself for the first ``hard_warmup_delay`` optimiser steps, then moving linearly to its code over
         ``hard_warmup`` steps; the estimator's gradient throughout; evaluation reads the code (``hard_warmup=0``:
-        off, the official). A small component of a key moves the scores early, while codes and keys settle.
+        off, the official). A small component of a key moves the scores early, while codes and keys settle;
+        ``fit_weight``: how much each key counts in the codebook's statistics (counts, EMA sums, the keys that
+        re-seed dead codes): ``uniform`` (the official: one each) or ``fisher``: the squared norm of the loss's
+        gradient at its ``k_hat``, scaled to mean 1 over the forward's keys (the diagonal-Fisher-weighted k-means
+        of SqueezeLLM, Kim et al. 2023, applied to the keys): the codes go where the reads' loss is sensitive,
+        not where keys are many. Gathered by a gradient hook in the backward pass (eager only: the hook breaks
+        a compiled graph); ``ema`` rule only.
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -123,6 +130,7 @@ class VectorQuantizer(nn.Module):
         temperature_anneal: NonNegativeInt = 0,
         hard_warmup: NonNegativeInt = 0,
         hard_warmup_delay: NonNegativeInt = 0,
+        fit_weight: Annotated[str, OneOf("uniform", "fisher")] = "uniform",
         commit_weight: NonNegativeFloat = 1e-4,
         codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
@@ -141,6 +149,10 @@ class VectorQuantizer(nn.Module):
             allowed = "needs hard_warmup > 0 (the schedule it delays); else 0"
             raise OptionError("hard_warmup_delay", hard_warmup_delay, allowed, type(self))
         self.hard_warmup, self.hard_warmup_delay = hard_warmup, hard_warmup_delay
+        if fit_weight != "uniform" and update != "ema":
+            allowed = f"needs update='ema' (not {update!r}: its codes learn by gradient); else 'uniform'"
+            raise OptionError("fit_weight", fit_weight, allowed, type(self))
+        self.fit_weight = fit_weight
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
         self.rule = _rule(update, smoothing, count_floor)
         self.rule.create(
@@ -194,7 +206,8 @@ class VectorQuantizer(nn.Module):
             codes, noise = self._draw(flat, codebook.detach(), nearest)
         quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
         counts = code_counts(codes, self.codebook_size)
-        if learning:
+        weighted = self.fit_weight == "fisher"
+        if learning and not weighted:
             self._accumulate(flat, codes, counts)
         quant = quant.view(h, b, t, d).transpose(0, 1)
         aux = self._aux(k, quant, counts)
@@ -207,6 +220,8 @@ class VectorQuantizer(nn.Module):
         if training and self.hard_warmup:  # + (1 - α)·sg(k' - C_z): the value moves from the key to the code
             soft = 1 - self.hard_fraction()
             k_hat = k_hat + (soft * (k.detach().float() - quant.detach().float())).to(k.dtype)
+        if learning and weighted and k_hat.requires_grad:
+            k_hat.register_hook(functools.partial(self._accumulate_weighted, flat, codes))
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
 
     def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -227,6 +242,20 @@ class VectorQuantizer(nn.Module):
         if self.reseed_fraction > 0:
             take = torch.randperm(flat.shape[1], device=flat.device)[: self.sample_keys]
             self.recent_keys = flat[:, take]
+
+    def _accumulate_weighted(self, flat: Tensor, codes: Tensor, grad: Tensor) -> None:
+        """``fit_weight=fisher``: :meth:`_accumulate` with each key weighted by ``||∂L/∂k_hat||²`` (``grad (B, H, T,
+        d)``), scaled to mean 1 per head; the re-seeding sample drawn with the same weights."""
+        h, n, d = flat.shape
+        weight = grad.detach().float().pow(2).sum(-1).transpose(0, 1).reshape(h, n)
+        weight = weight / weight.mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        weight = weight.to(self.pending_count.dtype)
+        self.pending_count += torch.zeros_like(self.pending_count).scatter_add_(1, codes, weight)
+        self.rule.accumulate(self, flat * weight[..., None].to(flat.dtype), codes)
+        if self.reseed_fraction > 0:
+            # (H, K), drawn with the weights (uniform only where every weight is 0)
+            take = torch.multinomial(weight.float() + 1e-12, min(n, self.sample_keys), replacement=True)
+            self.recent_keys = flat.gather(1, take[..., None].expand(h, take.shape[1], d))
 
     def _aux(self, k: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
         kf = k.float()
