@@ -10,6 +10,9 @@ Per job:
 - the share of value positions whose code another value position of the same sequence has (measured), and the
   share that independent draws from the value positions' code distribution ``p`` would give
   (``1 - sum_z p_z (1 - p_z)^(P - 1)``, ``P = 8`` pairs): the birthday bound that the codes' spread sets;
+- the value positions' share of layer 1's squared key gradient ``||∂L/∂k_hat||²`` (the recall loss on the first
+  test batch), for the trained weights and for the same row's initialisation: where a codebook fitted by that weight
+  (``codebook.fit_weight=fisher``) would put its codes;
 - the job's test accuracy (its result file).
 
 Writes ``studies/vq_cache_learning/probes/mqar--code-spread.json`` (a row per job, ``<row> s<seed>``, merged into
@@ -26,10 +29,12 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from tools.mqar_diagnosis.common import recall_model
 from tools.vq_cache_learning.common import OUT, rows_table, trained_vq_jobs
+from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.tools.study.report import replace_between
 
 PAIRS = 8  # MQAR (128, 8): keys at positions 0, 2, .., 14, their values at 1, 3, .., 15
@@ -39,6 +44,8 @@ COLUMNS = {
     "entropy_given_key": "H(code given key), nats",
     "shared": "value codes shared: measured",
     "shared_if_independent": "if drawn independently",
+    "gradient_share": "value positions' share of squared key gradient",
+    "gradient_share_init": "the same at initialisation",
     "accuracy": "test accuracy",
 }
 
@@ -99,6 +106,24 @@ def spread(model: torch.nn.Module, data) -> dict[str, float]:  # noqa: ANN001
     }
 
 
+def gradient_share(model: torch.nn.Module, data) -> float:  # noqa: ANN001
+    """The value positions' share of ``sum ||∂L/∂k_hat||²`` over layer 1's keys, for the recall loss (cross-entropy at
+    the answers) on the first test batch."""
+    kept: list[Tensor] = []
+
+    def keep(module: torch.nn.Module, args: tuple, out: tuple) -> None:
+        out[0].retain_grad()
+        kept.append(out[0])
+
+    hook = model.blocks[-1].attn.quantizer.register_forward_hook(keep)
+    batch = next(iter(data.test_dataloader()))
+    logits = model(batch["input"]).logits
+    F.cross_entropy(logits.flatten(0, 1), batch["target"].flatten(), ignore_index=IGNORE_INDEX).backward()
+    hook.remove()
+    mass = kept[0].grad.pow(2).sum(-1)  # (B, H, T)
+    return float(mass[..., 1 : 2 * PAIRS : 2].sum() / mass.sum())
+
+
 def test_accuracy(job_id: str) -> float:
     """The job's test accuracy from its result file (``studies/vq_cache_learning/results/<job>.json``)."""
     result = json.loads((OUT / "results" / f"{job_id}.json").read_text())
@@ -128,10 +153,11 @@ def main(argv: list[str]) -> None:
             model, data = recall_model(overrides, checkpoint)
             model.eval()
             data.setup("test")
-            results[f"{run} s{seed}"] = spread(model, data) | {
-                "accuracy": test_accuracy(f"{run}--mqar--s{seed}")
-            }
-            print(f"{run} s{seed}: {results[f'{run} s{seed}']}", flush=True)
+            found = spread(model, data) | {"gradient_share": gradient_share(model, data)}
+            initial, _ = recall_model(overrides)
+            found["gradient_share_init"] = gradient_share(initial.eval(), data)
+            results[f"{run} s{seed}"] = found | {"accuracy": test_accuracy(f"{run}--mqar--s{seed}")}
+            print(f"{run} s{seed}: {found}", flush=True)
     results = dict(sorted(results.items()))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=1) + "\n")
