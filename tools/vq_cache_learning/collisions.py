@@ -3,9 +3,11 @@ does a trained MQAR model of the cache-learning study fail? On the test split, e
 more blocks before it is read through the cache; with ``cache_keys=mean`` the cache holds, per code, the mean of the
 cached keys quantised to it. The answer is split by whether the pair's value position (where the key token is the
 previous token) shares its layer-1 code with another cached position of the sequence (a **collision**: its key is
-averaged with another's) or has the code to itself, with the accuracy of each part; and the answers read through the
-window. Jobs: every trained ``mqar`` job (``<out>/runs/<job>/checkpoints/last.ckpt``, seed 1 unless ``--seed``).
-Writes ``studies/vq_cache_learning/probes/mqar--collisions--s<seed>.json`` and, with ``--page``, the table between the
+averaged with another's) or has the code to itself, with the accuracy of each part; of the shared ones, those whose
+code another value position (another pair's answer) has; and the answers read through the window. Jobs: every
+trained ``mqar`` job (``<out>/runs/<job>/checkpoints/last.ckpt``, seed 1 unless ``--seed``).
+Writes ``studies/vq_cache_learning/probes/mqar--collisions--s<seed>.json`` (its rows merged into the file's: a study
+trained in several folders is probed folder by folder) and, with ``--page``, the table between the
 page's ``<!-- collisions: begin -->`` and ``<!-- collisions: end -->`` lines.
 """
 
@@ -25,6 +27,8 @@ from tvq_exp.batch import IGNORE_INDEX
 from tvq_exp.tools.study.report import replace_between
 
 PAIRS = 16  # MQAR (128, 8): keys at positions 0, 2, .., 14, their values at 1, 3, .., 15
+WITH_VALUE = "of which with another value position"
+COLUMNS = ("window", "cache, own code", "cache, shared code", WITH_VALUE)
 
 
 def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]]:  # noqa: ANN001
@@ -35,7 +39,7 @@ def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]
         codes.append(module.quantizer(args[1])[1][:, 0])  # (B, T): the first key head's codes
 
     hook = model.blocks[-1].attn.register_forward_pre_hook(keep)
-    parts: dict[str, list[int]] = {"window": [], "cache, own code": [], "cache, shared code": []}
+    parts: dict[str, list[int]] = {name: [] for name in COLUMNS}
     with torch.no_grad():
         for batch in data.test_dataloader():
             codes.clear()
@@ -51,19 +55,22 @@ def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]
                 if value >= cached_end:
                     parts["window"].append(int(correct[b, t]))
                     continue
-                others = torch.cat([z[b, :value], z[b, value + 1 : cached_end]])
-                shared = bool((others == z[b, value]).any())
-                parts["cache, shared code" if shared else "cache, own code"].append(int(correct[b, t]))
+                sharing = z[b, :cached_end] == z[b, value]
+                sharing[value] = False
+                right = int(correct[b, t])
+                parts["cache, shared code" if bool(sharing.any()) else "cache, own code"].append(right)
+                if bool(sharing[1:PAIRS:2].any()):
+                    parts[WITH_VALUE].append(right)
     hook.remove()
     return parts
 
 
 def table(results: dict[str, dict[str, list[int]]]) -> str:
-    columns = [f"{n}: answers, accuracy" for n in ("window", "cache, own code", "cache, shared code")]
+    columns = [f"{n}: answers, accuracy" for n in COLUMNS]
 
     def cell(parts: dict[str, list[int]], column: str) -> str:
-        found = parts[column.split(":")[0]]
-        return f"{len(found)}, {sum(found) / max(len(found), 1):.3f}"
+        found = parts.get(column.split(":")[0])  # rows probed before the split into value positions: none
+        return "–" if found is None else f"{len(found)}, {sum(found) / max(len(found), 1):.3f}"
 
     return rows_table(columns, results, cell)
 
@@ -76,14 +83,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--page", default=None, help="write the table into this page's collisions markers")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results = {}
+    target = OUT / "probes" / f"mqar--collisions--s{args.seed}.json"
+    results = (
+        json.loads(target.read_text()) if target.is_file() else {}
+    )  # rows probed before, from other folders
     for run, checkpoint, overrides in trained_vq_jobs(args.out, args.seed, args.runs):
         model, data = recall_model(overrides, checkpoint)
         model.eval()
         data.setup("test")
         results[run] = answers(model, data, model.blocks[-1].attn.block_len)
         print(table({run: results[run]}).splitlines()[-1], flush=True)
-    target = OUT / "probes" / f"mqar--collisions--s{args.seed}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results) + "\n")
     if args.page:
