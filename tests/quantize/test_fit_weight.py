@@ -9,25 +9,29 @@ import torch
 from tvq_exp.quantize.codebook import VectorQuantizer
 
 
-def one_code_quantiser(fit_weight: str) -> VectorQuantizer:
+def one_code_quantiser(fit_weight: str, fit_floor: float = 0.0) -> VectorQuantizer:
     """One head, two codes far apart in 2-d: every key below lies nearest code 0."""
-    vq = VectorQuantizer(1, 2, 2, decay=1e-9, fit_weight=fit_weight).double().train()
+    vq = VectorQuantizer(1, 2, 2, decay=1e-9, fit_weight=fit_weight, fit_floor=fit_floor).double().train()
     with torch.no_grad():
         vq.embed.copy_(torch.tensor([[[0.0, 0.0], [100.0, 100.0]]]))
         vq.ema_sum.copy_(vq.embed)
     return vq
 
 
-@pytest.mark.parametrize("fit_weight, expected", [("uniform", [2.0, 1.0]), ("fisher", [3.6, 0.2])])
+@pytest.mark.parametrize(
+    "fit_weight, fit_floor, expected",
+    [("uniform", 0.0, [2.0, 1.0]), ("fisher", 0.0, [3.6, 0.2]), ("fisher", 0.5, [2.8, 0.6])],
+)
 def test_a_code_moves_to_the_gradient_weighted_mean_of_its_keys_by_hand(
-    fit_weight: str, expected: list
+    fit_weight: str, fit_floor: float, expected: list
 ) -> None:
-    vq = one_code_quantiser(fit_weight)
+    vq = one_code_quantiser(fit_weight, fit_floor)
     k = torch.tensor([[[[0.0, 2.0], [4.0, 0.0]]]], dtype=torch.float64, requires_grad=True)  # (1, 1, 2, 2)
     k_hat = vq(k)[0]
     (k_hat * torch.tensor([[[[1.0, 0.0], [0.0, 3.0]]]], dtype=torch.float64)).sum().backward()  # |g|² = 1, 9
     vq.update()
-    # weights 1 and 9, scaled to mean 1: 0.2 and 1.8; code 0 = (0.2·(0, 2) + 1.8·(4, 0)) / 2 = (3.6, 0.2)
+    # weights 1 and 9, scaled to mean 1: 0.2 and 1.8; code 0 = (0.2·(0, 2) + 1.8·(4, 0)) / 2 = (3.6, 0.2);
+    # a floor of 0.5 mixes in the uniform weight: 0.6 and 1.4, code 0 = (2.8, 0.6)
     assert torch.allclose(vq.codebook[0, 0], torch.tensor(expected, dtype=torch.float64), atol=1e-6)
     assert torch.allclose(vq.ema_count[0], torch.tensor([2.0, 0.0], dtype=torch.float64), atol=1e-6)
 
@@ -75,3 +79,7 @@ def test_refused_with_a_rule_whose_codes_learn_by_gradient() -> None:
         VectorQuantizer(1, 4, 2, update="gradient", fit_weight="fisher")
     with pytest.raises(ValueError, match="fit_weight"):
         VectorQuantizer(1, 4, 2, fit_weight="sensitivity")
+    with pytest.raises(ValueError, match="fit_floor.*fit_weight='fisher'"):
+        VectorQuantizer(1, 4, 2, fit_floor=0.5)
+    with pytest.raises(ValueError, match="fit_floor"):
+        VectorQuantizer(1, 4, 2, fit_weight="fisher", fit_floor=1.0)

@@ -101,7 +101,8 @@ class VectorQuantizer(nn.Module):
         gradient at its ``k_hat``, scaled to mean 1 over the forward's keys (the diagonal-Fisher-weighted k-means
         of SqueezeLLM, Kim et al. 2023, applied to the keys): the codes go where the reads' loss is sensitive,
         not where keys are many. Gathered by a gradient hook in the backward pass (eager only: the hook breaks
-        a compiled graph); ``ema`` rule only.
+        a compiled graph); ``ema`` rule only. ``fit_floor`` (fisher only): the weight is ``fit_floor + (1 -
+        fit_floor)·w``, a share of the uniform fit kept for the keys the loss does not weigh (0: none).
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -131,6 +132,7 @@ class VectorQuantizer(nn.Module):
         hard_warmup: NonNegativeInt = 0,
         hard_warmup_delay: NonNegativeInt = 0,
         fit_weight: Annotated[str, OneOf("uniform", "fisher")] = "uniform",
+        fit_floor: Annotated[float, Between(0, 1, "[)")] = 0.0,
         commit_weight: NonNegativeFloat = 1e-4,
         codebook_weight: NonNegativeFloat = 1.0,
     ) -> None:
@@ -152,7 +154,12 @@ class VectorQuantizer(nn.Module):
         if fit_weight != "uniform" and update != "ema":
             allowed = f"needs update='ema' (not {update!r}: its codes learn by gradient); else 'uniform'"
             raise OptionError("fit_weight", fit_weight, allowed, type(self))
-        self.fit_weight = fit_weight
+        if fit_floor and fit_weight != "fisher":
+            allowed = (
+                f"needs fit_weight='fisher' (not {fit_weight!r}: the floor mixes into its weights); else 0"
+            )
+            raise OptionError("fit_floor", fit_floor, allowed, type(self))
+        self.fit_weight, self.fit_floor = fit_weight, fit_floor
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
         self.rule = _rule(update, smoothing, count_floor)
         self.rule.create(
@@ -245,10 +252,12 @@ class VectorQuantizer(nn.Module):
 
     def _accumulate_weighted(self, flat: Tensor, codes: Tensor, grad: Tensor) -> None:
         """``fit_weight=fisher``: :meth:`_accumulate` with each key weighted by ``||∂L/∂k_hat||²`` (``grad (B, H, T,
-        d)``), scaled to mean 1 per head; the re-seeding sample drawn with the same weights."""
+        d)``), scaled to mean 1 per head and mixed with ``fit_floor`` of the uniform weight; the re-seeding sample
+        drawn with the same weights."""
         h, n, d = flat.shape
         weight = grad.detach().float().pow(2).sum(-1).transpose(0, 1).reshape(h, n)
         weight = weight / weight.mean(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        weight = self.fit_floor + (1 - self.fit_floor) * weight
         weight = weight.to(self.pending_count.dtype)
         self.pending_count += torch.zeros_like(self.pending_count).scatter_add_(1, codes, weight)
         self.rule.accumulate(self, flat * weight[..., None].to(flat.dtype), codes)
