@@ -11,6 +11,8 @@ run base gau_vq
 run mean gau_vq --set gau_vq:attention.cache_keys=mean
 run keygrad gau_vq --set gau_vq:attention.cache_key_grad=true
 run mean_warmup gau_vq --set gau_vq:attention.cache_keys=mean --set gau_vq:codebook.hard_warmup=1000
+run mean_warmup_fisher gau_vq --set gau_vq:attention.cache_keys=mean --set gau_vq:codebook.hard_warmup=1000 \
+    --set gau_vq:codebook.fit_weight=fisher --set gau_vq:codebook.fit_floor=0.5
 run rotation gau_vq@rotation
 run rotation_mean gau_vq@rotation --set gau_vq@rotation:attention.cache_keys=mean
 run base2 gau_vq
