@@ -33,9 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tools.mqar_diagnosis.common import recall_model
-from tools.vq_cache_learning.common import OUT, rows_table, trained_vq_jobs
+from tools.vq_cache_learning.common import OUT, probed_before, rows_table, trained_vq_jobs, write_probe
 from tvq_exp.batch import IGNORE_INDEX
-from tvq_exp.tools.study.report import replace_between
 
 PAIRS = 8  # MQAR (128, 8): keys at positions 0, 2, .., 14, their values at 1, 3, .., 15
 COLUMNS = {
@@ -146,8 +145,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--page", default=None, help="write the table into this page's code-spread markers")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    target = OUT / "probes" / "mqar--code-spread.json"
-    results = json.loads(target.read_text()) if target.is_file() else {}
+    results = probed_before("mqar--code-spread")
     for seed in (int(s) for s in args.seeds.split(",")):
         for run, checkpoint, overrides in trained_vq_jobs(args.out, seed, args.runs):
             model, data = recall_model(overrides, checkpoint)
@@ -159,13 +157,9 @@ def main(argv: list[str]) -> None:
             results[f"{run} s{seed}"] = found | {"accuracy": test_accuracy(f"{run}--mqar--s{seed}")}
             print(f"{run} s{seed}: {found}", flush=True)
     results = dict(sorted(results.items()))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results, indent=1) + "\n")
     table = rows_table(list(COLUMNS.values()), results, cell)
     print(table)
-    if args.page:
-        page = Path(args.page)
-        page.write_text(replace_between(page.read_text(), "code spread", table))
+    write_probe("mqar--code-spread", results, table, args.page, "code spread")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ page's ``<!-- collisions: begin -->`` and ``<!-- collisions: end -->`` lines.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,9 +21,8 @@ import torch
 from torch import Tensor
 
 from tools.mqar_diagnosis.common import recall_model
-from tools.vq_cache_learning.common import OUT, rows_table, trained_vq_jobs
+from tools.vq_cache_learning.common import OUT, probed_before, rows_table, trained_vq_jobs, write_probe
 from tvq_exp.batch import IGNORE_INDEX
-from tvq_exp.tools.study.report import replace_between
 
 PAIRS = 16  # MQAR (128, 8): keys at positions 0, 2, .., 14, their values at 1, 3, .., 15
 WITH_VALUE = "of which with another value position"
@@ -83,21 +81,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--page", default=None, help="write the table into this page's collisions markers")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    target = OUT / "probes" / f"mqar--collisions--s{args.seed}.json"
-    results = (
-        json.loads(target.read_text()) if target.is_file() else {}
-    )  # rows probed before, from other folders
+    results = probed_before(f"mqar--collisions--s{args.seed}")  # rows probed before, from other folders
     for run, checkpoint, overrides in trained_vq_jobs(args.out, args.seed, args.runs):
         model, data = recall_model(overrides, checkpoint)
         model.eval()
         data.setup("test")
         results[run] = answers(model, data, model.blocks[-1].attn.block_len)
         print(table({run: results[run]}).splitlines()[-1], flush=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results) + "\n")
-    if args.page:
-        page = Path(args.page)
-        page.write_text(replace_between(page.read_text(), "collisions", table(results)))
+    write_probe(
+        f"mqar--collisions--s{args.seed}", results, table(results), args.page, "collisions", indent=None
+    )
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@ which jobs have a checkpoint, with what overrides, and the Markdown table of one
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tvq_exp.tools.study.report import replace_between
 from tvq_exp.tools.study.spec import load_study
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,3 +39,21 @@ def rows_table(columns: list[str], results: dict[str, Any], cell: Callable[[Any,
     for run, found in results.items():
         lines.append(f"| {run} | " + " | ".join(cell(found, c) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def probed_before(name: str) -> dict[str, Any]:
+    """The rows of ``probes/<name>.json`` probed before (from other folders of a study trained in parts), or none."""
+    target = OUT / "probes" / f"{name}.json"
+    return json.loads(target.read_text()) if target.is_file() else {}
+
+
+def write_probe(
+    name: str, results: dict[str, Any], table: str, page: str | None, marker: str, indent: int | None = 1
+) -> None:
+    """``results`` into ``probes/<name>.json`` (``indent=None``: one line, for per-answer lists); with ``page``,
+    ``table`` between its ``<!-- marker: begin/end -->`` lines."""
+    target = OUT / "probes" / f"{name}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results, indent=indent) + "\n")
+    if page:
+        Path(page).write_text(replace_between(Path(page).read_text(), marker, table))

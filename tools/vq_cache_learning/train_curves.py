@@ -12,15 +12,13 @@ file's) and, with
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tools.vq_cache_learning.common import OUT, REPO, rows_table
-from tvq_exp.tools.study.report import replace_between
+from tools.vq_cache_learning.common import OUT, REPO, probed_before, rows_table, write_probe
 from tvq_exp.tools.study.spec import load_study
 
 QUARTERS = 4
@@ -59,22 +57,17 @@ def main(argv: list[str]) -> None:
         "--page", default=None, help="write the table into this page's train-accuracy markers"
     )
     args = parser.parse_args(argv)
-    target = OUT / "probes" / "mqar--train-acc.json"
-    results = json.loads(target.read_text()) if target.is_file() else {}
+    results = probed_before("mqar--train-acc")
     for job in load_study(REPO / "conf/study/vq_cache_learning.yaml").jobs:
         seeds = [int(seed) for seed in args.seeds.split(",")]
         if job.regime == "mqar" and job.seed in seeds and job.run in args.runs.split(","):
             steps = int(next(o for o in job.overrides if o.startswith("trainer.max_steps=")).split("=")[1])
             results[f"{job.run} s{job.seed}"] = by_quarter(curve(args.out / "runs" / job.id), steps)
     results = dict(sorted(results.items()))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results, indent=1) + "\n")
     columns = list(next(iter(results.values())))
     table = rows_table([f"steps {c}" for c in columns], results, lambda found, c: f"{found[c[6:]]:.3f}")
     print(table)
-    if args.page:
-        page = Path(args.page)
-        page.write_text(replace_between(page.read_text(), "train accuracy", table))
+    write_probe("mqar--train-acc", results, table, args.page, "train accuracy")
 
 
 if __name__ == "__main__":
