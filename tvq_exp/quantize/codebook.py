@@ -100,8 +100,8 @@ class VectorQuantizer(nn.Module):
         re-seed dead codes): ``uniform`` (the official: one each) or ``fisher``: the squared norm of the loss's
         gradient at its ``k_hat``, scaled to mean 1 over the forward's keys (the diagonal-Fisher-weighted k-means
         of SqueezeLLM, Kim et al. 2023, applied to the keys): the codes go where the reads' loss is sensitive,
-        not where keys are many. Gathered by a gradient hook in the backward pass (eager only: the hook breaks
-        a compiled graph); ``ema`` rule only. ``fit_floor`` (fisher only): the weight is ``fit_floor + (1 -
+        not where keys are many. Gathered by a gradient hook in the backward pass (meant for eager runs: under
+        ``torch.compile`` Dynamo accepts or refuses the hook's side effect depending on the setting; untested); ``ema`` rule only. ``fit_floor`` (fisher only): the weight is ``fit_floor + (1 -
         fit_floor)·w``, a share of the uniform fit kept for the keys the loss does not weigh (0: none).
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
