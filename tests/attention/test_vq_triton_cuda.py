@@ -1,9 +1,16 @@
 """On a CUDA device (``make bench-gpu``'s tests section, ``pytest -k cuda``): VQ's fused kernel
-(``VQAttention(kernel="triton")``) equals the plain kernel, forward and every gradient, within 1e-5 in fp32 and
-1e-2 in bf16 (relative error of each tensor), over what the plain kernel covers: the XL bias, the cache on and
-off, a carried state, grouped key/value heads, T not a multiple of L, ``grad_through_cache`` and
-``cache_key_grad``. The CPU tests of the kernel (Triton's interpreter) are beside the kernel; this module needs a
-device."""
+(``VQAttention(kernel="triton")``) equals the plain kernel, forward and every gradient (relative error of each
+tensor), over what the plain kernel covers: the XL bias, the cache on and off, a carried state, grouped key/value
+heads, T not a multiple of L, ``grad_through_cache`` and ``cache_key_grad``.
+
+- fp32: within 1e-5 of the plain kernel in fp32.
+- bf16: the reference is the plain kernel in fp32 on the same (bf16-valued) inputs. The fused kernel's error from
+  it must be within 1e-2, or within 1.5 times the plain kernel's own error in bf16 where that is larger. The
+  XL bias's parameter gradients sum score gradients over every position, and the plain kernel in bf16 is itself
+  1.1-1.3% off there (on CPU at T = 700). On an H200 (2026-11-28) the fused and plain kernels in bf16 differed by
+  1.08e-2 on ``bias.proj.weight``'s gradient at T = 700, when the test compared them with each other.
+
+The CPU tests of the kernel (Triton's interpreter) are beside the kernel; this module needs a device."""
 
 from __future__ import annotations
 
@@ -53,6 +60,13 @@ def run(layer: Any, q: Tensor, k: Tensor, v: Tensor, grad: Tensor, state: Any = 
     return out, *(g for g in grads if g is not None), new_state
 
 
+def run_fp32(layer: Any, q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
+    """:func:`run` in fp32, autocast off, on fp32 copies of the same inputs: the reference of a bf16 run."""
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    with torch.autocast("cuda", enabled=False):
+        return run(layer, *leaves, grad.float())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_fused_kernel_equals_plain_on_cuda(case: str, dtype: torch.dtype) -> None:
@@ -70,8 +84,20 @@ def test_the_fused_kernel_equals_plain_on_cuda(case: str, dtype: torch.dtype) ->
         *got, fused_state = run(fused, q, k, v, grad)
         assert fused.last_kernel == "triton"
         assert len(got) == len(want)
+    if dtype == torch.float32:
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert relative_error(g, w) <= TOLERANCE[dtype], (case, i)
+    else:
+        *truth, _ = run_fp32(plain, q, k, v, grad)
+        for i, (g, w, r) in enumerate(zip(got, want, truth, strict=True)):
+            plain_error, fused_error = relative_error(w, r), relative_error(g, r)
+            assert fused_error <= max(TOLERANCE[dtype], 1.5 * plain_error), (
+                case,
+                i,
+                fused_error,
+                plain_error,
+            )
+    with torch.autocast("cuda", torch.bfloat16, enabled=dtype == torch.bfloat16):
         # a continued segment: the carried state gives the same next outputs
         more = [x.detach()[:, :, : t // 2].clone().requires_grad_() for x in (q, k, v)]
         out_plain = plain(*more, plain_state)[0]

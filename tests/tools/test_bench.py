@@ -227,3 +227,28 @@ def test_bench_creates_its_folders_and_keeps_each_record_as_it_finishes(
         bench.main([*argv, "--lengths", "32,64", "--json", str(fresh)])
     (first,) = json.loads(fresh.read_text())
     assert first["seq_len"] == 32 and first["ms"] > 0 and FIELDS <= first.keys()
+
+
+def test_the_number_of_timed_calls_comes_from_a_call_after_the_warm_up() -> None:
+    """A first call that compiles (slow) must not leave a single timed call: the count comes from the first timed
+    call, so a kernel whose first call takes most of the budget is still timed ``reps`` times, all warm."""
+    import time
+
+    import torch
+
+    from tvq_exp.measure.timing import time_calls
+
+    calls = []
+
+    def fn() -> None:
+        time.sleep(0.3 if not calls else 0.001)
+        calls.append(1)
+
+    times = time_calls(fn, torch.device("cpu"), reps=5, budget_s=0.5)
+    # five warm calls of ~1 ms, none of them the 300 ms first call
+    assert len(times) == 5 and max(times) < 100
+
+    def slow() -> None:
+        time.sleep(0.05)
+
+    assert len(time_calls(slow, torch.device("cpu"), reps=5, budget_s=0.1)) == 2  # the budget caps the count

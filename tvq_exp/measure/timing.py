@@ -15,18 +15,19 @@ def sync(device: torch.device) -> None:
 
 
 def time_calls(fn: Callable[[], None], device: torch.device, reps: int, budget_s: float) -> list[float]:
-    """One warm-up call, then ``min(reps, budget_s / warm-up time)`` (at least 1) timed calls, in ms."""
-    t0 = time.perf_counter()
+    """One warm-up call, then ``min(reps, budget_s / t)`` (at least 1) timed calls, in ms, where ``t`` is the first
+    timed call's time. The count comes from a call after the warm-up: a first call that compiles or loads kernels
+    (seconds) would otherwise leave one timed call, itself still slow where the second call is."""
     fn()
     sync(device)
-    warm = time.perf_counter() - t0
-    n = max(1, min(reps, int(budget_s / max(warm, 1e-9))))
-    times = []
-    for _ in range(n):
+    times: list[float] = []
+    while len(times) < reps:
         t0 = time.perf_counter()
         fn()
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
+        if len(times) >= budget_s / max(times[0] / 1e3, 1e-9):
+            break
     return times
 
 

@@ -72,7 +72,11 @@ def _layer(kernel: str, head_dim: int, device: torch.device) -> Any:
 
     if kernel == "dense_flex":
         return build_attention("dense", d_k=head_dim, d_v=head_dim, heads=HEADS, kernel="flex").to(device)
-    opts = {"codebook_size": 512, "block_len": 512, "kernel": kernel.removeprefix("vq_").removesuffix("_compiled")}
+    opts = {
+        "codebook_size": 512,
+        "block_len": 512,
+        "kernel": kernel.removeprefix("vq_").removesuffix("_compiled"),
+    }
     return build_attention("vq", d_k=head_dim, d_v=head_dim, heads=HEADS, **opts).to(device)
 
 
@@ -82,15 +86,17 @@ def case(
     """The timed call of one configuration (``B = tokens / (H·T)``) and its useful FLOPs."""
     batch = max(1, tokens // (seq_len * HEADS))
     train = mode == "fwdbwd"
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    # drawn on the device: on the host, one case's four 67M-element operands took 1.5 s to draw (the 2-core CI machine)
+    gen = torch.Generator(device=device).manual_seed(0)
     # (B, T, H, d) transposed to (B, H, T, d): the layout a model's projections give (and cuDNN's kernel wants)
     shape = (batch, seq_len, HEADS, head_dim)
-    leaves = [
-        (torch.randn(shape, generator=gen) * head_dim**-0.25).to(device, torch.bfloat16).requires_grad_(train)
-        for _ in range(3)
-    ]
+
+    def draw(scale: float) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=device) * scale).to(torch.bfloat16)
+
+    leaves = [draw(head_dim**-0.25).requires_grad_(train) for _ in range(3)]
     q, k, v = (x.transpose(1, 2) for x in leaves)
-    grad = torch.randn(shape, generator=gen).to(device, torch.bfloat16).transpose(1, 2) if train else None
+    grad = draw(1.0).transpose(1, 2) if train else None
     if kernel.startswith("sdpa"):
         attend, flops = _sdpa(kernel), dense_flops(batch * HEADS, seq_len, head_dim, train)
     else:
