@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
+from torch.autograd import DeviceType
 from torch.utils.data import DataLoader
 
 from tests.models.test_flops import tiny_preset
-from tvq_exp.callbacks.device_profile import DeviceProfile
+from tvq_exp.callbacks.device_profile import DeviceProfile, profile_summary
 from tvq_exp.models.module import AutoregressiveLitModule
 
 
@@ -41,6 +43,31 @@ def test_the_window_is_written_per_step(tmp_path: Path) -> None:
     assert [r["calls_per_step"] for r in steps] == [1.0]  # one optimiser step per profiled step
     assert any(r["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for r in rows)
     assert "Self CPU" in (tmp_path / "device-profile.txt").read_text()
+    assert profile["calls_per_step"] == pytest.approx(sum(r["calls_per_step"] for r in rows))
+    # the ops' self time on one thread fits in the window's wall clock
+    assert 0 < profile["ms_per_step"] <= profile["wall_ms_per_step"]
+    assert profile["busy_share"] == pytest.approx(profile["ms_per_step"] / profile["wall_ms_per_step"])
+
+
+def test_on_a_gpu_each_kernel_counts_once() -> None:
+    """A host op's self device time is the time of the kernels it launched: on a GPU only the device's events
+    count (an H200 profile counted both, 600 ms per step where the step took 458)."""
+
+    def event(name: str, device: DeviceType, us: float, count: int) -> SimpleNamespace:
+        return SimpleNamespace(key=name, device_type=device, self_device_time_total=us, count=count)
+
+    averages = [
+        event("tvq::window_cache_forward", DeviceType.CPU, 8000.0, 2),
+        event("forward_kernel", DeviceType.CUDA, 8000.0, 2),
+        event("aten::mm", DeviceType.CPU, 2000.0, 4),
+        event("nvjet_gemm", DeviceType.CUDA, 2000.0, 4),
+        event("Memcpy DtoD", DeviceType.CUDA, 500.0, 2),
+    ]
+    summary = profile_summary(averages, "self_device_time_total", steps=2, rows=10, device_events=True)
+    assert summary["ms_per_step"] == pytest.approx(5.25)  # (8 + 2 + 0.5) ms over 2 steps
+    assert [r["name"] for r in summary["rows"]] == ["forward_kernel", "nvjet_gemm", "Memcpy DtoD"]
+    assert summary["calls_per_step"] == pytest.approx(4.0)
+    assert sum(r["share"] for r in summary["rows"]) == pytest.approx(1.0)
 
 
 def test_a_run_ending_inside_the_window_writes_what_it_profiled(tmp_path: Path) -> None:

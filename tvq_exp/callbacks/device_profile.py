@@ -4,12 +4,14 @@ warm-up, written as a table and a JSON file (the profile a missed MFU target is 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from tvq_exp.files import write_text
@@ -21,10 +23,16 @@ class DeviceProfile(Callback):
     ``<dirpath>/device-profile.json`` and ``device-profile.txt``.
 
     The JSON holds ``device`` (``cuda`` or ``cpu``), ``steps`` (the steps profiled), ``ms_per_step`` (the
-    self time of every op on the device, per step: CUDA kernels and copies on a GPU, aten ops on a CPU) and
-    ``rows``: the ``rows`` largest ops by self device time, each ``{"name", "ms_per_step", "share", "calls_per_step"}``
-    (``share`` of ``ms_per_step``). The text file is torch's own table, sorted the same way. Rank 0 only; a run that
-    ends inside the window writes what it profiled.
+    self time of every op on the device, per step: CUDA kernels, copies and memsets on a GPU, aten ops on a CPU),
+    ``wall_ms_per_step`` (the window's wall clock per step, the device synchronised at both ends, the profiler's
+    own overhead included), ``busy_share`` (``ms_per_step / wall_ms_per_step``: below 1, the device waits for the
+    host), ``calls_per_step`` (kernel launches per step on a GPU, ops on a CPU) and ``rows``: the ``rows`` largest
+    by self time, each ``{"name", "ms_per_step", "share", "calls_per_step"}`` (``share`` of ``ms_per_step``).
+
+    On a GPU only the device's own events count. The host-side op that launched a kernel has the kernel's time as
+    its self device time, so the host ops are left out: counted too, they counted each kernel twice. The text
+    file is torch's own table, sorted the same way. Rank 0 only; a run that ends inside the window writes what it
+    profiled.
 
     Args:
         dirpath: the folder of the two files (the run directory).
@@ -39,7 +47,7 @@ class DeviceProfile(Callback):
     ) -> None:
         self.dirpath, self.skip, self.steps, self.rows = Path(dirpath), skip, steps, rows
         self._profiler: profile | None = None
-        self._first = 0
+        self._first, self._started = 0, 0.0
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
@@ -51,6 +59,7 @@ class DeviceProfile(Callback):
                 torch.cuda.synchronize()
             self._profiler, self._first = profile(activities=activities), trainer.global_step
             self._profiler.__enter__()
+            self._started = time.perf_counter()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -67,10 +76,13 @@ class DeviceProfile(Callback):
         cuda = ProfilerActivity.CUDA in self._profiler.activities
         if cuda:
             torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - self._started) * 1e3
         self._profiler.__exit__(None, None, None)
         averages, self._profiler = self._profiler.key_averages(), None
         key = "self_device_time_total" if cuda else "self_cpu_time_total"
-        summary = profile_summary(averages, key, max(steps, 1), self.rows)
+        summary = profile_summary(averages, key, max(steps, 1), self.rows, device_events=cuda)
+        summary["wall_ms_per_step"] = wall_ms / max(steps, 1)
+        summary["busy_share"] = summary["ms_per_step"] / summary["wall_ms_per_step"]
         summary["device"] = "cuda" if cuda else "cpu"
         self.dirpath.mkdir(parents=True, exist_ok=True)
         write_text("device-profile.json", self.dirpath, json.dumps(summary, indent=1) + "\n")
@@ -79,15 +91,21 @@ class DeviceProfile(Callback):
         )
 
 
-def profile_summary(averages: Any, key: str, steps: int, rows: int) -> dict[str, Any]:
-    """``{"steps", "ms_per_step", "rows"}`` of torch.profiler's ``key_averages()`` by the self time ``key`` (µs),
-    per step of ``steps``: every op's self time summed (``ms_per_step``), the ``rows`` largest with their share."""
-    timed = [(event.key, getattr(event, key) / 1e3 / steps, event.count / steps) for event in averages]
+def profile_summary(
+    averages: Any, key: str, steps: int, rows: int, device_events: bool = False
+) -> dict[str, Any]:
+    """``{"steps", "ms_per_step", "calls_per_step", "rows"}`` of torch.profiler's ``key_averages()`` by the self
+    time ``key`` (µs), per step of ``steps``: every op's self time summed (``ms_per_step``), the ``rows`` largest
+    with their share. ``device_events``: count only the device's own events (kernels, copies, memsets), not the
+    host ops whose self device time is the time of the kernels they launched."""
+    events = [e for e in averages if not device_events or e.device_type != DeviceType.CPU]
+    timed = [(event.key, getattr(event, key) / 1e3 / steps, event.count / steps) for event in events]
     timed = sorted((t for t in timed if t[1] > 0), key=lambda t: -t[1])
     total = sum(ms for _, ms, _ in timed)
     return {
         "steps": steps,
         "ms_per_step": total,
+        "calls_per_step": sum(calls for _, _, calls in timed),
         "rows": [
             {"name": name, "ms_per_step": ms, "share": ms / total, "calls_per_step": calls}
             for name, ms, calls in timed[:rows]
