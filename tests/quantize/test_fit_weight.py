@@ -83,3 +83,47 @@ def test_refused_with_a_rule_whose_codes_learn_by_gradient() -> None:
         VectorQuantizer(1, 4, 2, fit_floor=0.5)
     with pytest.raises(ValueError, match="fit_floor"):
         VectorQuantizer(1, 4, 2, fit_weight="fisher", fit_floor=1.0)
+
+
+@pytest.mark.parametrize("scope", ["step", "blocks"])
+def test_a_compiled_training_step_gathers_eager_fisher_statistics(scope: str) -> None:
+    """Under ``torch.compile`` (the whole step, or block by block as the GPU presets do) the hook is registered
+    between graphs: two training steps (the second continuing the first's state, re-seeding on) leave the
+    codebook's buffers and the gradients equal to eager's, and the graph breaks only there (one per quantiser)."""
+    import functools
+
+    from torch._dynamo.utils import counters
+
+    from tests.models.test_compile import training_step
+    from tvq_exp.attention import build_attention
+    from tvq_exp.models.blocks import GAUBlock
+    from tvq_exp.models.decoder import Decoder, detach_state
+    from tvq_exp.models.module import AutoregressiveLitModule
+
+    def module() -> AutoregressiveLitModule:
+        torch.manual_seed(0)
+        codebook = {"reseed_fraction": 0.5, "fit_weight": "fisher", "fit_floor": 0.5}
+        attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, codebook=codebook)
+        decoder = Decoder(256, 32, 2, functools.partial(GAUBlock, d_k=16), attention).train()
+        return AutoregressiveLitModule(decoder, compile_scope=scope)
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = module(), module()
+    compiled.compile_step(backend="aot_eager")
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: list = [None, None]
+    for _ in range(2):
+        for i, m in enumerate((eager, compiled)):
+            torch.manual_seed(2)  # the re-seeding's draws
+            m.zero_grad()
+            states[i] = detach_state(training_step(m, x, states[i])[1].state)
+        for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+        for (name, b_e), b_c in zip(eager.named_buffers(), compiled.buffers(), strict=True):
+            torch.testing.assert_close(b_c, b_e, rtol=1e-5, atol=1e-6, msg=name)
+    assert all(q.ema_count.sum() > 0 for q in compiled.model.quantizers())
+    reasons = {str(reason) for reason in counters["graph_break"]}
+    assert reasons and all("_weigh_in_backward" in r for r in reasons), (
+        reasons
+    )  # the hook's registration only

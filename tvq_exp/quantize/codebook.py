@@ -100,9 +100,10 @@ class VectorQuantizer(nn.Module):
         re-seed dead codes): ``uniform`` (the official: one each) or ``fisher``: the squared norm of the loss's
         gradient at its ``k_hat``, scaled to mean 1 over the forward's keys (the diagonal-Fisher-weighted k-means
         of SqueezeLLM, Kim et al. 2023, applied to the keys): the codes go where the reads' loss is sensitive,
-        not where keys are many. Gathered by a gradient hook in the backward pass (meant for eager runs: under
-        ``torch.compile`` Dynamo accepts or refuses the hook's side effect depending on the setting; untested); ``ema`` rule only. ``fit_floor`` (fisher only): the weight is ``fit_floor + (1 -
-        fit_floor)·w``, a share of the uniform fit kept for the keys the loss does not weigh (0: none).
+        not where keys are many. Gathered by a gradient hook in the backward pass, registered outside any compiled
+        graph: a compiled step breaks its graph there, once per quantiser, and gathers eager's statistics; ``ema``
+        rule only. ``fit_floor`` (fisher only): the weight is ``fit_floor + (1 - fit_floor)·w``, a share of the
+        uniform fit kept for the keys the loss does not weigh (0: none).
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -228,7 +229,7 @@ class VectorQuantizer(nn.Module):
             soft = 1 - self.hard_fraction()
             k_hat = k_hat + (soft * (k.detach().float() - quant.detach().float())).to(k.dtype)
         if learning and weighted and k_hat.requires_grad:
-            k_hat.register_hook(functools.partial(self._accumulate_weighted, flat, codes))
+            _weigh_in_backward(k_hat, functools.partial(self._accumulate_weighted, flat, codes))
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
 
     def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -352,6 +353,14 @@ class VectorQuantizer(nn.Module):
         fair = self.ema_count.mean(-1, keepdim=True).expand_as(self.ema_count)
         self.ema_count.copy_(torch.where(dead, fair, self.ema_count))
         self.rule.assign(self, dead, sample_rows(keys, self.codebook_size))
+
+
+@torch.compiler.disable
+def _weigh_in_backward(k_hat: Tensor, hook: functools.partial) -> None:
+    """Register ``hook`` on ``k_hat``'s gradient, outside any compiled graph: Dynamo refuses a hook that updates
+    the codebook's buffers inside the model's graph ("Unsafe side effect"), so a compiled step breaks its graph
+    here, and only where ``fit_weight=fisher``."""
+    k_hat.register_hook(hook)
 
 
 def _read_initialized(module: nn.Module, incompatible: object) -> None:
