@@ -16,7 +16,7 @@ from tests.helpers.paths import REPO
 from tvq_exp.tools.study.recall import accuracy_table, backend_label, grid, state_curves
 from tvq_exp.tools.study.report import write_report
 from tvq_exp.tools.study.results import cell, grouped, load_results
-from tvq_exp.tools.study.spec import load_study
+from tvq_exp.tools.study.spec import Comparison, load_study
 
 
 def _result(
@@ -248,7 +248,9 @@ def test_the_docs_tables_are_the_committed_result_files(name: str, tmp_path: Pat
             assert result["evaluations"] == source["evaluations"] and result["config"] == source["config"]
 
 
-def test_a_report_goes_between_the_pages_markers_with_its_figures_linked_from_the_page(tmp_path: Path) -> None:
+def test_a_report_goes_between_the_pages_markers_with_its_figures_linked_from_the_page(
+    tmp_path: Path,
+) -> None:
     from tvq_exp.tools.study.report import into_page
 
     report = tmp_path / "study/report.md"
@@ -279,3 +281,29 @@ def test_a_report_of_relative_folders_writes_its_figures_where_they_are_named(
     assert (tmp_path / "docs/figures/x/test-accuracy-vs-state.png").is_file()
     assert not (tmp_path / "docs/figures/x/docs").exists()
     assert "(`studies/x/results/*.json`)" in report
+
+
+def test_a_comparison_pairs_two_runs_by_seed(tmp_path: Path) -> None:
+    """Worked by hand: accuracies 0.8 / 0.9 / 0.7 against 0.7 / 0.8 / 0.75 give differences +0.1, +0.1, -0.05,
+    mean +0.05, standard deviation sqrt(0.0075) = 0.0866, paired t 0.05 / (0.0866 / sqrt 3) = 1.00, higher in 2
+    of 3; a seed only one run has is left out."""
+    gaps = {"gap_1_8": 1.0}
+    results = [_result("a", s, 1.0, _accuracy(x, gaps)) for s, x in ((1, 0.8), (2, 0.9), (3, 0.7), (4, 0.1))]
+    results += [_result("b", s, 1.0, _accuracy(x, gaps)) for s, x in ((1, 0.7), (2, 0.8), (3, 0.75))]
+    _write(tmp_path, results)
+    report = write_report(tmp_path, "Study t", comparisons=[Comparison("a", "b", "r")]).read_text()
+    row = "| a | b | r | accuracy | 1,2,3 | +0.100, +0.100, -0.050 | +0.0500 ± 0.0866 | 1.00 | 2 of 3 |"
+    assert row in report
+    assert "Runs compared" not in write_report(tmp_path, "Study t").read_text()  # none asked for, none shown
+
+
+def test_a_comparison_naming_an_unknown_run_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: s\nruns: {x: {}, y: {}}\nevaluate: []\ncompare: [{run: x, against: z, regime: default}]\n"
+    )
+    with pytest.raises(ValueError, match=r"compare\[0\].against='z'.*runs \(x, y\)"):
+        load_study(path)
+    path.write_text("name: s\nruns: {x: {}, y: {}}\nevaluate: []\ncompare: [{run: x, against: y}]\n")
+    with pytest.raises(ValueError, match=r"compare\[0\] needs regime"):
+        load_study(path)

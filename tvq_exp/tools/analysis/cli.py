@@ -144,7 +144,7 @@ def study_main(argv: Sequence[str]) -> None:
         study, out = load_study(args.study), Path(args.out)
         if args.action == "report":
             figures = Path(args.figures) if args.figures else None
-            report = write_study_report(out, f"Study {study.name}", figures)
+            report = write_study_report(out, f"Study {study.name}", figures, study.comparisons)
             print(into_page(report, Path(args.page), figures or out) if args.page else report)
             return
     except (

@@ -2,7 +2,9 @@
 
 For every (run, regime): the mean over seeds of bits per token, overall and per position bucket, with the
 spread (``±`` half the range over seeds; the seeds are listed); a Markdown table per evaluation and a plot of
-bits against position with one line per (run, regime).
+bits against position with one line per (run, regime). The study's comparisons (``compare``) pair two runs by
+seed: the per-seed differences, their mean and standard deviation, the paired t and the seeds in which the first
+run is ahead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tvq_exp.plots import position_figure, save_figure
 from tvq_exp.tools.study.health import health_section
 from tvq_exp.tools.study.recall import accuracy_section, backend_label
 from tvq_exp.tools.study.results import Group, cell, grouped, load_results
+from tvq_exp.tools.study.spec import Comparison
 
 
 def bucket_key(bucket: dict[str, Any]) -> str:
@@ -75,9 +78,11 @@ def into_page(report: Path, page: Path, figures: Path) -> Path:
     return page
 
 
-def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
-    """``<out>/report.md`` (a table per evaluation) and ``<figures or out>/<evaluation>.png`` (bits against
-    position, one line per run and regime); returns the report's path."""
+def write_report(
+    out: Path, title: str, figures: Path | None = None, comparisons: Sequence[Comparison] = ()
+) -> Path:
+    """``<out>/report.md`` (a table per evaluation, then the ``comparisons``) and ``<figures or
+    out>/<evaluation>.png`` (bits against position, one line per run and regime); returns the report's path."""
     results = load_results(out)
     shown, out = out, Path(os.path.abspath(out))  # a relative folder is the working directory's, not its own
     figures = make_dirs(os.path.abspath(figures or out), os.path.abspath(figures or out))
@@ -118,7 +123,46 @@ def write_report(out: Path, title: str, figures: Path | None = None) -> Path:
                 paired,
                 "",
             ]
+    compared = comparison_table(grouped(results, first), comparisons) if first else ""
+    if compared:
+        lines += [
+            f"## Runs compared, paired by seed (evaluation `{first}`)",
+            "",
+            "Per seed both runs have, the first run's figure minus the second's: accuracy where the evaluation has "
+            "it, else bits per token (lower is better); their mean ± standard deviation, the paired t (the mean "
+            "over its standard error; about 2.8 or more for p < 0.05 two-sided at 4 degrees of freedom, 2.4 at "
+            "7), and in how many seeds the first run's figure is higher:",
+            "",
+            compared,
+            "",
+        ]
     return write_text("report.md", out, "\n".join(lines))
+
+
+def comparison_table(groups: dict[Group, list[dict[str, Any]]], comparisons: Sequence[Comparison]) -> str:
+    """Markdown: one row per comparison whose runs share a seed ("" when none does)."""
+    rows = []
+    for c in comparisons:
+        mine = {e["seed"]: e for e in groups.get((c.run, c.regime), [])}
+        theirs = {e["seed"]: e for e in groups.get((c.against, c.regime), [])}
+        seeds = sorted(mine.keys() & theirs.keys())
+        if not seeds:
+            continue
+        accuracy = all("accuracy" in mine[s] and "accuracy" in theirs[s] for s in seeds)
+        figure = (lambda e: e["accuracy"]["accuracy"]) if accuracy else (lambda e: e["bpb"])
+        diffs = [figure(mine[s]) - figure(theirs[s]) for s in seeds]
+        mean = statistics.fmean(diffs)
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        t = f"{mean / (sd / len(diffs) ** 0.5):.2f}" if sd > 0 else ""
+        rows.append(
+            f"| {c.run} | {c.against} | {c.regime} | {'accuracy' if accuracy else 'bpb'} | "
+            f"{','.join(map(str, seeds))} | {', '.join(f'{d:+.3f}' for d in diffs)} | {mean:+.4f} ± {sd:.4f} | "
+            f"{t} | {sum(d > 0 for d in diffs)} of {len(diffs)} |"
+        )
+    if not rows:
+        return ""
+    header = "| run | against | regime | figure | seeds | per seed | mean ± sd | paired t | higher in |"
+    return "\n".join([header, "|---|---|---|---|---|---|---|---|---|", *rows])
 
 
 def paired_table(base: dict[Group, list[dict[str, Any]]], other: dict[Group, list[dict[str, Any]]]) -> str:
@@ -149,4 +193,4 @@ def paired_table(base: dict[Group, list[dict[str, Any]]], other: dict[Group, lis
     return "\n".join(lines)
 
 
-__all__ = ["mean_buckets", "paired_table", "table", "write_report"]
+__all__ = ["comparison_table", "mean_buckets", "paired_table", "table", "write_report"]

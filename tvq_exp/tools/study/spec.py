@@ -14,6 +14,8 @@ A study is a YAML file (``conf/study/<name>.yaml``)::
       - {name: sequence, protocol: sequence, sequence_len: 2048, limit_batches: 64}
       - {name: sequence_nocache, protocol: sequence, sequence_len: 2048, model: {attention: {use_cache: false}},
          only: [gau_vq]}
+    compare:                                   # the report's comparisons, paired by seed (optional)
+      - {run: gau_vq_s64, against: gau_vq, regime: tbptt}
 
 Every (run, regime, seed) is a :class:`Job` with its own run directory and its own result file, so a study
 runs in parts, a killed job costs only itself, and tables are made from the result files alone.
@@ -64,18 +66,29 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Comparison:
+    """``run`` against ``against`` in ``regime``, paired by seed: a table of the report (its first evaluation)."""
+
+    run: str
+    against: str
+    regime: str
+
+
+@dataclass(frozen=True)
 class Study:
-    """A parsed study file: its name, jobs and evaluations."""
+    """A parsed study file: its name, jobs, evaluations and the comparisons its report makes."""
 
     name: str
     jobs: tuple[Job, ...]
     evaluations: tuple[Evaluation, ...]
     runs: tuple[str, ...]
     regimes: tuple[str, ...]
+    comparisons: tuple[Comparison, ...] = ()
 
 
-STUDY_KEYS = ("name", "base", "regimes", "runs", "evaluate")
+STUDY_KEYS = ("name", "base", "regimes", "runs", "evaluate", "compare")
 RUN_KEYS = ("overrides", "seeds", "regimes")
+COMPARE_KEYS = ("run", "against", "regime")
 RUNNER_KEYS = ("hydra.", "paths.", "run_name", "ckpt_path", "output", "resume")  # the runner's own
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@-]*")  # a file name's part: no '/', no leading '.'
 
@@ -149,7 +162,34 @@ def load_study(path: str | Path) -> Study:
         bad = [k for k, v in e.options.items() if not isinstance(v, str | int | float | bool) or v is None]
         if bad:
             raise ValueError(f"{path}: evaluate.{e.name}.{bad[0]}: must be a plain value (text or number)")
-    return Study(spec["name"], tuple(jobs), evaluations, tuple(spec["runs"]), tuple(regimes))
+    comparisons = _comparisons(path, spec.get("compare"), tuple(spec["runs"]), tuple(regimes))
+    return Study(spec["name"], tuple(jobs), evaluations, tuple(spec["runs"]), tuple(regimes), comparisons)
+
+
+def _comparisons(
+    path: Path, value: object, runs: tuple[str, ...], regimes: tuple[str, ...]
+) -> tuple[Comparison, ...]:
+    """``compare``: a list of ``{run, against, regime}``, each naming the study's runs and one of its regimes."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
+        raise ValueError(f"{path}: compare must be a list of mappings {{run, against, regime}}")
+    comparisons = []
+    for i, item in enumerate(value):
+        _keys(path, f"compare[{i}]", item, COMPARE_KEYS)
+        missing = [k for k in COMPARE_KEYS if k not in item]
+        if missing:
+            raise ValueError(
+                f"{path}: compare[{i}] needs {', '.join(missing)} (keys: {', '.join(COMPARE_KEYS)})"
+            )
+        for key, known in (("run", runs), ("against", runs), ("regime", regimes)):
+            if item[key] not in known:
+                raise ValueError(
+                    f"{path}: compare[{i}].{key}={item[key]!r}: not one of the study's "
+                    f"{'regimes' if key == 'regime' else 'runs'} ({', '.join(known)})"
+                )
+        comparisons.append(Comparison(item["run"], item["against"], item["regime"]))
+    return tuple(comparisons)
 
 
 def plain_name(value: object) -> bool:
