@@ -123,7 +123,6 @@ def test_a_compiled_training_step_gathers_eager_fisher_statistics(scope: str) ->
         for (name, b_e), b_c in zip(eager.named_buffers(), compiled.buffers(), strict=True):
             torch.testing.assert_close(b_c, b_e, rtol=1e-5, atol=1e-6, msg=name)
     assert all(q.ema_count.sum() > 0 for q in compiled.model.quantizers())
+    # the graph breaks only at the hook's registration
     reasons = {str(reason) for reason in counters["graph_break"]}
-    assert reasons and all("_weigh_in_backward" in r for r in reasons), (
-        reasons
-    )  # the hook's registration only
+    assert reasons and all("_weigh_in_backward" in r for r in reasons), reasons
