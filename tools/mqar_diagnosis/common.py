@@ -18,13 +18,13 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def recall_model(
-    overrides: list[str], checkpoint: str | None = None
+    overrides: list[str], checkpoint: str | None = None, experiment: str = "recall_cpu"
 ) -> tuple[nn.Module, LightningDataModule]:
-    """The decoder and the MQAR data module of ``experiment=recall_cpu`` plus ``overrides``: a seeded
-    initialisation (``torch.manual_seed(1)``) or a training checkpoint's weights (read by the safe loader: tensors
-    and plain data only, :func:`tvq_exp.run.checkpoints.read_weights`)."""
+    """The decoder and the data module of ``experiment`` (MQAR's ``recall_cpu`` unless named) plus ``overrides``: a
+    seeded initialisation (``torch.manual_seed(1)``) or a training checkpoint's weights (read by the safe loader:
+    tensors and plain data only, :func:`tvq_exp.run.checkpoints.read_weights`)."""
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose("train", overrides=["experiment=recall_cpu", *overrides])
+        cfg = compose("train", overrides=[f"experiment={experiment}", *overrides])
         torch.manual_seed(1)
         model, data = hydra.utils.instantiate(cfg.model), hydra.utils.instantiate(cfg.data)
     if checkpoint is not None:

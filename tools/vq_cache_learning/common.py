@@ -1,4 +1,4 @@
-"""Shared by the cache-learning study's probes of trained MQAR models (``previous_token.py``, ``collisions.py``):
+"""Shared by the cache-learning study's probes of trained models (``previous_token.py``, ``collisions.py``):
 which jobs have a checkpoint, with what overrides, and the Markdown table of one result per row."""
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "studies/vq_cache_learning"
 
 
-def trained_vq_jobs(out: Path, seed: int, runs: str = "") -> Iterator[tuple[str, str, list[str]]]:
-    """``(row, checkpoint, overrides)`` of every trained VQ ``mqar`` job of ``seed`` in ``out`` (only the
+def trained_vq_jobs(
+    out: Path, seed: int, runs: str = "", regime: str = "mqar"
+) -> Iterator[tuple[str, str, list[str]]]:
+    """``(row, checkpoint, overrides)`` of every trained VQ job of ``regime`` and ``seed`` in ``out`` (only the
     comma-separated ``runs`` when given); the overrides without the experiment and trainer ones, which
     ``tools/mqar_diagnosis/common.py``'s ``recall_model`` sets."""
     for job in load_study(REPO / "conf/study/vq_cache_learning.yaml").jobs:
         checkpoint = out / "runs" / job.id / "checkpoints/last.ckpt"
         chosen = not runs or job.run in runs.split(",")
-        if job.regime != "mqar" or job.seed != seed or not checkpoint.is_file() or not chosen:
+        if job.regime != regime or job.seed != seed or not checkpoint.is_file() or not chosen:
             continue
         if "model=gau_dense" in job.overrides:  # the probes read layer 1's quantiser
             continue
