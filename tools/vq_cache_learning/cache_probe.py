@@ -1,7 +1,8 @@
-"""``python tools/vq_cache_learning/cache_probe.py REGIME [--seed N] [--checkpoints] [--page docs/vq_cache_learning.md]``:
+"""``python tools/vq_cache_learning/cache_probe.py REGIME [--seed N] [--checkpoints [--out DIR]] [--page PAGE]``:
 what each row of the cache-learning study (conf/study/vq_cache_learning.yaml) does to the keys that only the cache
-reads, on one training batch of ``REGIME`` (``copy_only`` or ``mqar``), from the row's seeded initialisation (or,
-with ``--checkpoints``, its trained weights in ``studies/vq_cache_learning/runs/<job>/checkpoints/last.ckpt``).
+reads, on one training batch of ``REGIME`` (``copy_only``, ``copy_short`` or ``mqar``), from the row's seeded
+initialisation (or, with ``--checkpoints``, its trained weights in ``<out>/runs/<job>/checkpoints/last.ckpt``, ``out``
+``studies/vq_cache_learning`` unless ``--out`` names another folder of the study).
 
 The **cache-only keys** of a batch are the positions ``j`` that no supervised position reads through its exact window:
 every target position ``t >= j`` lies two or more blocks after ``j``. In the last layer their keys reach the loss through the
@@ -139,10 +140,13 @@ def table(results: dict[str, list[dict]]) -> str:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="cache_probe.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("regime", choices=["copy_only", "mqar"])
+    parser.add_argument("regime", choices=["copy_only", "copy_short", "mqar"])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--checkpoints", action="store_true", help="the trained weights of each row's job")
     parser.add_argument("--runs", default="", help="comma-separated rows (default: all)")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="the study folder whose runs/ hold the checkpoints"
+    )
     parser.add_argument("--page", default=None, help="write the table into this page's probe markers")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -155,7 +159,7 @@ def main(argv: list[str]) -> None:
             or (args.runs and job.run not in args.runs.split(","))
         ):
             continue
-        checkpoint = OUT / "runs" / job.id / "checkpoints/last.ckpt" if args.checkpoints else None
+        checkpoint = args.out / "runs" / job.id / "checkpoints/last.ckpt" if args.checkpoints else None
         if checkpoint is not None and not checkpoint.is_file():
             continue
         results[job.run] = probe(list(job.overrides), job.seed, checkpoint)
