@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.utils.hooks import RemovableHandle
 
 from tools.mqar_diagnosis.common import recall_model
 from tools.vq_cache_learning.common import OUT, probed_before, rows_table, trained_vq_jobs, write_probe
@@ -34,14 +35,20 @@ COLUMNS = ("window", "cache, own code", "cache, shared code", WITH_VALUE)
 EXPERIMENTS = {"mqar": "recall_cpu", "copy_short": "repeat_cpu"}  # each probed regime's experiment
 
 
-def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]]:  # noqa: ANN001
-    """Per answer: read through the cache or the window, collided or not (cache reads), correct or not."""
+def keep_codes(model: torch.nn.Module) -> tuple[list[Tensor], RemovableHandle]:
+    """A list that each forward pass appends the last layer's codes to, ``(B, T)`` of the first key head, and the hook
+    that fills it (remove it when done)."""
     codes: list[Tensor] = []
 
     def keep(module: torch.nn.Module, args: tuple) -> None:
-        codes.append(module.quantizer(args[1])[1][:, 0])  # (B, T): the first key head's codes
+        codes.append(module.quantizer(args[1])[1][:, 0])
 
-    hook = model.blocks[-1].attn.register_forward_pre_hook(keep)
+    return codes, model.blocks[-1].attn.register_forward_pre_hook(keep)
+
+
+def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]]:  # noqa: ANN001
+    """Per answer: read through the cache or the window, collided or not (cache reads), correct or not."""
+    codes, hook = keep_codes(model)
     parts: dict[str, list[int]] = {name: [] for name in COLUMNS}
     with torch.no_grad():
         for batch in data.test_dataloader():
@@ -70,12 +77,7 @@ def answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]
 
 def copy_answers(model: torch.nn.Module, data, block_len: int) -> dict[str, list[int]]:  # noqa: ANN001
     """Per repeated byte of the copy probe: read through the window or the cache, collided or not, correct or not."""
-    codes: list[Tensor] = []
-
-    def keep(module: torch.nn.Module, args: tuple) -> None:
-        codes.append(module.quantizer(args[1])[1][:, 0])  # (B, T): the first key head's codes
-
-    hook = model.blocks[-1].attn.register_forward_pre_hook(keep)
+    codes, hook = keep_codes(model)
     parts: dict[str, list[int]] = {name: [] for name in COLUMNS[:3]}
     with torch.no_grad():
         for batch in data.test_dataloader():
