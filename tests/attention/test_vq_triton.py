@@ -2,7 +2,8 @@
 Triton's interpreter (and compiled on CUDA where there is one): equal to the plain kernel and the naive reference in
 fp32 (forward and every gradient, relative error <= 1e-5) in every case the plain kernel covers, within 1e-2 with
 bf16 operands, and through the layer (``kernel=triton``) equal to ``kernel=plain``, streamed and causal; refused in
-one line where it cannot run. The sm_90a compile report (no spills) is a slow test (``make kernel-report``)."""
+one line where it cannot run; taken by ``kernel=auto`` on CUDA only for values of one forward chunk. The sm_90a
+compile report (no spills) is a slow test (``make kernel-report``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 import torch
 
 from tests.attention.backends import build
+from tvq_exp.attention.vq import layer as vq_layer
 from tvq_exp.attention.vq.fused import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.support import wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,
@@ -125,6 +128,8 @@ CASES = {
     "block of 5, 1 head": Case(block=5, rows=5, g=1, m=5),
     "block of 32: skipped tiles": Case(block=32, rows=32, g=1, items=2, n=1, m=20, s=20),
     "sliding window (no cache)": Case(cache=False, block=32, rows=32, g=1, items=2, n=1, m=8, span=8),
+    "values in 3 chunks": Case(d_v=40),  # the interpreter's chunks are 16 wide: the GAU's path on a GPU
+    "values in 3 chunks, per-item codebook": Case(d_v=40, per_item_codes=True, prev_grad=False),
 }
 
 
@@ -264,6 +269,45 @@ def test_triton_refuses_float64_in_one_line() -> None:
     case = Case(bias=False, cache=False)
     with pytest.raises(ValueError, match="fp32, bf16 or fp16 operands, not torch.float64"):
         fused_window_cache_attention(grouped(make_inputs(case, torch.float64), case))
+
+
+# ----------------------------------------------------------------------------- where kernel=auto takes it
+
+
+@pytest.mark.parametrize(
+    ("device", "queries", "d_v", "dtype", "kernel", "taken"),
+    [
+        ("cuda", 128, 128, torch.bfloat16, "auto", True),
+        ("cuda", 128, 256, torch.bfloat16, "auto", True),  # one forward chunk of 256
+        ("cuda", 128, 256, torch.float32, "auto", False),  # fp32 operands: chunks of 128
+        ("cuda", 128, 257, torch.bfloat16, "auto", False),
+        ("cuda", 128, 1536, torch.bfloat16, "auto", False),  # the GAU: the plain kernel's GEMMs
+        ("cuda", 127, 128, torch.bfloat16, "auto", False),  # a decoding-sized call
+        ("cpu", 128, 128, torch.bfloat16, "auto", False),
+        ("cuda", 128, 1536, torch.bfloat16, "triton", True),  # named: always
+        ("cuda", 128, 128, torch.bfloat16, "plain", False),
+    ],
+)
+def test_auto_takes_triton_on_cuda_only_for_values_of_one_forward_chunk(
+    device: str, queries: int, d_v: int, dtype: torch.dtype, kernel: str, taken: bool
+) -> None:
+    """``kernel=auto``'s choice per call (:func:`wants_triton`), on fake CUDA tensors (no GPU needed): the fused
+    kernels recompute the scores per value chunk, so values wider than one forward chunk stay plain."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4, queries, 128, device=device, dtype=dtype)
+        assert wants_triton(kernel, q, d_v) is taken
+
+
+def test_the_layer_asks_for_the_fused_kernel_with_its_values_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = []
+    spy = lambda kernel, q, d_v: asked.append((kernel, q.shape[-1], d_v))  # noqa: E731
+    monkeypatch.setattr(vq_layer, "wants_triton", spy)
+    layer = build("vq", d_k=4, d_v=12, heads=2, codebook_size=4, block_len=4, kernel="auto")
+    layer(*(torch.randn(1, 2, 9, d) for d in (4, 4, 12)))
+    assert asked and set(asked) == {("auto", 4, 12)}
+    assert layer.last_kernel == "plain"
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """On a CUDA device (``make bench-gpu``'s tests section, ``pytest -k cuda``): VQ's fused kernel
 (``VQAttention(kernel="triton")``) equals the plain kernel, forward and every gradient (relative error of each
 tensor), over what the plain kernel covers: the XL bias, the cache on and off, a carried state, grouped key/value
-heads, T not a multiple of L, ``grad_through_cache`` and ``cache_key_grad``.
+heads, T not a multiple of L, ``grad_through_cache`` and ``cache_key_grad``, and values wider than one chunk (the
+chunked paths the GAU's ``d_v = 1536`` takes).
 
 - fp32: within 1e-5 of the plain kernel in fp32.
 - bf16: the reference is the plain kernel in fp32 on the same (bf16-valued) inputs. The fused kernel's error from
@@ -34,6 +35,7 @@ CASES = {
     "ragged": {"window_bias": True, "t": 700},
     "no_grad_through_cache": {"grad_through_cache": False},
     "cache_key_grad": {"cache_key_grad": True},
+    "wide_values": {"window_bias": True, "d_v": 320},  # 2 forward chunks, 3 backward (as the GAU's 1536)
 }
 
 
@@ -77,8 +79,9 @@ def test_the_fused_kernel_equals_plain_on_cuda(case: str, dtype: torch.dtype) ->
     kv = options.get("kv_heads", 2)
     q = torch.randn(2, 2, t, 64, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
     k = torch.randn(2, kv, t, 64, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
-    v = torch.randn(2, kv, t, 64, device="cuda", dtype=dtype).requires_grad_()
-    grad = torch.randn(2, 2, t, 64, device="cuda", dtype=dtype)
+    d_v = options.get("d_v", 64)
+    v = torch.randn(2, kv, t, d_v, device="cuda", dtype=dtype).requires_grad_()
+    grad = torch.randn(2, 2, t, d_v, device="cuda", dtype=dtype)
     with torch.autocast("cuda", torch.bfloat16, enabled=dtype == torch.bfloat16):
         *want, plain_state = run(plain, q, k, v, grad)
         *got, fused_state = run(fused, q, k, v, grad)

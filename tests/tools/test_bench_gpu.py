@@ -19,6 +19,7 @@ from tvq_exp.tools.bench.gpu import (
     jobs,
     parser,
     run_sections,
+    training_shape,
     write_report,
 )
 from tvq_exp.tools.bench.gpu_training import training_section
@@ -106,6 +107,18 @@ def test_the_sections_run_in_order_within_an_eight_minute_call() -> None:
     assert [name for name, _ in jobs(parser().parse_args([]))] == ["attention", "training", "tests"]
     assert [name for name, _ in jobs(parser().parse_args(["--skip", "training"]))] == ["attention", "tests"]
     assert sum(BUDGETS.values()) + 30 <= 8 * 60  # 30 s: the interpreter, CUDA and the device report
+
+
+def test_the_training_kernel_is_auto_unless_named_and_an_unknown_one_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert training_shape(parser().parse_args([]))[-2:] == ("model.attention.kernel=auto", "data=gutenberg")
+    named = training_shape(parser().parse_args(["--train-kernel", "triton", "--data", "kjv"]))
+    assert named[-2:] == ("model.attention.kernel=triton", "data=kjv")
+    assert sum(x.startswith("model.attention.kernel=") for x in named) == 1
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--train-kernel", "fused"])
+    assert "invalid choice: 'fused'" in capsys.readouterr().err
 
 
 def test_a_failed_section_is_recorded_the_rest_run_and_the_check_fails(tmp_path: Path) -> None:

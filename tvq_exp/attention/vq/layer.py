@@ -112,9 +112,10 @@ class VQAttention(BlockedAttention):
         kernel: the window + cache step: ``plain`` (:mod:`.kernel`, chunked, its own backward), ``flex``
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form), ``triton`` (:mod:`.fused`:
             fused Triton kernels, forward and backward; CUDA, or CPU under ``TRITON_INTERPRET=1``; refused
-            elsewhere) or ``auto`` (for calls of at least 128 queries: Triton on CUDA where it is installed, else
-            compiled flex where it runs: CPU without gradients; else plain: decoding steps stay plain). The
-            encoder form is always plain.
+            elsewhere) or ``auto`` (for calls of at least 128 queries: Triton on CUDA where it is installed and the
+            values fit its forward's one chunk, ``d_v <= 256`` in bf16: wider values, the GAU's 1536, take the plain
+            kernel's GEMMs; else compiled flex where it runs: CPU without gradients; else plain: decoding steps stay
+            plain). The encoder form is always plain.
 
     Shapes: ``q (B, H, T, d_k)``, ``k (B, H_kv, T, d_k)``, ``v (B, H_kv, T, d_v)`` -> ``(B, H, T, d_v)``.
     State: :class:`VQState`: the positions ``max(0, (t//L - 1)·L) .. t-1`` and the cache of all earlier blocks
@@ -362,7 +363,7 @@ class VQAttention(BlockedAttention):
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             cache = CodeCache(self._cache_keys(b, key_means, first, last, kw.dtype), log_n, cache_mu)
         per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
-        fused = wants_triton(self.kernel, q)
+        fused = wants_triton(self.kernel, q, vw.shape[-1])
         flex = not fused and not per_item and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
         attend = fused_window_cache_attention if fused else window_cache_attention
         if flex:  # imported here: torch's flex module is slow to import (see flex_runtime.FLEX_AVAILABLE)

@@ -10,13 +10,15 @@ the start-up about 7.5 minutes in all):
    (:mod:`.gpu_attention`, one process per kernel, its share of the budget each); the ceiling is an 8192³ bf16
    matmul (``mm_tflops``); each record also gives its time over SDPA flash's (``flash_time_ratio``);
 2. ``training``: ``experiment=enwik8_paper``'s model and TBPTT shape (48 GAUs, d_model 768, 2048-token updates of
-   8192-token sequences) on one GPU, bf16-mixed, VQ's fused kernel (``model.attention.kernel=auto``), the
-   training step compiled (``module.compile``, on with ``trainer=gpu``), for ``--train-seconds`` (90 s) after
-   its compilation (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is
-   not on the lent machines; the shape, not the corpus, sets the cost): tokens/s, TFLOP/s, MFU against the
-   measured matmul rate and against the datasheet peak, and peak memory, from the throughput callback
-   (:mod:`.gpu_training`). The per-process batch halves from 8 until it fits, while time is left; a run stopped
-   at the budget still gives the figures of the rows it flushed;
+   8192-token sequences) on one GPU, bf16-mixed, the window + cache step by ``--train-kernel`` (``auto``, the
+   default: the plain kernel's GEMMs at the GAU's ``d_v = 1536``, see
+   :func:`~tvq_exp.attention.vq.fused.support.one_value_chunk`; ``triton``: the fused kernels), the training step
+   compiled (``module.compile``, on with ``trainer=gpu``), for ``--train-seconds`` (90 s) after its compilation
+   (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
+   machines; the shape, not the corpus, sets the cost): tokens/s, TFLOP/s, MFU against the measured matmul rate
+   and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`). The
+   per-process batch halves from 8 until it fits, while time is left; a run stopped at the budget still gives the
+   figures of the rows it flushed;
 3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``: among them the VQ kernels against the plain
    reference on the device, fp32 within 1e-5 and bf16 within 1e-2 of the reference in fp32, or 1.5 times the plain
    kernel's own bf16 error where that is larger), with its pass/fail counts.
@@ -45,7 +47,7 @@ import torch
 from tvq_exp.files import write_text
 from tvq_exp.measure.timing import matmul_peak_flops
 from tvq_exp.tools.bench.gpu_attention import KERNELS, LENGTHS, TOKENS
-from tvq_exp.tools.bench.gpu_training import TRAIN_SHAPE, training_section
+from tvq_exp.tools.bench.gpu_training import TRAIN_KERNELS, TRAIN_SHAPE, training_section
 
 REPO = Path(__file__).resolve().parents[3]
 SECTIONS = ("attention", "training", "tests")
@@ -170,6 +172,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile-seconds", type=float, default=60.0, help="training time allowed for compilation"
     )
+    p.add_argument(
+        "--train-kernel", default="auto", choices=TRAIN_KERNELS, help="the training's window + cache step"
+    )
     p.add_argument("--data", default="gutenberg", help="the training figure's corpus (a conf/data name)")
     p.add_argument(
         "--batch-sizes",
@@ -198,11 +203,16 @@ def attention_kernels(names: str) -> list[str]:
     return chosen
 
 
+def training_shape(args: argparse.Namespace) -> tuple[str, ...]:
+    """The training section's overrides: the paper's shape with ``--train-kernel`` and ``--data``."""
+    return (*TRAIN_SHAPE, f"model.attention.kernel={args.train_kernel}", f"data={args.data}")
+
+
 def jobs(args: argparse.Namespace) -> list[tuple[str, Job]]:
     """The sections in order, each a function of ``save`` (which writes a partial result) with its budget."""
     budgets = dict(zip(SECTIONS, (float(b) for b in args.budgets.split(",")), strict=True))
     lengths, kernels = [int(n) for n in args.lengths.split(",")], attention_kernels(args.kernels)
-    shape = (*TRAIN_SHAPE, f"data={args.data}")
+    shape = training_shape(args)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     every: dict[str, Job] = {
         "attention": lambda save: attention_section(

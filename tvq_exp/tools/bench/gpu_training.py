@@ -17,13 +17,16 @@ from typing import Any
 from tvq_exp.tools.train_command import run_train
 
 TRAIN_SHAPE = (
-    "experiment=enwik8_paper", "model.attention.kernel=auto", "trainer=gpu", "trainer.devices=1",
+    "experiment=enwik8_paper", "trainer=gpu", "trainer.devices=1",
     "global_batch_size=null",
     "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=1000000", "trainer.limit_val_batches=1",
     "trainer.max_steps=1000000", "trainer.log_every_n_steps=10", "logger=csv",
     "trainer.enable_progress_bar=false", "++logger.csv.flush_logs_every_n_steps=10",
     "debug=device_profile", "callbacks.device_profile.skip=40", "callbacks.device_profile.rows=20",
 )  # fmt: skip
+
+
+TRAIN_KERNELS = ("auto", "plain", "triton")  # the window + cache step (``model.attention.kernel``)
 
 
 def throughput(metrics_csv: Path, warmup: float = 0.2) -> dict[str, Any]:

@@ -33,10 +33,11 @@ class Tiles:
 def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False) -> Tiles:
     """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
     (``fp32``: fp32 operands, twice the bytes per tile). Under the interpreter the smallest tiles (its cost grows
-    with the padding, not with the tile count on these test sizes)."""
+    with the padding, not with the tile count on these test sizes), values in chunks of 16: a test with ``d_v > 16``
+    runs the chunked paths the GAU's ``d_v = 1536`` takes on a GPU."""
     dv = padded_dim(d_v)
     if interpret:
-        return Tiles(MIN_TILE, MIN_TILE, dv)
+        return Tiles(MIN_TILE, MIN_TILE, MIN_TILE)
     if kernel == "forward":  # the values in one chunk up to 256 (128 for fp32): the scores once per chunk
         return Tiles(64, 64, min(dv, 128 if fp32 else 256), num_warps=8, num_stages=2)
     # dq, window_key, code: values in chunks of 128 (the keys' gradient, dp over all chunks, apart past 128)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.flex_runtime import FLEX_MIN_QUERIES
+from tvq_exp.attention.vq.fused.config import padded_dim, tiles
 from tvq_exp.nn.triton_loader import has_triton, interpreted, load_kernels
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -44,15 +45,31 @@ def kernels(interpret: bool) -> ModuleType:
     return load_kernels(Path(__file__).with_name("kernels.py"), __package__, interpret)
 
 
-def wants_triton(kernel: str, q: Tensor) -> bool:
-    """A layer's ``kernel`` choice for one call of ``q (B, H, Tq, d)``: ``triton`` always (it raises where it
-    cannot run), ``auto`` on CUDA for calls of at least :data:`~tvq_exp.attention.flex_runtime.FLEX_MIN_QUERIES`
-    queries (decoding steps stay plain) with operands it takes; else never."""
+def wants_triton(kernel: str, q: Tensor, d_v: int) -> bool:
+    """A layer's ``kernel`` choice for one call of ``q (B, H, Tq, d_k)`` with values ``d_v`` wide: ``triton`` always
+    (it raises where it cannot run); ``auto`` on CUDA for calls of at least
+    :data:`~tvq_exp.attention.flex_runtime.FLEX_MIN_QUERIES` queries (decoding steps stay plain), with operands it
+    takes, and values the fused forward holds in one chunk (:func:`one_value_chunk`); else never."""
     if kernel != "auto":
         return kernel == "triton"
     return (
-        q.device.type == "cuda" and q.shape[2] >= FLEX_MIN_QUERIES and unsupported(q.device, q.dtype) is None
+        q.device.type == "cuda"
+        and q.shape[2] >= FLEX_MIN_QUERIES
+        and unsupported(q.device, q.dtype) is None
+        and one_value_chunk(q.shape[-1], d_v, q.dtype)
     )
 
 
-__all__ = ["DTYPES", "kernels", "unsupported", "wants_triton"]
+def one_value_chunk(d_k: int, d_v: int, dtype: torch.dtype) -> bool:
+    """Whether the fused forward holds values ``d_v`` wide in one chunk (256 columns for bf16/fp16 operands, 128 for
+    fp32: :func:`~tvq_exp.attention.vq.fused.config.tiles`).
+
+    Wider values are split into chunks, and every chunk's program recomputes the scores; the backward's key and
+    code gradients recompute them per 128 columns. At the GAU's ``d_v = 1536`` (``d_k = 128``, ``S = L = 512``) the
+    fused kernels then execute 18% more multiply-adds than the plain kernel in the forward and 49% more in the
+    backward (docs/benchmarks.md, "Which kernel wide values take"), at a fraction of the rate of the plain kernel's
+    GEMMs: ``kernel=auto`` leaves such calls to the plain kernel."""
+    return padded_dim(d_v) <= tiles("forward", d_k, d_v, fp32=dtype == torch.float32).bdv
+
+
+__all__ = ["DTYPES", "kernels", "one_value_chunk", "unsupported", "wants_triton"]
