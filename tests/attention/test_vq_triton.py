@@ -300,7 +300,31 @@ def test_auto_takes_triton_on_cuda_only_for_values_of_one_forward_chunk(
         assert wants_triton(kernel, q, d_v) is taken
 
 
-def test_the_layer_asks_for_the_fused_kernel_with_its_values_width(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("d_v", "grad", "kernel", "chosen"),
+    [
+        (128, True, "auto", "triton"),
+        (1536, True, "auto", "plain"),  # the GAU's values: the plain kernel, not compiled flex
+        (1536, False, "auto", "plain"),  # inference too
+        (1536, True, "flex", "flex"),  # named: always
+        (1536, True, "triton", "triton"),
+    ],
+)
+def test_on_cuda_auto_takes_the_fused_kernels_by_the_values_width_else_plain(
+    d_v: int, grad: bool, kernel: str, chosen: str
+) -> None:
+    """The layer's choice per call (:meth:`window_kernel`) on fake CUDA tensors: the fused kernels where the values
+    fit one forward chunk, else the plain kernel; never compiled flex unless named."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = build("vq", d_k=128, d_v=d_v, heads=1, codebook_size=16, block_len=128, kernel=kernel)
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(grad):
+        q, kw = (torch.empty(2, 1, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        vw = torch.empty(2, 1, 256, d_v, device="cuda", dtype=torch.bfloat16)
+        assert layer.window_kernel(q, kw, vw, per_item=False) == chosen
+
+
+def test_the_layer_runs_the_kernel_it_chose_with_its_values_width(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = []
     spy = lambda kernel, q, d_v: asked.append((kernel, q.shape[-1], d_v))  # noqa: E731
     monkeypatch.setattr(vq_layer, "wants_triton", spy)

@@ -12,7 +12,9 @@ Where it runs (:func:`tvq_exp.attention.flex_runtime.flex_support`): compiled on
 (torch's CUDA kernel), compiled and forward-only on CPU (torch 2.14 has no compiled CPU backward); with gradients
 on CPU, or narrower heads on CUDA, it runs flex's eager form, which
 materialises each item's scores (exact; a reference, slower than the plain kernel). ``kernel=auto`` in
-:class:`~tvq_exp.attention.vq.layer.VQAttention` therefore takes it only where the compiled kernel runs.
+:class:`~tvq_exp.attention.vq.layer.VQAttention` therefore takes it only where the compiled kernel runs, and not on
+CUDA, where it takes the fused Triton kernels or the plain one
+(:meth:`~tvq_exp.attention.vq.layer.VQAttention.window_kernel`).
 
 Shapes: ``q (N, I, R, d_k)`` (``R = G·Lq`` rows: ``G`` grouped heads of ``Lq`` positions), ``kb, vb
 (N, I + 1, L, d)`` (two-block windows) or ``(N, I, L, d)`` (one-block), ``index (Lq, W)``, the optional

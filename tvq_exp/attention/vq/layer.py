@@ -363,19 +363,28 @@ class VQAttention(BlockedAttention):
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             cache = CodeCache(self._cache_keys(b, key_means, first, last, kw.dtype), log_n, cache_mu)
         per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
-        fused = wants_triton(self.kernel, q, vw.shape[-1])
-        flex = not fused and not per_item and wants_flex(self.kernel, self, q, kw, vw, FlexSupport(True))
-        attend = fused_window_cache_attention if fused else window_cache_attention
-        if flex:  # imported here: torch's flex module is slow to import (see flex_runtime.FLEX_AVAILABLE)
+        self.last_kernel = self.window_kernel(q, kw, vw, per_item)
+        attend = fused_window_cache_attention if self.last_kernel == "triton" else window_cache_attention
+        if self.last_kernel == "flex":  # imported here: torch's flex module is slow to import
             from tvq_exp.attention.vq.flex import flex_window_cache_attention
 
             attend = flex_window_cache_attention
-        self.last_kernel = "triton" if fused else "flex" if flex else "plain"
         inputs = WindowInputs(
             layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache, prev_masked=first == 0 and not lone
         )
         out = attend(inputs, prev_grad=self.grad_through_cache)
         return layout.from_grouped_items(out, b, h)
+
+    def window_kernel(self, q: Tensor, kw: Tensor, vw: Tensor, per_item: bool) -> str:
+        """The kernel of one window + cache call (``triton``, ``flex`` or ``plain``) by the layer's ``kernel``, for
+        queries ``q``, window keys ``kw`` and values ``vw`` (``per_item``: a per-item codebook, which flex does not
+        read). On CUDA ``auto`` takes the fused kernels (:func:`wants_triton`) or the plain one, never flex: the
+        values the fused kernels leave (wider than one chunk: the GAU's 1536) are the plain kernel's GEMMs' best
+        case, and compiled flex is untried at such widths on a GPU."""
+        if wants_triton(self.kernel, q, vw.shape[-1]):
+            return "triton"
+        options = FlexSupport(False, "kernel=auto on CUDA") if q.device.type == "cuda" else FlexSupport(True)
+        return "flex" if not per_item and wants_flex(self.kernel, self, q, kw, vw, options) else "plain"
 
     def _cache_keys(
         self, batch: int, key_means: Tensor | None, first: int, last: int, dtype: torch.dtype
