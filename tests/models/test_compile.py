@@ -110,8 +110,8 @@ def test_the_gpu_presets_compile_the_training_step_and_the_cpu_presets_do_not() 
 
 def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_eager() -> None:
     """``compile_scope="blocks"``: three identical blocks share one compiled code (one frame per state shape:
-    a fresh segment, then one continuing its state) that each of them runs, and the step equals eager: losses,
-    gradients, the state."""
+    a fresh segment, then one continuing its state) that each of them runs, their three quantisers one compiled
+    update, and the step equals eager: losses, gradients, codebook buffers, the state."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
@@ -145,10 +145,13 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
         torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-6)
         for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
+        for (name, b_e), b_c in zip(eager.named_buffers(), compiled.buffers(), strict=True):
+            torch.testing.assert_close(b_c, b_e, rtol=1e-5, atol=1e-6, msg=name)
         for s_e, s_c in zip(states[0], states[1], strict=True):
             torch.testing.assert_close(s_c.attn.cache_mu, s_e.attn.cache_mu, rtol=1e-5, atol=1e-6)
-        assert counter.frame_count == step + 1  # one code for the three blocks, once per state shape
-        assert len(runs) == 3 * (step + 1)  # ... that every block runs
+        # one code for the three blocks, once per state shape, and one for the three quantisers' updates ...
+        assert counter.frame_count == step + 2
+        assert len(runs) == 6 * (step + 1)  # ... that every block and every quantiser runs
     assert dict(counters["graph_break"]) == {}
 
 

@@ -49,6 +49,12 @@ def logging_step(trainer: L.Trainer, step: int) -> bool:
     return step % max(1, trainer.log_every_n_steps) == 0
 
 
+def _each_update(quantizers: Sequence[nn.Module], updates: Mapping[type, Any], apply: Tensor) -> None:
+    """Every quantiser's codebook update through the compiled ``updates`` of its class (``compile_scope=blocks``)."""
+    for q in quantizers:
+        updates[type(q)](q, apply)
+
+
 def finite_state(state: ModelState | None) -> ModelState | None:
     """The carried state with every non-finite float replaced by 0 (after a skipped step it may hold NaN: on the
     device, without a host read, it is cleaned rather than dropped)."""
@@ -81,7 +87,8 @@ class AutoregressiveLitModule(L.LightningModule):
         compile_scope: what ``compile`` compiles: ``step`` (the whole step, as above) or ``blocks`` (regional
             compilation: each block's forward, with its backward; the blocks share one code, so the compiler's
             work is one block's however deep the model, where a whole 48-layer step takes minutes per TBPTT
-            position; the embedding, head, loss and codebook update run eager around them).
+            position; the embedding, head and loss run eager around them), and each quantiser's codebook update
+            (one code, which every quantiser runs).
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
@@ -181,11 +188,18 @@ class AutoregressiveLitModule(L.LightningModule):
     def compile_step(self, backend: str = "inductor", fullgraph: bool = False) -> None:
         """Compile :meth:`training_loss` and the model's codebook update with ``torch.compile`` (``backend``;
         ``fullgraph=True`` raises at a graph break instead of splitting the graph: the tests use it); with
-        ``compile_scope="blocks"`` each block instead (in place: ``nn.Module.compile``)."""
+        ``compile_scope="blocks"`` each block instead (in place: ``nn.Module.compile``) and each quantiser's update
+        (one compiled :meth:`~tvq_exp.quantize.VectorQuantizer.update` per quantiser class, run by all of them: a
+        deep model's updates are a few kernels each, not a few dozen eager ops)."""
         if self.compile_scope == "blocks":
             for block in self.model.blocks:
                 block.compile(backend=backend, fullgraph=fullgraph, dynamic=False)
             self._training_loss = self.training_loss
+            updates = {
+                type(q): torch.compile(type(q).update, backend=backend, fullgraph=fullgraph, dynamic=False)
+                for q in self.model.quantizers()
+            }
+            self._codebook_step = functools.partial(_each_update, self.model.quantizers(), updates)
             return
         self._training_loss = torch.compile(
             self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False
