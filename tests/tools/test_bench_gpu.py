@@ -22,6 +22,9 @@ from tvq_exp.tools.bench.gpu import (
     training_shape,
     write_report,
 )
+from tvq_exp.tools.bench.gpu import (
+    tests_section as run_tests_section,
+)
 from tvq_exp.tools.bench.gpu_training import training_section
 
 needs_data = pytest.mark.needs_data("text/gutenberg")
@@ -121,6 +124,55 @@ def test_the_training_kernel_is_auto_unless_named_and_an_unknown_one_is_refused(
     assert "invalid choice: 'fused'" in capsys.readouterr().err
 
 
+PROBE = """
+import time
+
+import pytest
+
+
+def test_ok_cuda():
+    pass
+
+
+def test_bad_cuda():
+    assert False
+
+
+@pytest.mark.skip(reason="no device")
+def test_skipped_cuda():
+    pass
+
+
+@pytest.mark.parametrize("case", ["a b", "c"])
+def test_param_cuda(case):
+    assert case != "c"
+
+
+def test_not_selected():
+    assert False
+"""
+
+
+def test_the_tests_section_counts_each_outcome_and_names_the_tests_that_failed(tmp_path: Path) -> None:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(PROBE)
+    done = run_tests_section(120, paths=[str(probe)])
+    counts = {key: done[key] for key in ("tests", "passed", "failed", "errors", "skipped")}
+    assert counts == {"tests": 5, "passed": 2, "failed": 2, "errors": 0, "skipped": 1}
+    assert [t.split("::")[-1] for t in done["not_passed"]] == ["test_bad_cuda", "test_param_cuda[c]"]
+    assert done["returncode"] == 1 and done["error"].startswith("pytest exited 1: ")
+
+
+def test_the_tests_section_stopped_at_its_budget_keeps_what_finished(tmp_path: Path) -> None:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(
+        PROBE.replace("def test_bad_cuda():\n    assert False", "def test_slow_cuda():\n    time.sleep(120)")
+    )
+    done = run_tests_section(25, paths=[str(probe)])
+    assert done["error"] == done["summary"] == "stopped at its 25 s budget"
+    assert (done["tests"], done["passed"], done["not_passed"], done["returncode"]) == (1, 1, [], None)
+
+
 def test_a_failed_section_is_recorded_the_rest_run_and_the_check_fails(tmp_path: Path) -> None:
     path, seen = tmp_path / "gpu.json", []
 
@@ -168,6 +220,11 @@ def test_the_attention_kernels_can_be_chosen_and_an_unknown_one_is_refused_in_on
     from tvq_exp.tools.bench.gpu_attention import KERNELS
 
     assert attention_kernels("sdpa_flash,vq_triton_compiled") == ["sdpa_flash", "vq_triton_compiled"]
-    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[-2:] == ("vq_triton", "vq_triton_compiled")
-    with pytest.raises(SystemExit, match=r"--kernels 'sdpa_flash,vq_fast': unknown \['vq_fast'\]; allowed: sdpa_flash,"):
+    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[-2:] == (
+        "vq_triton",
+        "vq_triton_compiled",
+    )
+    with pytest.raises(
+        SystemExit, match=r"--kernels 'sdpa_flash,vq_fast': unknown \['vq_fast'\]; allowed: sdpa_flash,"
+    ):
         attention_kernels("sdpa_flash,vq_fast")

@@ -21,7 +21,8 @@ the start-up about 7.5 minutes in all):
    figures of the rows it flushed;
 3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``: among them the VQ kernels against the plain
    reference on the device, fp32 within 1e-5 and bf16 within 1e-2 of the reference in fp32, or 1.5 times the plain
-   kernel's own bf16 error where that is larger), with its pass/fail counts.
+   kernel's own bf16 error where that is larger): the count of each outcome and the ids of the tests that failed,
+   read from pytest's verbose lines as they come, so a run stopped at its budget keeps what finished.
 
 The JSON file is rewritten after each section (and within the attention section after each kernel), so a run cut
 short keeps what finished. A section that fails records its ``error`` and the next still runs; the command then
@@ -33,11 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import subprocess
 import sys
-import tempfile
 import time
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -132,28 +132,41 @@ def _compared(section: dict[str, Any]) -> dict[str, Any]:
     return dict(section)
 
 
-def tests_section(budget_s: float, selection: str = "cuda") -> dict[str, Any]:
-    """``pytest -k SELECTION`` over the test suite within ``budget_s``: the counts from its JUnit report, its last
-    line; ``error`` when a test failed or the budget ran out."""
-    with tempfile.TemporaryDirectory() as scratch:
-        report = Path(scratch) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", selection,
-                   "--continue-on-collection-errors", f"--junitxml={report}", "tests"]  # fmt: skip
-        try:
-            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=budget_s)
-        except subprocess.TimeoutExpired:
-            return {"command": "pytest -k " + selection, "error": f"stopped at its {budget_s:.0f} s budget"}
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        if report.is_file():
-            for suite in ElementTree.parse(report).getroot().iter("testsuite"):
-                for key in counts:
-                    counts[key] += int(suite.get(key, 0))
-        lines = done.stdout.strip().splitlines()
-        result = {"command": "pytest -k " + selection, "returncode": done.returncode, **counts,
-                  "summary": lines[-1] if lines else ""}  # fmt: skip
-        if done.returncode not in (0, 5):  # 5: no test selected
-            result["error"] = f"pytest exited {done.returncode}: {result['summary']}"
-        return result
+# a verbose pytest line: the test's id, then its outcome (an id may hold spaces: parameters)
+VERDICT = re.compile(r"^(\S+\.py::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: |$)")
+
+
+def tests_section(
+    budget_s: float, selection: str = "cuda", paths: Sequence[str] = ("tests",)
+) -> dict[str, Any]:
+    """``pytest -k SELECTION`` over ``paths`` (the test suite) within ``budget_s``: the count of each outcome and
+    the ids of the tests that failed or errored, read from pytest's verbose lines as they come, so a run stopped at
+    its budget still gives what finished; ``error`` when a test failed or the budget ran out."""
+    command = [sys.executable, "-u", "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-k", selection,
+               "--continue-on-collection-errors", *paths]  # fmt: skip
+    stopped = None
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=budget_s)
+        out, returncode = done.stdout, done.returncode
+    except subprocess.TimeoutExpired as cut:
+        out = cut.stdout.decode(errors="replace") if isinstance(cut.stdout, bytes) else cut.stdout or ""
+        returncode, stopped = None, f"stopped at its {budget_s:.0f} s budget"
+    outcomes = {
+        match[1]: match[2] for match in map(VERDICT.match, out.splitlines()) if match
+    }  # the last line of a test id wins (a teardown error follows its pass)
+    words = {"passed": "PASSED", "failed": "FAILED", "errors": "ERROR", "skipped": "SKIPPED"}
+    counts = {key: sum(o == word for o in outcomes.values()) for key, word in words.items()}
+    lines = out.strip().splitlines()
+    result = {
+        "command": "pytest -k " + selection, "returncode": returncode, "tests": len(outcomes), **counts,
+        "not_passed": sorted(t for t, o in outcomes.items() if o in ("FAILED", "ERROR")),
+        "summary": stopped or (lines[-1] if lines else ""),
+    }  # fmt: skip
+    if stopped:
+        result["error"] = stopped
+    elif returncode not in (0, 5):  # 5: no test selected
+        result["error"] = f"pytest exited {returncode}: {result['summary']}"
+    return result
 
 
 def write_report(path: Path, sections: dict[str, Any]) -> Path:
