@@ -40,7 +40,8 @@ CASES = {
 
 
 def relative_error(got: Tensor, want: Tensor) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+    got, want = got.detach().float(), want.detach().float()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def pair(options: dict[str, Any], dtype: torch.dtype) -> tuple[Any, Any]:
