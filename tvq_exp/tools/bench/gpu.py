@@ -47,7 +47,7 @@ import torch
 from tvq_exp.files import write_text
 from tvq_exp.measure.timing import matmul_peak_flops
 from tvq_exp.tools.bench.gpu_attention import KERNELS, LENGTHS, TOKENS
-from tvq_exp.tools.bench.gpu_training import TRAIN_KERNELS, TRAIN_SHAPE, training_section
+from tvq_exp.tools.bench.gpu_training import TRAIN_KERNELS, TRAIN_SHAPE, stopped_output, training_section
 
 REPO = Path(__file__).resolve().parents[3]
 SECTIONS = ("attention", "training", "tests")
@@ -109,7 +109,7 @@ def _cases(command: Sequence[str], timeout_s: float, kernel: str) -> list[dict[s
             None if done.returncode == 0 else (done.stderr.strip() or "?").splitlines()[-1],
         )
     except subprocess.TimeoutExpired as stopped:
-        out = stopped.stdout.decode() if isinstance(stopped.stdout, bytes) else stopped.stdout or ""
+        out = stopped_output(stopped.stdout)
         failure = f"stopped after its {timeout_s:.0f} s share of the budget"
     records = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("CASE ")]
     if failure is not None:
@@ -149,7 +149,7 @@ def tests_section(
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=budget_s)
         out, returncode = done.stdout, done.returncode
     except subprocess.TimeoutExpired as cut:
-        out = cut.stdout.decode(errors="replace") if isinstance(cut.stdout, bytes) else cut.stdout or ""
+        out = stopped_output(cut.stdout)
         returncode, stopped = None, f"stopped at its {budget_s:.0f} s budget"
     outcomes = {
         match[1]: match[2] for match in map(VERDICT.match, out.splitlines()) if match

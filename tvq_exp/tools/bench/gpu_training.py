@@ -101,7 +101,11 @@ def _logged(metrics_csv: Path) -> bool:
     return metrics_csv.is_file() and "throughput/tokens_per_s" in metrics_csv.read_text()
 
 
+def stopped_output(text: str | bytes | None) -> str:
+    """What a process stopped at its timeout had written (``TimeoutExpired.stdout``/``stderr``: bytes, text or None)."""
+    return text.decode(errors="replace") if isinstance(text, bytes) else text or ""
+
+
 def _tail(text: str | bytes | None, lines: int = 8) -> list[str]:
     """The last ``lines`` lines of a stopped process's output (what it was doing when the budget ran out)."""
-    text = text.decode(errors="replace") if isinstance(text, bytes) else text or ""
-    return text.strip().splitlines()[-lines:]
+    return stopped_output(text).strip().splitlines()[-lines:]
