@@ -11,9 +11,9 @@ from tvq_exp.attention.vq import VQAttention
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,
+    WindowIndex,
     WindowInputs,
     window_cache_attention,
-    window_index,
 )
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
@@ -217,18 +217,35 @@ def test_bad_vq_options_are_refused(bad: dict) -> None:
 # ----------------------------------------------------------------------------- the fused kernel
 
 
-def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int = 5, block: int = 4):
-    """Random float64 inputs of :func:`window_cache_attention` (N=2, d_k=6, d_v=5, S=7, M=3)."""
-    n, dk, dv, s, m = 2, 6, 5, 7, 3
-    mk = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=True)
-    from tvq_exp.nn.position import window_distances
+@pytest.mark.parametrize("one_block", [False, True])
+@pytest.mark.parametrize("max_distance,span", [(None, None), (2, None), (2, 3)])
+def test_window_index_columns_follow_each_key_distance(
+    one_block: bool, max_distance: int | None, span: int | None
+) -> None:
+    """Rows at positions 1..3 of a block of 4: key ``j`` of the window (the previous block then their own, or
+    their own alone) is ``d`` positions before row ``p``; its column is ``min(d, M + 1)`` (the bias, then zero),
+    ``M + 2`` (masked) for a future key or one past the span; without the bias 0 or 1."""
+    table = WindowIndex.of_block(4, 1, 3, one_block, max_distance, span).table()
+    m = -1 if max_distance is None else max_distance
+    assert table.shape == (3, 4 if one_block else 8)
+    for p in range(3):
+        for j in range(table.shape[1]):
+            d = (1 + p) - j if one_block else (4 + 1 + p) - j
+            hidden = d < 0 or (span is not None and d > span)
+            assert table[p, j] == (m + 2 if hidden else min(d, m + 1)), (p, j)
 
-    offset = block - rows  # queries at the end of their block, as in decoding
+
+KERNEL_HEADS = 2  # query heads per item of :func:`kernel_inputs`
+
+
+def kernel_inputs(bias: bool, cache: bool, rows: int = 4, items: int = 5, block: int = 4):
+    """Random float64 inputs of :func:`window_cache_attention` (N=2, G=2, d_k=6, d_v=5, S=7, M=3)."""
+    n, g, dk, dv, s, m = 2, KERNEL_HEADS, 6, 5, 7, 3
+    mk = lambda *shape: torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     inputs = {
         "q": mk(n, items, g * rows, dk),
         "kb": mk(n, items + 1, block, dk),
         "vb": mk(n, items + 1, block, dv),
-        "index": window_index(window_distances(block)[offset:], m if bias else None),
     }
     if bias:
         inputs |= {"bias_q": mk(n, items, g * rows, dk), "rel": mk(n, g, m + 1, dk)}
@@ -244,12 +261,13 @@ def kernel_inputs(bias: bool, cache: bool, rows: int = 4, g: int = 2, items: int
 
 def grouped(inputs: dict) -> WindowInputs:
     """The kernels' inputs from :func:`kernel_inputs`' flat tensors (the bias and cache as their groups; item 0
-    without a previous block)."""
+    without a previous block; the rows at the end of their block, as in decoding)."""
+    rows, block = inputs["q"].shape[2] // KERNEL_HEADS, inputs["kb"].shape[2]
+    m = inputs["rel"].shape[2] - 1 if "rel" in inputs else None
+    index = WindowIndex.of_block(block, block - rows, rows, False, m)
     bias = WindowBias(inputs["bias_q"], inputs["rel"]) if "rel" in inputs else None
     cache = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]) if "mu" in inputs else None
-    return WindowInputs(
-        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], bias, cache, prev_masked=True
-    )
+    return WindowInputs(inputs["q"], inputs["kb"], inputs["vb"], index, bias, cache, prev_masked=True)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -274,9 +292,7 @@ def test_kernel_equals_plain_reference_for_every_chunk_size_fp64(bias: bool, cac
 
 def test_kernel_passes_gradcheck() -> None:
     inputs = kernel_inputs(bias=True, cache=True, rows=2, items=3, block=2)
-    inputs = {
-        k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items() if k != "index"
-    } | {"index": inputs["index"]}
+    inputs = {k: v.detach()[:1].requires_grad_(v.requires_grad) for k, v in inputs.items()}
     names = [k for k, v in inputs.items() if v.requires_grad]
     fn = lambda *xs: window_cache_attention(grouped(inputs | dict(zip(names, xs, strict=True))), chunk=2)
     assert torch.autograd.gradcheck(fn, [inputs[k] for k in names])

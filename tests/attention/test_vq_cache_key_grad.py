@@ -10,13 +10,12 @@ from tests.attention.backends import build
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,
+    WindowIndex,
     WindowInputs,
     window_cache_attention,
-    window_index,
 )
 from tvq_exp.attention.vq.naive import vq_attention as vq_reference
 from tvq_exp.attention.vq.naive import window_cache_attention as window_cache_reference
-from tvq_exp.nn.position import window_distances
 
 
 def make_pair(block_len: int, window_bias: bool = False, kv_heads: int | None = None, dtype=torch.float64):
@@ -112,7 +111,6 @@ def test_kernel_per_item_codebook_gradient_equals_the_reference_for_every_chunk_
         "q": mk(n, items, 2 * rows, dk),
         "kb": mk(n, items + 1, block, dk),
         "vb": mk(n, items + 1, block, dv),
-        "index": window_index(window_distances(block), 3),
         "bias_q": mk(n, items, 2 * rows, dk),
         "rel": mk(n, 2, 4, dk),
         "codebook": mk(n, items, s, dk),
@@ -121,7 +119,8 @@ def test_kernel_per_item_codebook_gradient_equals_the_reference_for_every_chunk_
     }
     wrt = [x for x in inputs.values() if x.requires_grad]
     tensors = WindowInputs(
-        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], WindowBias(inputs["bias_q"], inputs["rel"]),
+        inputs["q"], inputs["kb"], inputs["vb"], WindowIndex.of_block(block, 0, rows, False, 3),
+        WindowBias(inputs["bias_q"], inputs["rel"]),
         CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]), prev_masked=True,
     )  # fmt: skip
     ref = window_cache_reference(tensors)

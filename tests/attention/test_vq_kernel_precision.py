@@ -76,7 +76,8 @@ def test_bf16_logit_gradient_is_formed_in_fp32() -> None:
 
     def parts(x: dict) -> ChunkParts:
         inputs = grouped(x)
-        return ChunkParts(*inputs[:4], *inputs.bias, *inputs.cache, inputs.prev_masked)
+        q, kb, vb, index = inputs[:4]
+        return ChunkParts(q, kb, vb, index.table(), *inputs.bias, *inputs.cache, inputs.prev_masked)
 
     p = parts(same).probabilities(0, items)  # the same weights in both
     ds_low = parts(low).logit_grad(p, do, out, 0, items)

@@ -22,12 +22,11 @@ from tvq_exp.attention.vq.fused.support import wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,
+    WindowIndex,
     WindowInputs,
     window_cache_attention,
-    window_index,
 )
 from tvq_exp.attention.vq.naive import window_cache_attention as naive_window_cache_attention
-from tvq_exp.nn.position import window_distances
 from tvq_exp.options import OptionError
 
 TOL = 1e-5  # relative error of fp32 results (‖got - want‖ / ‖want‖)
@@ -74,12 +73,10 @@ def make_inputs(
     c = case
     mk = lambda *shape: torch.randn(*shape, dtype=dtype, device=device, requires_grad=True)
     blocks = 1 if c.one_block else 2
-    dist = window_distances(c.block)[c.block - c.rows :, c.block if c.one_block else 0 :]
     inputs = {
         "q": mk(c.n, c.items, c.g * c.rows, c.d_k),
         "kb": mk(c.n, c.items + blocks - 1, c.block, c.d_k),
         "vb": mk(c.n, c.items + blocks - 1, c.block, c.d_v),
-        "index": window_index(dist, c.m if c.bias else None, c.span).to(device),
     }
     if c.bias:
         inputs |= {"bias_q": mk(c.n, c.items, c.g * c.rows, c.d_k), "rel": mk(c.n, c.g, c.m + 1, c.d_k)}
@@ -95,11 +92,19 @@ def make_inputs(
     return inputs
 
 
+def window(case: Case) -> WindowIndex:
+    """The window of ``case``'s rows: the last ``rows`` positions of their block."""
+    c = case
+    return WindowIndex.of_block(
+        c.block, c.block - c.rows, c.rows, c.one_block, c.m if c.bias else None, c.span
+    )
+
+
 def grouped(inputs: dict[str, torch.Tensor], case: Case) -> WindowInputs:
     bias = WindowBias(inputs["bias_q"], inputs["rel"]) if "rel" in inputs else None
     cache = CodeCache(inputs["codebook"], inputs["log_n"], inputs["mu"]) if "mu" in inputs else None
     return WindowInputs(
-        inputs["q"], inputs["kb"], inputs["vb"], inputs["index"], bias, cache, prev_masked=not case.one_block
+        inputs["q"], inputs["kb"], inputs["vb"], window(case), bias, cache, prev_masked=not case.one_block
     )
 
 
@@ -269,6 +274,17 @@ def test_triton_refuses_float64_in_one_line() -> None:
     case = Case(bias=False, cache=False)
     with pytest.raises(ValueError, match="fp32, bf16 or fp16 operands, not torch.float64"):
         fused_window_cache_attention(grouped(make_inputs(case, torch.float64), case))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_triton_refuses_an_index_whose_bias_distances_differ_from_the_bias(bias: bool) -> None:
+    """The fused kernels take the bias columns from the distance logits and the index's ``max_distance`` alike:
+    an index for another bias window is refused in one line, not read with the wrong columns."""
+    case = Case(bias=bias, cache=False)
+    inputs = grouped(make_inputs(case), case)
+    other = inputs.index._replace(max_distance=None if bias else 2)
+    with pytest.raises(ValueError, match="does not fit the bias's distances"):
+        fused_window_cache_attention(inputs._replace(index=other))
 
 
 # ----------------------------------------------------------------------------- where kernel=auto takes it

@@ -12,8 +12,9 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 from torch._dynamo.utils import counters
 
-from tests.attention.test_vq_triton import TOL, Case, grouped, make_inputs, rel_err
+from tests.attention.test_vq_triton import TOL, Case, grouped, make_inputs, rel_err, window
 from tvq_exp.attention.vq.fused import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.op import window_arguments
 from tvq_exp.attention.vq.kernel import window_cache_attention
 
 CASES = {
@@ -107,7 +108,8 @@ def test_fused_ops_pass_opcheck() -> None:
     n, items, rows, d_k = x["q"].shape
     bq = x["bias_q"].reshape(n, items, case.g, -1, d_k)
     dl = (bq @ x["rel"][:, None].transpose(-1, -2)).reshape(n, items, rows, -1).detach().requires_grad_()
-    args = (x["q"], x["kb"], x["vb"], x["index"], dl, x["codebook"], x["log_n"], x["mu"], True, True)
+    win = window_arguments(window(case))
+    args = (x["q"], x["kb"], x["vb"], win, dl, x["codebook"], x["log_n"], x["mu"], True, True)
     torch.library.opcheck(torch.ops.tvq.window_cache_forward.default, args)
     out, lse = torch.ops.tvq.window_cache_forward(*args)
     back = (torch.randn_like(out), *(a.detach() if isinstance(a, torch.Tensor) else a for a in args[:8]))

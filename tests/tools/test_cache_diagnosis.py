@@ -9,7 +9,7 @@ import math
 import torch
 
 from tests.helpers.paths import REPO
-from tvq_exp.attention.vq.kernel import CodeCache, WindowInputs
+from tvq_exp.attention.vq.kernel import CodeCache, WindowIndex, WindowInputs
 
 _spec = importlib.util.spec_from_file_location(
     "cache_mass", REPO / "tools" / "cache_diagnosis" / "cache_mass.py"
@@ -29,7 +29,7 @@ def test_the_cache_share_is_the_softmax_weight_on_the_cache_columns() -> None:
     codebook = torch.tensor([[[1.5, -0.5], [0.0, 1.0]]], dtype=torch.float64)  # (1, S 2, 2)
     log_n = torch.tensor([[[math.log(3.0), math.log(2.0)], [-math.inf, -math.inf]]], dtype=torch.float64)
     mu = torch.randn(1, 2, 2, 3, dtype=torch.float64)
-    index = torch.zeros(1, 2, dtype=torch.long)  # both window keys visible (column 0 of the [0, -inf] edge)
+    index = WindowIndex(first=1, rows=1, width=2)  # both window keys visible (distances 1 and 0, no bias)
     inputs = WindowInputs(q, kb, vb, index, None, CodeCache(codebook, log_n, mu), prev_masked=False)
 
     share = cache_mass.cache_share(inputs, prev_grad=True)
@@ -44,6 +44,6 @@ def test_the_cache_share_is_the_softmax_weight_on_the_cache_columns() -> None:
 def test_without_a_cache_there_is_no_share() -> None:
     x = torch.zeros(1, 1, 1, 2)
     inputs = WindowInputs(
-        x, torch.zeros(1, 2, 1, 2), torch.zeros(1, 2, 1, 2), torch.zeros(1, 2, dtype=torch.long)
+        x, torch.zeros(1, 2, 1, 2), torch.zeros(1, 2, 1, 2), WindowIndex(first=1, rows=1, width=2)
     )
     assert cache_mass.cache_share(inputs, prev_grad=True) is None

@@ -131,14 +131,4 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
-def window_distances(block_len: int, device: torch.device | None = None) -> Tensor:
-    """Distances (query minus key) inside a VQ window of two blocks: ``(L, 2L)``.
-
-    Queries sit at window positions ``L..2L-1``, keys at ``0..2L-1``.
-    """
-    q = torch.arange(block_len, 2 * block_len, device=device)
-    k = torch.arange(2 * block_len, device=device)
-    return q[:, None] - k[None, :]
-
-
-__all__ = ["XLRelativeBias", "apply_rope", "sinusoid_table", "window_distances"]
+__all__ = ["XLRelativeBias", "apply_rope", "sinusoid_table"]

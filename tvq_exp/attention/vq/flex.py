@@ -17,7 +17,7 @@ CUDA, where it takes the fused Triton kernels or the plain one
 (:meth:`~tvq_exp.attention.vq.layer.VQAttention.window_kernel`).
 
 Shapes: ``q (N, I, R, d_k)`` (``R = G·Lq`` rows: ``G`` grouped heads of ``Lq`` positions), ``kb, vb
-(N, I + 1, L, d)`` (two-block windows) or ``(N, I, L, d)`` (one-block), ``index (Lq, W)``, the optional
+(N, I + 1, L, d)`` (two-block windows) or ``(N, I, L, d)`` (one-block), ``index`` (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`), the optional
 :class:`~tvq_exp.attention.vq.kernel.WindowBias` and :class:`~tvq_exp.attention.vq.kernel.CodeCache` groups (their
 shapes there) -> ``(N, I, R, d_v)``.
 """
@@ -31,7 +31,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
 from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, kernel_options, run_flex
-from tvq_exp.attention.vq.kernel import WindowInputs
+from tvq_exp.attention.vq.kernel import WindowIndex, WindowInputs
 
 
 def flex_window_cache_attention(
@@ -65,12 +65,12 @@ def flex_window_cache_attention(
     k, v = (torch.cat(x, dim=2).flatten(0, 1)[:, None] for x in (keys, values))  # (N·I, 1, W [+ S], d)
     acc = accumulation_dtype(q.dtype)
     table = _window_table(bias_q, rel, rows, acc, q.device)  # (N·I, R, M + 3), or (1, 1, 2) without the bias
-    row_index = index.repeat(rows // index.shape[0], 1)  # (R, W): the same for every head
+    row_index = index.table(q.device).repeat(rows // index.rows, 1)  # (R, W): the same for every head
     cache = (
         q.new_zeros(1, 1, dtype=acc) if log_n is None else log_n.to(acc).flatten(0, 1)
     )  # (N·I, S): log counts
     masked = table.shape[-1] - 1  # the table's -inf column
-    mask = _block_mask(row_index, k.shape[2], masked, str(q.device))
+    mask = _block_mask(index, rows // index.rows, k.shape[2], masked, str(q.device))
     args = (q.flatten(0, 1)[:, None], k, v, mask, table, row_index, cache, log_n is not None, items, block,
             prev_masked)  # fmt: skip
     out = run_flex(_kernel, args, compiled)
@@ -92,23 +92,18 @@ def _window_table(
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_mask(index_key: bytes, rows: int, width: int, columns: int, masked: int, device: str):  # noqa: ANN202
-    row_index = torch.frombuffer(bytearray(index_key), dtype=torch.long).view(rows, width).to(device)
+def _block_mask(index: WindowIndex, heads: int, columns: int, masked: int, device: str):  # noqa: ANN202
+    """The causal window as a block mask, shared by every item and head (cached per layout, ``heads`` groups of
+    ``index.rows`` rows): window key ``j`` of row ``r`` is visible unless its table column is ``masked`` (the
+    ``-inf`` one); the codes always are."""
+    width = index.width
+    row_index = index.table(device).repeat(heads, 1)
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         in_window = kv_idx < width
         return ~in_window | (row_index[q_idx, kv_idx.clamp(max=width - 1)] != masked)
 
-    return create_block_mask(mask_mod, None, None, rows, columns, device=device)
-
-
-def _block_mask(row_index: Tensor, columns: int, masked: int, device: str):  # noqa: ANN202
-    """The causal window as a block mask, shared by every item and head (cached per layout): window key
-    ``j`` of row ``r`` is visible unless its table column is ``masked`` (the ``-inf`` one); the codes always
-    are."""
-    rows, width = row_index.shape
-    key = row_index.to("cpu", torch.long).contiguous().numpy().tobytes()
-    return _cached_mask(key, rows, width, columns, masked, device)
+    return create_block_mask(mask_mod, None, None, heads * index.rows, columns, device=device)
 
 
 def _kernel(

@@ -9,9 +9,10 @@ positions) that attend to
 
 - the **window**: key blocks ``i`` (the previous block) and ``i + 1`` (the block of the queries),
   ``2L`` keys (or, for a one-block window, block ``i`` alone: a sequence's first block with nothing
-  before it). Their additive term is looked up by ``index (Lq, W)`` in the row's table
-  ``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]``: the XL bias inside the window (distances ``0..M``),
-  zero beyond it, ``-inf`` for the causal mask. Without the bias the table is ``[0, -inf]``.
+  before it). Their additive term is looked up by ``index`` (:class:`WindowIndex`: a column per query row and
+  window key, by their distance) in the row's table ``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]``: the XL bias
+  inside the window (distances ``0..M``), zero beyond it, ``-inf`` for the causal mask. Without the bias the
+  table is ``[0, -inf]``.
 - the **cache**: the ``S`` codes, additive term ``log n_s``, with the cache means as values.
 
 One softmax over ``[window; cache]`` per row (its row max is the paper's shared stop-gradient max)
@@ -59,6 +60,43 @@ class CodeCache(NamedTuple):
     mu: Tensor
 
 
+class WindowIndex(NamedTuple):
+    """Which table column each window key takes, from its distance to the query row: row ``p`` (of ``rows``, the
+    queries' positions ``Lq``) and window key ``j`` (of ``width``, ``W``) are ``first + p - j`` apart
+    (:func:`window_index` gives the column of a distance). The same for every head and item; the fused kernels
+    compute it from these numbers, the others read :meth:`table`.
+
+    Fields:
+        first: the distance of row 0 to window key 0 (``L`` plus the queries' offset in their block; the
+            offset alone for a one-block window).
+        rows, width: ``Lq`` and ``W`` (``2L``, or ``L`` for a one-block window).
+        max_distance: the XL bias's last distance ``M``, or None (no bias).
+        span: a sliding window: keys farther than ``span`` masked; None: none.
+    """
+
+    first: int
+    rows: int
+    width: int
+    max_distance: int | None = None
+    span: int | None = None
+
+    @classmethod
+    def of_block(
+        cls, block_len: int, offset: int, rows: int, one_block: bool,
+        max_distance: int | None = None, span: int | None = None,
+    ) -> WindowIndex:  # fmt: skip
+        """The window of ``rows`` queries from position ``offset`` of a block of ``block_len``: over the previous
+        block and their own (``one_block``: their own alone)."""
+        first, width = (offset, block_len) if one_block else (block_len + offset, 2 * block_len)
+        return cls(first, rows, width, max_distance, span)
+
+    def table(self, device: torch.device | str | None = None) -> Tensor:
+        """``(rows, width)`` int64: the column of every window key (:func:`window_index`)."""
+        p = torch.arange(self.rows, device=device)[:, None]
+        j = torch.arange(self.width, device=device)[None, :]
+        return window_index(self.first + p - j, self.max_distance, self.span)
+
+
 class WindowInputs(NamedTuple):
     """What every window + cache kernel takes (this module's, its plain reference in ``naive.py``, flex's).
 
@@ -66,8 +104,8 @@ class WindowInputs(NamedTuple):
         q: content queries ``(N, I, R, d_k)``; ``R = G·Lq`` rows (``G`` heads of ``Lq`` positions).
         kb, vb: key / value blocks ``(N, I + 1, L, d)``: item ``i`` sees blocks ``i`` and ``i + 1``;
             or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``.
-        index: ``(Lq, W)`` table column of each of the ``W = 2L`` (or ``L``) window keys (the same for
-            every head and item).
+        index: the table column of each of the ``W = 2L`` (or ``L``) window keys of the ``Lq`` rows
+            (:class:`WindowIndex`; the same for every head and item).
         bias: the XL bias (:class:`WindowBias`), or None.
         cache: the compressive cache (:class:`CodeCache`), or None; its codebook is ``(N, S, d_k)`` (no
             gradient) or per item ``(N, I, S, d_k)`` (its gradient is the cache scores' gradient, item by item:
@@ -78,7 +116,7 @@ class WindowInputs(NamedTuple):
     q: Tensor
     kb: Tensor
     vb: Tensor
-    index: Tensor
+    index: WindowIndex
     bias: WindowBias | None = None
     cache: CodeCache | None = None
     prev_masked: bool = False
@@ -103,7 +141,7 @@ def window_cache_attention(inputs: WindowInputs, chunk: int | None = None, prev_
         window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
         chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[-2]))
     return _WindowCache.apply(
-        q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad
+        q, kb, vb, index.table(q.device), bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad
     )
 
 
@@ -350,8 +388,9 @@ __all__ = [
     "ChunkParts",
     "CodeCache",
     "WindowBias",
-    "default_chunk",
+    "WindowIndex",
     "WindowInputs",
+    "default_chunk",
     "window_cache_attention",
     "window_index",
 ]

@@ -43,12 +43,11 @@ from tvq_exp.attention.vq.fused.support import unsupported, wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
     WindowBias,
+    WindowIndex,
     WindowInputs,
     window_cache_attention,
-    window_index,
 )
 from tvq_exp.measure.flops import mm, padded, with_backward
-from tvq_exp.nn.position import window_distances
 from tvq_exp.options import NonNegativeInt, OneOf, OptionError, PositiveInt, checked
 from tvq_exp.quantize.codebook import VectorQuantizer
 
@@ -159,7 +158,6 @@ class VQAttention(BlockedAttention):
         self.quantizer = VectorQuantizer(self.kv_heads, codebook_size, self.d_k, **dict(codebook or {}))
         self._check_cache_reads(cache_code_grad, cache_keys)
         self.cache_code_grad, self.cache_keys = cache_code_grad, cache_keys
-        self.register_buffer("dist", window_distances(block_len), persistent=False)
 
     def _check_cache_reads(self, cache_code_grad: bool, cache_keys: str) -> None:
         """Refuse ``cache_code_grad`` / ``cache_keys="mean"`` / ``codebook.hard_warmup`` where they cannot hold (see
@@ -348,9 +346,9 @@ class VQAttention(BlockedAttention):
         lone = first == 0 and layout.items == 1  # a sequence's first block: a one-block window
         if first == 0 and not lone:  # no block before the first: a masked zero block
             kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
-        dist = self.dist[layout.offset : layout.offset + layout.rows, L if lone else 0 :]
         span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
-        index = window_index(dist, None if self.bias is None else self.bias.max_distance, span)
+        max_distance = None if self.bias is None else self.bias.max_distance
+        index = WindowIndex.of_block(L, layout.offset, layout.rows, lone, max_distance, span)
         bias = cache = None
         if self.bias is not None:
             rel = self.bias.rel().to(q.dtype)

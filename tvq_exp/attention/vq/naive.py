@@ -94,7 +94,9 @@ def window_cache_attention(inputs: WindowInputs) -> Tensor:
         g = rel.shape[1]
         bq = bias_q.reshape(n, items, g, -1, bias_q.shape[-1])
         table = torch.cat([(bq @ rel[:, None].transpose(-1, -2)).reshape(n, items, rows, -1), edge], dim=-1)
-    logits = table.gather(-1, index.repeat(rows // index.shape[0], 1).expand(n, items, rows, blocks * L))
+    logits = table.gather(
+        -1, index.table(q.device).repeat(rows // index.rows, 1).expand(n, items, rows, blocks * L)
+    )
     if prev_masked:
         first = torch.zeros(items, 1, blocks * L, dtype=torch.bool, device=q.device)
         first[0, :, :L] = True

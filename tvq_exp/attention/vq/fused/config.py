@@ -15,8 +15,9 @@ from tvq_exp.nn.triton_loader import MIN_TILE, padded_dim
 
 KERNEL_NAMES = ("forward", "dq", "window_key", "code")
 H100_SHARED_BYTES = 232_448  # the most shared memory one block may take on sm_90 (227 KB)
-# (d_k, d_v) the GPU path is sized for: the benchmarks' heads (d_k 128, d_v 256) and the paper's GAU (d_v 1536)
-SHIPPED = ((128, 256), (128, 1536), (64, 64))
+# (d_k, d_v) the GPU path is sized for: the GPU check's attention heads (128, 128), wider values (d_v 256), the paper's
+# GAU (d_v 1536) and small heads
+SHIPPED = ((128, 128), (128, 256), (128, 1536), (64, 64))
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,12 @@ def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool =
     if kernel == "forward":  # the values in one chunk up to 256 (128 for fp32): the scores once per chunk
         return Tiles(64, 64, min(dv, 128 if fp32 else 256), num_warps=8, num_stages=2)
     # dq, window_key, code: values in chunks of 128 (the keys' gradient, dp over all chunks, apart past 128)
-    return Tiles(64, 64, min(dv, 128), num_warps=8, num_stages=1)
+    bdv = min(dv, 128)
+    if kernel == "dq":  # 32 keys per step; one warpgroup where the values fit one chunk (q, dO, dq all held)
+        return Tiles(64, 32, bdv, num_warps=4 if dv <= bdv else 8, num_stages=1)
+    if kernel == "window_key" and dv <= bdv and padded_dim(d_k) > 64:  # both gradients in one pass: 32 rows a step
+        return Tiles(32, 64, bdv, num_warps=8, num_stages=1)
+    return Tiles(64, 64, bdv, num_warps=8, num_stages=1)
 
 
 __all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]

@@ -10,10 +10,12 @@ interpreted on the CPU).
 Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r`` a query row of the item
 (``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
 ``j`` of item ``i`` is row ``i·L + j`` of the key blocks, as blocks ``i`` and ``i + 1`` are contiguous), ``c`` a
-code. Scores are kept in base 2 (``s·log2 e``) and ``lse`` is ``log2 Σ 2^s``. ``M1`` is the number of XL-bias
-columns of the index table (``M + 1``; 0 without the bias): column ``< M1`` reads the row's distance logit, ``M1``
-is zero, ``M1 + 1`` masks. Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs,
-else bf16/fp16) and accumulates in fp32.
+code. Scores are kept in base 2 (``s·log2 e``) and ``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are
+``d = FIRST + p - j`` apart (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <=
+SPAN``, and its term is the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number
+of XL-bias distances (``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read
+in the key loops, and the tiles to visit come from the same arithmetic. Every dot takes ``DOT`` operands (fp32
+under the interpreter or for fp32 inputs, else bf16/fp16) and accumulates in fp32.
 """
 
 from __future__ import annotations
@@ -39,13 +41,38 @@ def _row_sum(x):
 
 
 @triton.jit
-def _window_term(idx_ptr, dl_ptr, dl_row, p, p_ok, j, j_ok, W, M1):
+def _key_tile(j, L, TPB, BN: tl.constexpr):
+    """The window tile of window key ``j``: tile ``t`` of block half ``h`` is ``h·TPB + t``."""
+    return (j // L) * TPB + (j % L) // BN
+
+
+@triton.jit
+def _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM: tl.constexpr, BN: tl.constexpr):
+    """The window tiles ``[lo, hi)`` some row of row block ``pp`` sees (keys ``FIRST + p - SPAN .. FIRST + p``)."""
+    j_lo = tl.maximum(FIRST + pp * BM - SPAN, 0)
+    j_hi = tl.minimum(FIRST + tl.minimum(pp * BM + BM, Lq) - 1, W - 1)
+    lo = _key_tile(j_lo, L, TPB, BN)
+    return lo, tl.where(j_hi >= j_lo, _key_tile(j_hi, L, TPB, BN) + 1, lo)
+
+
+@triton.jit
+def _distances(p, p_ok, j, j_ok, FIRST, SPAN):
+    """Distances ``(len(p), len(j))`` of window keys ``j`` to rows ``p``, and which keys the rows see."""
+    d = FIRST + p[:, None] - j[None, :]
+    return d, p_ok[:, None] & j_ok[None, :] & (d >= 0) & (d <= SPAN)
+
+
+@triton.jit
+def _window_term(dl_ptr, dl_row, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS: tl.constexpr):
     """The additive term ``(len(p), len(j))`` of window keys ``j`` for rows at positions ``p`` (fp32,
-    ``-inf`` where masked), with the table columns; ``dl_row`` the rows' offsets into the distance logits."""
-    ok = p_ok[:, None] & j_ok[None, :]
-    col = tl.load(idx_ptr + p[:, None] * W + j[None, :], mask=ok, other=M1 + 1)
-    bias = tl.load(dl_ptr + dl_row[:, None] + col, mask=ok & (col < M1), other=0.0)
-    return tl.where(col == M1 + 1, float("-inf"), bias), col
+    ``-inf`` where masked): a visible key ``d < M1`` apart takes the row's distance logit ``d``, else zero;
+    ``dl_row`` the rows' offsets into the distance logits."""
+    d, ok = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
+    if HAS_BIAS:
+        term = tl.load(dl_ptr + dl_row[:, None] + d, mask=ok & (d < M1), other=0.0)
+    else:
+        term = tl.full(d.shape, 0.0, tl.float32)
+    return tl.where(ok, term, float("-inf"))
 
 
 @triton.jit
@@ -62,11 +89,11 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def forward_kernel(
-    q_ptr, k_ptr, v_ptr, idx_ptr, kr_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
-    ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
+    ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
-    HAS_CACHE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
     writes ``out`` and (chunk 0) the rows' ``lse``."""
@@ -88,14 +115,15 @@ def forward_kernel(
     acc = tl.full([BM, BDV], 0.0, tl.float32)
     key0 = (n * IB + i) * L  # window key j is key row key0 + j
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
-    lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
-    for wt in range(lo, tl.load(kr_ptr + 2 * pp + 1)):
+    lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
+    lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    for wt in range(lo, hi):
         h, t = wt // TPB, wt % TPB
         jl = t * BN + tl.arange(0, BN)
         j_ok = jl < L
         j = h * L + jl
         k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
-        term, _ = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
+        term = _window_term(dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS)
         s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PREC) + term * LOG2E
         v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
         m_i, l_i, acc = _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
@@ -141,13 +169,12 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
 
 @triton.jit
 def dq_kernel(
-    q_ptr, k_ptr, v_ptr, idx_ptr, kr_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr,
-    dq_ptr, ddl_ptr,
-    ITEMS, IB, R, Lq, L, W, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ddl_ptr,
+    ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
-    HAS_CACHE: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT: tl.constexpr,
-    PREC: tl.constexpr,
+    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
     logits (``ddl``, each column written by the one key at that distance: no atomics)."""
@@ -172,8 +199,9 @@ def dq_kernel(
     dq = tl.full([BM, DK], 0.0, tl.float32)
     key0 = (n * IB + i) * L
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
-    lo = tl.maximum(tl.load(kr_ptr + 2 * pp), TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
-    for wt in range(lo, tl.load(kr_ptr + 2 * pp + 1)):
+    lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
+    lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    for wt in range(lo, hi):
         h, t = wt // TPB, wt % TPB
         jl = t * BN + tl.arange(0, BN)
         j_ok = jl < L
@@ -181,15 +209,15 @@ def dq_kernel(
         k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(
             DOT
         )
-        term, col = _window_term(idx_ptr, dl_ptr, row * M1, p, p_ok, j, j_ok, W, M1)
+        term = _window_term(dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) + term * LOG2E
         pr = tl.exp2(s - lse[:, None])
         dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
         ds = pr * (dp - delta[:, None])
         dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
-        if BIAS_GRAD:
-            ok = p_ok[:, None] & j_ok[None, :] & (col < M1)
-            tl.store(ddl_ptr + (row * M1)[:, None] + col, ds, mask=ok)
+        if BIAS_GRAD:  # the visible keys inside the bias window: recomputed, not held over the products
+            dist, seen = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
+            tl.store(ddl_ptr + (row * M1)[:, None] + dist, ds, mask=seen & (dist < M1))
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
@@ -207,12 +235,15 @@ def dq_kernel(
 
 
 @triton.jit
-def _window_term_t(idx_ptr, dl_ptr, dl_row, p, p_ok, j, j_ok, W, M1):
+def _window_term_t(dl_ptr, dl_row, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS: tl.constexpr):
     """:func:`_window_term` transposed: ``(len(j), len(p))``, without the columns."""
-    ok = j_ok[:, None] & p_ok[None, :]
-    col = tl.load(idx_ptr + p[None, :] * W + j[:, None], mask=ok, other=M1 + 1)
-    bias = tl.load(dl_ptr + dl_row[None, :] + col, mask=ok & (col < M1), other=0.0)
-    return tl.where(col == M1 + 1, float("-inf"), bias)
+    d = FIRST + p[None, :] - j[:, None]
+    ok = j_ok[:, None] & p_ok[None, :] & (d >= 0) & (d <= SPAN)
+    if HAS_BIAS:
+        term = tl.load(dl_ptr + dl_row[None, :] + d, mask=ok & (d < M1), other=0.0)
+    else:
+        term = tl.full(d.shape, 0.0, tl.float32)
+    return tl.where(ok, term, float("-inf"))
 
 
 @triton.jit
@@ -261,11 +292,11 @@ def _key_tile_grads(
 
 @triton.jit
 def window_key_kernel(
-    q_ptr, k_ptr, v_ptr, idx_ptr, rr_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    ITEMS, IB, R, G, Lq, L, W, M1, dk, dv, prev_masked, prev_grad, blocks,
+    q_ptr, k_ptr, v_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    ITEMS, IB, R, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, prev_grad, blocks,
     TPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(TPB·NDVG, ITEMS + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
     chunk ``dc``) from the (at most two) items that see the block: item ``b`` (block ``b`` is its previous block,
@@ -289,14 +320,19 @@ def window_key_kernel(
         use = (it >= 0) & (it < ITEMS)
         use = use & ((h > 0) | (blocks == 1) | (prev_grad != 0)) & ((h > 0) | (it > 0) | (prev_masked == 0))
         if use:
-            wt = h * TPB + t
             j = h * L + kl
+            # the row blocks some row of which sees a key of this tile: row p sees key j at distance FIRST + p - j
+            # in 0..SPAN, so rows j_first - FIRST .. j_last + SPAN - FIRST
+            j_first = h * L + t * BN
+            p_lo = tl.maximum(j_first - FIRST, 0)
+            p_hi = tl.minimum(j_first + tl.minimum(BN, L - t * BN) - 1 + SPAN - FIRST, Lq - 1)
+            pp_hi = tl.where(p_hi >= p_lo, p_hi // BM + 1, 0)
             for g in range(0, G):  # the row blocks of each head that see this tile
-                for pp in range(tl.load(rr_ptr + 2 * wt), tl.load(rr_ptr + 2 * wt + 1)):
+                for pp in range(p_lo // BM, pp_hi):
                     p = pp * BM + tl.arange(0, BM)
                     p_ok = p < Lq
                     row = (n * ITEMS + it) * R + g * Lq + p
-                    term_t = _window_term_t(idx_ptr, dl_ptr, row * M1, p, p_ok, j, k_ok, W, M1)
+                    term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS)
                     dk_acc, dv_acc = _key_tile_grads(
                         dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
                         row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, DOT, PREC,

@@ -6,7 +6,8 @@ reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-a
 - **forward** (one program per ``BM`` rows of one head of one item, values ``BDV`` wide): an online softmax
   over the window's key tiles, then the cache's code tiles, in fp32; writes the output and the rows'
   log-sum-exp. Key tiles no row of the program can see (the causal mask, a sliding window, item 0's missing
-  previous block) are skipped, as the visibility table of the index says.
+  previous block) are skipped. Which keys a row sees and which bias column they read come from their distance
+  (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`), computed in the kernels: no table is read per tile.
 - **backward** (recomputes the probabilities from the log-sum-exp; no atomics, so deterministic):
   ``dq`` and the distance logits' gradient per row block; the keys' and values' gradient per key tile of each
   key block, looping over the two items that see the block; the codes' means (and a per-item codebook)
@@ -14,8 +15,8 @@ reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-a
 
 The XL bias enters as the distance logits ``(q + v)·r_d`` of every row, ``(N, I, R, M + 1)`` in fp32, made by one
 matmul before the kernel (torch takes their gradient to the bias queries and the embeddings): the window
-term of key ``j`` of row ``r`` is column ``index[p, j]`` of that row (zero past the bias window, ``-inf`` where
-masked). Each bias column appears at most once in a row of ``index`` (a column is a distance): so the logits'
+term of key ``j`` of row ``r`` is that row's column at their distance (zero past the bias window, ``-inf`` where
+masked). Each bias column is read by at most one key of a row (a column is a distance): so the logits'
 gradient is written, not added, column by column.
 
 Where it runs (:mod:`.support`): CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``). Operands fp32,
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from tvq_exp.attention.vq.fused.config import Tiles, padded_dim, tiles
 from tvq_exp.attention.vq.fused.support import kernels, unsupported
-from tvq_exp.attention.vq.kernel import WindowInputs
+from tvq_exp.attention.vq.kernel import WindowIndex, WindowInputs
 from tvq_exp.nn.triton_loader import cdiv
 
 MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
@@ -47,12 +48,16 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
     reason = unsupported(q.device, q.dtype)
     if reason:
         raise ValueError(f"window_cache_attention kernel=triton: {reason}")
-    largest = max(x.numel() for x in (q, kb, vb, index))
+    largest = max(x.numel() for x in (q, kb, vb))
     rows_out = q.numel() // q.shape[-1] * max(vb.shape[-1], 1 if bias is None else bias.rel.shape[-2])
     if max(largest, rows_out) >= MAX_ELEMENTS:
         raise ValueError(
             f"window_cache_attention kernel=triton: tensors of {max(largest, rows_out)} elements; the kernels' "
             f"offsets are int32 (< {MAX_ELEMENTS}): split the batch"
+        )
+    if index.max_distance != (None if bias is None else bias.rel.shape[-2] - 1):
+        raise ValueError(
+            f"window_cache_attention kernel=triton: index {index} does not fit the bias's distances"
         )
     dl = None
     if bias is not None:
@@ -62,20 +67,29 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
             bq = bias_q.reshape(n, items, rel.shape[1], -1, d_k).float()
             dl = (bq @ rel[:, None].float().transpose(-1, -2)).reshape(n, items, rows, -1)  # (N, I, R, M + 1)
     codebook, log_n, mu = (None, None, None) if cache is None else cache
-    out, _ = window_cache_forward(q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad)
+    out, _ = window_cache_forward(
+        q, kb, vb, window_arguments(index), dl, codebook, log_n, mu, prev_masked, prev_grad
+    )
     return out
+
+
+def window_arguments(index: WindowIndex) -> list[int]:
+    """The custom ops' ``window``: ``[first, rows, width, span]`` of ``index``, ``span`` past every distance when
+    there is no sliding window (the bias columns come from the distance logits' width)."""
+    span = index.first + index.rows if index.span is None else index.span
+    return [index.first, index.rows, index.width, span]
 
 
 class _Layout:
     """The sizes, tiles and flat arguments of one call (shared by the forward and the backward)."""
 
-    def __init__(self, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+    def __init__(self, q: Tensor, kb: Tensor, vb: Tensor, window: list[int], dl: Tensor | None,
                  codebook: Tensor | None, prev_masked: bool) -> None:  # fmt: skip
         self.interpret = q.device.type == "cpu"
         self.n, self.items, self.rows, self.d_k = q.shape
         self.ib, self.block, self.d_v = kb.shape[1], kb.shape[2], vb.shape[-1]
         self.blocks = self.ib - self.items + 1
-        self.lq, self.width = index.shape
+        self.first, self.lq, self.width, self.span = window
         self.g = self.rows // self.lq
         self.m1 = 0 if dl is None else dl.shape[-1]
         self.s = 0 if codebook is None else codebook.shape[-2]
@@ -84,7 +98,6 @@ class _Layout:
             (self.items * self.s * self.d_k, self.s * self.d_k) if self.per_item else (self.s * self.d_k, 0)
         )  # fmt: skip
         self.prev_masked = int(prev_masked)
-        self.index = index.to(device=q.device, dtype=torch.int32).contiguous()
         lowp = q.dtype if q.dtype in (torch.bfloat16, torch.float16) and not self.interpret else None
         tl = kernels(self.interpret).tl
         self.dot = {None: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[lowp]
@@ -93,7 +106,6 @@ class _Layout:
         self.fp32 = q.dtype == torch.float32
         self.prec = "ieee" if self.interpret else "tf32x3" if lowp is None else "tf32"
         self.dk_pad = padded_dim(self.d_k)
-        self._vis: dict[tuple[int, int], Tensor] = {}
 
     def tiles(self, kernel: str) -> Tiles:
         return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32)
@@ -103,27 +115,10 @@ class _Layout:
         tpb = cdiv(self.block, t.bn)
         return cdiv(self.lq, t.bm), self.blocks * tpb, tpb
 
-    def visible(self, t: Tiles) -> tuple[Tensor, Tensor]:
-        """Which tiles to visit: per row block, the window tiles ``[lo, hi)`` any of its rows sees ``(NPB, 2)``;
-        per window tile, the row blocks ``[lo, hi)`` any of whose rows sees it ``(NWT, 2)`` (int32; the masks inside
-        a visited tile stay exact, so a range only skips work)."""
-        key = (t.bm, t.bn)
-        if key not in self._vis:
-            npb, nwt, tpb = self.tile_counts(t)
-            masked = self.m1 + 1
-            pad = self.index.new_full((npb * t.bm, self.blocks, tpb * t.bn), masked)
-            pad[: self.lq, :, : self.block] = self.index.view(self.lq, self.blocks, self.block)
-            seen = (pad != masked).view(npb, t.bm, self.blocks, tpb, t.bn).any(4).any(1).reshape(npb, nwt)
-            self._vis[key] = (_span(seen), _span(seen.T))
-        return self._vis[key]
-
-
-def _span(seen: Tensor) -> Tensor:
-    """``(rows, 2)`` int32: the first and one past the last True column of each row of ``seen`` (0, 0 if none)."""
-    col = torch.arange(seen.shape[1], device=seen.device)
-    lo = torch.where(seen, col, seen.shape[1]).amin(1)
-    hi = torch.where(seen, col + 1, 0).amax(1)
-    return torch.stack([torch.where(hi > 0, lo, 0), hi], 1).to(torch.int32).contiguous()
+    @property
+    def geometry(self) -> tuple[int, ...]:
+        """The window's arguments of every kernel that reads the window: ``Lq, L, W, FIRST, SPAN``."""
+        return self.lq, self.block, self.width, self.first, self.span
 
 
 def _contiguous(x: Tensor | None) -> Tensor | None:
@@ -132,14 +127,15 @@ def _contiguous(x: Tensor | None) -> Tensor | None:
 
 @torch.library.custom_op("tvq::window_cache_forward", mutates_args=(), device_types=("cpu", "cuda"))
 def window_cache_forward(
-    q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None, codebook: Tensor | None,
+    q: Tensor, kb: Tensor, vb: Tensor, window: list[int], dl: Tensor | None, codebook: Tensor | None,
     log_n: Tensor | None, mu: Tensor | None, prev_masked: bool, prev_grad: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The forward kernel: the output ``(N, I, R, d_v)`` (``vb``'s dtype) and the rows' log-sum-exp ``(N, I, R)``
-    (fp32, no gradient; the backward's). ``dl`` the distance logits, or None; ``prev_grad`` is the backward's."""
+    (fp32, no gradient; the backward's). ``window`` is :func:`window_arguments`; ``dl`` the distance logits, or
+    None; ``prev_grad`` is the backward's."""
     q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
     log_n = None if log_n is None else log_n.float().contiguous()
-    lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
+    lay = _Layout(q, kb, vb, window, dl, codebook, prev_masked)
     out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
     lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
     t = lay.tiles("forward")
@@ -147,19 +143,18 @@ def window_cache_forward(
     ndv = cdiv(lay.d_v, t.bdv)
     dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
     kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
-        q, kb, vb, lay.index, lay.visible(t)[0], _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32),
-        _or(mu, dummy), out, lse,
-        lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+        q, kb, vb, _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32), _or(mu, dummy), out, lse,
+        lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
         *lay.code_strides, lay.prev_masked, npb, tpb,
-        BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, DOT=lay.dot,
-        PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
+        DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
     return out, lse
 
 
 @window_cache_forward.register_fake
 def _forward_fake(
-    q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None, codebook: Tensor | None,
+    q: Tensor, kb: Tensor, vb: Tensor, window: list[int], dl: Tensor | None, codebook: Tensor | None,
     log_n: Tensor | None, mu: Tensor | None, prev_masked: bool, prev_grad: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     rows = q.shape[:3]
@@ -168,7 +163,7 @@ def _forward_fake(
 
 @torch.library.custom_op("tvq::window_cache_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def window_cache_backward(
-    grad_out: Tensor, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+    grad_out: Tensor, q: Tensor, kb: Tensor, vb: Tensor, window: list[int], dl: Tensor | None,
     codebook: Tensor | None, log_n: Tensor | None, mu: Tensor | None, out: Tensor, lse: Tensor,
     prev_masked: bool, prev_grad: bool, need: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
@@ -177,7 +172,7 @@ def window_cache_backward(
     q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
     log_n = None if log_n is None else log_n.float().contiguous()
     want_q, want_k, want_v, want_dl, want_code, want_mu = need
-    lay = _Layout(q, kb, vb, index, dl, codebook, prev_masked)
+    lay = _Layout(q, kb, vb, window, dl, codebook, prev_masked)
     do = grad_out.contiguous()
     delta = (do.float() * out.float()).sum(-1)  # (N, I, R): Σ dO·O per row
     dummy = q
@@ -189,11 +184,10 @@ def window_cache_backward(
         t = lay.tiles("dq")
         npb, _, tpb = lay.tile_counts(t)
         kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
-            q, kb, vb, lay.index, lay.visible(t)[0], *common, do, lse, delta,
-            dq, _or(ddl, lse),
-            lay.items, lay.ib, lay.rows, lay.lq, lay.block, lay.width, lay.s, lay.m1, lay.d_k, lay.d_v,
+            q, kb, vb, *common, do, lse, delta, dq, _or(ddl, lse),
+            lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
             *lay.code_strides, lay.prev_masked, npb, tpb,
-            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None,
+            BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
             BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
@@ -211,7 +205,7 @@ def window_cache_backward(
 
 @window_cache_backward.register_fake
 def _backward_fake(
-    grad_out: Tensor, q: Tensor, kb: Tensor, vb: Tensor, index: Tensor, dl: Tensor | None,
+    grad_out: Tensor, q: Tensor, kb: Tensor, vb: Tensor, window: list[int], dl: Tensor | None,
     codebook: Tensor | None, log_n: Tensor | None, mu: Tensor | None, out: Tensor, lse: Tensor,
     prev_masked: bool, prev_grad: bool, need: list[bool],
 ) -> tuple[Tensor, ...]:  # fmt: skip
@@ -223,23 +217,23 @@ def _backward_fake(
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:  # noqa: ANN001
-    q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad = inputs
+    q, kb, vb, window, dl, codebook, log_n, mu, prev_masked, prev_grad = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, kb, vb, index, dl, codebook, log_n, mu, out, lse)
-    ctx.prev_masked, ctx.prev_grad = prev_masked, prev_grad
+    ctx.save_for_backward(q, kb, vb, dl, codebook, log_n, mu, out, lse)
+    ctx.window, ctx.prev_masked, ctx.prev_grad = window, prev_masked, prev_grad
 
 
 def _backward(ctx, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     """The gradients of :func:`window_cache_forward`'s inputs (None where none is asked for, and for
-    ``index``, ``log_n`` and a shared codebook)."""
-    q, kb, vb, index, dl, codebook, log_n, mu, out, lse = ctx.saved_tensors
-    need = ctx.needs_input_grad  # q, kb, vb, index, dl, codebook, log_n, mu, prev_masked, prev_grad
+    ``window``, ``log_n`` and a shared codebook)."""
+    q, kb, vb, dl, codebook, log_n, mu, out, lse = ctx.saved_tensors
+    need = ctx.needs_input_grad  # q, kb, vb, window, dl, codebook, log_n, mu, prev_masked, prev_grad
     per_item = codebook is not None and codebook.dim() == 4
     flags = [*need[:3], need[4] and dl is not None, need[5] and per_item, need[7] and mu is not None]
     grads = window_cache_backward(
-        grad_out, q, kb, vb, index, dl, codebook, log_n, mu, out, lse, ctx.prev_masked, ctx.prev_grad, flags
-    )
+        grad_out, q, kb, vb, ctx.window, dl, codebook, log_n, mu, out, lse, ctx.prev_masked, ctx.prev_grad, flags
+    )  # fmt: skip
     dq, dkb, dvb, ddl, dcode, dmu = (g if want else None for g, want in zip(grads, flags, strict=True))
     return dq, dkb, dvb, None, ddl, dcode, None, dmu, None, None
 
@@ -268,11 +262,11 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
     tpb = lay.tile_counts(t)[2]
     for do_k, do_v, chunks in _passes(lay, t, dkb is not None, dvb is not None):
         kernels(lay.interpret).window_key_kernel[(tpb * chunks, lay.ib, lay.n)](
-            q, kb, vb, lay.index, lay.visible(t)[1], _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
-            lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.width, lay.m1, lay.d_k, lay.d_v,
+            q, kb, vb, _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
+            lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.first, lay.span, lay.m1, lay.d_k, lay.d_v,
             lay.prev_masked, int(prev_grad), lay.blocks, tpb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
-            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+            HAS_BIAS=dl is not None, DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
 
@@ -289,4 +283,10 @@ def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Te
         )  # fmt: skip
 
 
-__all__ = ["MAX_ELEMENTS", "fused_window_cache_attention", "window_cache_backward", "window_cache_forward"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "fused_window_cache_attention",
+    "window_arguments",
+    "window_cache_backward",
+    "window_cache_forward",
+]

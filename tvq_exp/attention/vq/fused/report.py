@@ -24,9 +24,8 @@ from tvq_exp.attention.vq.fused.config import H100_SHARED_BYTES, SHIPPED, Tiles,
 # the pointer arguments' element types, by name (``T``: the operands' dtype)
 POINTERS = {
     "q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "c_ptr": "T", "do_ptr": "T", "out_ptr": "T", "dq_ptr": "T",
-    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "idx_ptr": "i32", "kr_ptr": "i32", "rr_ptr": "i32", "dl_ptr": "fp32",
-    "ln_ptr": "fp32", "mu_ptr": "fp32", "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32",
-    "dmu_ptr": "fp32",
+    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "dl_ptr": "fp32", "ln_ptr": "fp32", "mu_ptr": "fp32",
+    "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32", "dmu_ptr": "fp32",
 }  # fmt: skip
 DTYPES = {"bf16": "bf16", "fp32": "fp32"}
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
@@ -65,16 +64,17 @@ class Row:
 def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, object]]]:
     """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags."""
     out: list[tuple[str, str, dict[str, object]]] = [
-        ("forward", "cache", {"HAS_CACHE": True}),
+        ("forward", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True}),
     ]
     one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
-    out.append(("dq", "cache+bias", {"HAS_CACHE": True, "BIAS_GRAD": True, "ONE_CHUNK": one}))
+    out.append(("dq", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True, "BIAS_GRAD": True, "ONE_CHUNK": one}))
     for kernel in ("window_key", "code"):
         one = tiles(kernel, d_k, d_v, fp32=fp32).bdv >= d_v
         passes = [(True, True)] if one else [(False, True), (True, False)]
         for dk_, dv_ in passes:
             flags = "+".join(name for name, on in (("dk", dk_), ("dv", dv_)) if on)
-            out.append((kernel, flags, {"ONE_CHUNK": one, "DO_DK": dk_, "DO_DV": dv_}))
+            out.append((kernel, flags + "+bias" * (kernel == "window_key"),
+                        {"ONE_CHUNK": one, "DO_DK": dk_, "DO_DV": dv_, "HAS_BIAS": True}))  # fmt: skip
     return out
 
 
