@@ -39,6 +39,7 @@ from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
 from tvq_exp.attention.vq.cache import running_code_means
 from tvq_exp.attention.vq.fused.op import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.prefix import fused_running_code_means, why_not
 from tvq_exp.attention.vq.fused.support import unsupported, wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
@@ -270,16 +271,10 @@ class VQAttention(BlockedAttention):
             None  # without the cache there are no running code means (nor a cache in the state)
         )
         if self.use_cache:
-            prefix = tuple(
-                x.unflatten(0, cb.shape[:2])
-                for x in running_code_means(
-                    cb.flatten(0, 1),
-                    vals.flatten(0, 1),
-                    valid,
-                    state.cache_n.flatten(0, 1),
-                    state.cache_mu.flatten(0, 1),
-                )
-            )
+            means = fused_running_code_means if self.means_kernel(vals) == "triton" else running_code_means
+            n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
+            prefix = means(cb.flatten(0, 1), vals.flatten(0, 1), valid, n0, mu0)
+            prefix = tuple(x.unflatten(0, cb.shape[:2]) for x in prefix)
             if self.mean_keys:  # the running means of the keys before quantisation
                 raw = torch.cat([state.raw_k.to(k.dtype), self.quantizer.search_keys(k)], dim=2)
                 raw_blocks = _pad_blocks(raw, self.block_len)
@@ -372,6 +367,13 @@ class VQAttention(BlockedAttention):
         )
         out = attend(inputs, prev_grad=self.grad_through_cache)
         return layout.from_grouped_items(out, b, h)
+
+    def means_kernel(self, values: Tensor) -> str:
+        """The kernel of the cache's running means of ``values (B, Hk, R, L, d_v)``: ``triton``
+        (:mod:`.fused.prefix`) where the layer's ``kernel`` is ``triton``, or ``auto`` on CUDA (at any value width:
+        one product per block, no scores recomputed), and it can run; else ``plain`` (the reference)."""
+        fused = self.kernel == "triton" or (self.kernel == "auto" and values.is_cuda)
+        return "triton" if fused and why_not(values.flatten(0, 1), self.codebook_size) is None else "plain"
 
     def window_kernel(self, q: Tensor, kw: Tensor, vw: Tensor, per_item: bool) -> str:
         """The kernel of one window + cache call (``triton``, ``flex`` or ``plain``) by the layer's ``kernel``, for

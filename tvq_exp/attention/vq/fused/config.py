@@ -45,7 +45,8 @@ def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool =
     bdv = min(dv, 128)
     if kernel == "dq":  # 32 keys per step; one warpgroup where the values fit one chunk (q, dO, dq all held)
         return Tiles(64, 32, bdv, num_warps=4 if dv <= bdv else 8, num_stages=1)
-    if kernel == "window_key" and dv <= bdv and padded_dim(d_k) > 64:  # both gradients in one pass: 32 rows a step
+    # the keys' gradients in one pass (values of one chunk) and 128-wide keys: 32 rows a step, else they spill
+    if kernel == "window_key" and dv <= bdv and padded_dim(d_k) > 64:
         return Tiles(32, 64, bdv, num_warps=8, num_stages=1)
     return Tiles(64, 64, bdv, num_warps=8, num_stages=1)
 

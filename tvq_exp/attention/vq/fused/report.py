@@ -51,10 +51,10 @@ class Row:
 
     @property
     def gated(self) -> bool:
-        """Whether spills fail the report: bf16 (the path trained and benchmarked) and the nearest-code search (fp32
-        only, and on every path). fp32 operands of the attention kernels (three tf32 products per dot) are the GPU's
-        correctness path: their spills are reported, not refused."""
-        return self.dtype != "fp32" or self.kernel == "nearest"
+        """Whether spills fail the report: bf16 (the path trained and benchmarked), the nearest-code search (fp32
+        only, and on every path) and the running code means (every dtype). fp32 operands of the attention kernels
+        (three tf32 products per dot) are the GPU's correctness path: their spills are reported, not refused."""
+        return self.dtype != "fp32" or self.kernel == "nearest" or self.kernel.startswith("means")
 
     @property
     def ok(self) -> bool:
@@ -67,7 +67,9 @@ def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, o
         ("forward", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True}),
     ]
     one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
-    out.append(("dq", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True, "BIAS_GRAD": True, "ONE_CHUNK": one}))
+    out.append(
+        ("dq", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True, "BIAS_GRAD": True, "ONE_CHUNK": one})
+    )
     for kernel in ("window_key", "code"):
         one = tiles(kernel, d_k, d_v, fp32=fp32).bdv >= d_v
         passes = [(True, True)] if one else [(False, True), (True, False)]
@@ -85,39 +87,42 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     fn = getattr(
         kernels(interpret=False), f"{kernel}_kernel"
     )  # first: it imports Triton in the compiled mode
-    import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32")
     dot = tl.float32 if dtype == "fp32" else tl.bfloat16
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
              "PREC": "tf32x3" if dtype == "fp32" else "tf32", **flags}  # fmt: skip
+    const = {k: v for k, v in const.items() if k in fn.arg_names}
+    pointers = {name: "*" + (DTYPES[dtype] if kind == "T" else kind) for name, kind in POINTERS.items()}
+    compiled = _compile(fn, pointers, const, DIVISIBLE, t)
+    return _row(kernel, d_k, d_v, dtype, t, compiled)
+
+
+def _compile(
+    fn: object, pointers: dict[str, str], const: dict[str, object], divisible: set[str], t: Tiles
+) -> object:
+    """Compile a Triton kernel for sm_90a: ``pointers`` its pointer arguments' types, ``const`` its constexprs, the
+    other arguments i32 (``divisible`` ones multiples of 16)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     names = fn.arg_names
-    const = {k: v for k, v in const.items() if k in names}
-    signature = {}
-    for name in names:
-        if name in const:
-            signature[name] = "constexpr"
-        elif name in POINTERS:
-            signature[name] = "*" + (DTYPES[dtype] if POINTERS[name] == "T" else POINTERS[name])
-        else:
-            signature[name] = "i32"
+    signature = {name: "constexpr" if name in const else pointers.get(name, "i32") for name in names}
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, name in enumerate(names)
-        if name in POINTERS or name in DIVISIBLE
+        if name in pointers or name in divisible
     }
     src = ASTSource(fn, signature, constexprs=const, attrs=attrs)
-    with triton.knobs.runtime.scope():  # compiled for the GPU, even in a process set to interpret
+    with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = False
-        compiled = triton.compile(
+        return triton.compile(
             src,
             target=GPUTarget("cuda", 90, 32),
             options={"num_warps": t.num_warps, "num_stages": t.num_stages},
         )
-    return _row(kernel, d_k, d_v, dtype, t, compiled)
 
 
 def compile_nearest(d_k: int) -> Row:
@@ -126,23 +131,37 @@ def compile_nearest(d_k: int) -> Row:
     import tvq_exp.quantize.fused_nearest as nearest
     from tvq_exp.nn.triton_loader import load_kernels
 
-    fn = load_kernels(Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False).nearest_kernel
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    fn = load_kernels(
+        Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False
+    ).nearest_kernel
     const = {"BM": nearest.BM, "BS": nearest.BS, "DK": padded_dim(d_k), "PREC": "tf32x3"}
     pointers = {"x_ptr": "*fp32", "c_ptr": "*fp32", "c2_ptr": "*fp32", "out_ptr": "*i64"}
-    signature = {name: "constexpr" if name in const else pointers.get(name, "i32") for name in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in pointers or name in "SD"}
-    src = ASTSource(fn, signature, constexprs=const, attrs=attrs)
     t = Tiles(nearest.BM, nearest.BS, 0, num_warps=nearest.NUM_WARPS, num_stages=nearest.NUM_STAGES)
-    with triton.knobs.runtime.scope():
-        triton.knobs.runtime.interpret = False
-        compiled = triton.compile(
-            src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t.num_warps, "num_stages": t.num_stages}
-        )
-    return _row("nearest", d_k, 0, "fp32", t, compiled)
+    return _row("nearest", d_k, 0, "fp32", t, _compile(fn, pointers, const, {"S", "D"}, t))
+
+
+def compile_prefix(direction: str, dtype: str) -> Row:
+    """Compile the running code means' ``forward`` or ``backward`` kernel (:mod:`.prefix`, values ``dtype``, its GPU
+    tiles) for sm_90a."""
+    import triton.language as tl
+
+    from tvq_exp.attention.vq.fused import prefix
+
+    bs, bt, bd, warps = prefix.GPU_TILES
+    const: dict[str, object] = {"BS": bs, "BT": bt, "BD": bd, "PREC": "tf32x3"}
+    common = {"z_ptr": "*i32", "ok_ptr": "*i8", "n_ptr": "*fp64"}
+    if direction == "forward":
+        fn = prefix.prefix_kernels(False).prefix_forward_kernel
+        const |= {
+            "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
+            "PREC": "tf32" if dtype == "bf16" else "tf32x3",
+        }
+        pointers = common | {"v_ptr": f"*{dtype}", "n0_ptr": "*fp64", "mu0_ptr": "*fp32", "mu_ptr": "*fp32"}
+    else:
+        fn = prefix.prefix_kernels(False).prefix_backward_kernel
+        pointers = common | {"g_ptr": "*fp32", "dv_ptr": f"*{dtype}"}
+    t = Tiles(bs, bt, bd, num_warps=warps, num_stages=2)
+    return _row(f"means {direction}", 0, 0, dtype, t, _compile(fn, pointers, const, {"L", "S", "D"}, t))
 
 
 def _row(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: object) -> Row:
@@ -174,6 +193,7 @@ def report(
                 row = compile_one(kernel, const, d_k, d_v, dtype)
                 rows.append(Row(**{**row.__dict__, "flags": flags}))
     rows += [compile_nearest(d_k) for d_k in sorted({d_k for d_k, _ in heads}, reverse=True)]
+    rows += [compile_prefix(direction, dtype) for direction in ("forward", "backward") for dtype in dtypes]
     return rows
 
 

@@ -1,0 +1,123 @@
+"""The cache's running code means in Triton (``tvq_exp.attention.vq.fused.prefix``), run on CPU under Triton's
+interpreter (and compiled on CUDA where there is one): equal to the plain reference
+(:func:`tvq_exp.attention.vq.cache.running_code_means`), counts exactly, means and the values' gradient in fp32 within
+1e-6; with bf16 values as the reference with the same values; refused in one line where it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.attention.backends import build
+from tests.attention.test_vq_triton import DEVICES, interpreter  # noqa: F401  (the fixture: under the interpreter)
+from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.fused.prefix import fused_running_code_means, why_not
+
+TOL = 1e-6  # relative error (‖got - want‖ / ‖want‖) in fp32
+
+
+def make_inputs(n: int, r: int, length: int, s: int, d: int, pad: int, device: str, dtype: torch.dtype):  # noqa: ANN201
+    """Codes over every code (some twice per block), values, the last ``pad`` positions padded, and a carried
+    state with some codes empty."""
+    codes = torch.randint(0, s, (n, r, length), device=device)
+    values = torch.randn(n, r, length, d, device=device).to(dtype).requires_grad_()
+    valid = torch.ones(r, length, dtype=torch.bool, device=device)
+    if pad:
+        valid[-1, -pad:] = False
+    n0 = torch.randint(0, 3, (n, s), device=device).double()
+    mu0 = torch.randn(n, s, d, device=device) * (n0 > 0)[..., None]
+    return codes, values, valid, n0, mu0
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / want.norm())
+
+
+CASES = {
+    # 70 codes, positions and columns: five tiles of each under the interpreter (16 wide), the last partial
+    "several tiles of codes, positions and columns, padded": dict(n=2, r=3, length=70, s=70, d=70, pad=5),
+    "one block, no padding": dict(n=1, r=1, length=16, s=20, d=16, pad=0),
+    "many blocks": dict(n=1, r=9, length=16, s=16, d=16, pad=3),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_fused_code_means_equal_the_reference_fp32(case: dict, device: str) -> None:
+    torch.manual_seed(0)
+    codes, values, valid, n0, mu0 = make_inputs(**case, device=device, dtype=torch.float32)
+    n_got, mu_got = fused_running_code_means(codes, values, valid, n0, mu0)
+    n_want, mu_want = running_code_means(codes, values, valid, n0, mu0)
+    assert n_got.dtype == torch.float64 and torch.equal(n_got, n_want)  # exact counts
+    assert mu_got.dtype == torch.float32 and rel_err(mu_got, mu_want) <= TOL
+    g = torch.randn_like(mu_want)
+    (got,) = torch.autograd.grad((mu_got * g).sum(), values)
+    (want,) = torch.autograd.grad((mu_want * g).sum(), values)
+    assert rel_err(got, want) <= TOL
+    assert want.abs().sum() > 0 and (got[:, -1][:, ~valid[-1]] == 0).all()  # padding takes no gradient
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_code_means_of_bf16_values_equal_the_reference(device: str) -> None:
+    """bf16 values: the products are exact and the sums fp32, as the reference's (which widens them first)."""
+    torch.manual_seed(1)
+    codes, values, valid, n0, mu0 = make_inputs(2, 3, 40, 24, 32, 4, device, torch.bfloat16)
+    n_got, mu_got = fused_running_code_means(codes, values, valid, n0, mu0)
+    n_want, mu_want = running_code_means(codes, values, valid, n0, mu0)
+    assert torch.equal(n_got, n_want) and rel_err(mu_got, mu_want) <= TOL
+    g = torch.randn_like(mu_want)
+    (got,) = torch.autograd.grad((mu_got * g).sum(), values)
+    (want,) = torch.autograd.grad((mu_want * g).sum(), values)
+    assert got.dtype == torch.bfloat16 and rel_err(got, want) <= 1e-2
+
+
+def test_fused_code_means_are_refused_in_one_line_without_the_interpreter_on_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET")
+    codes, values, valid, n0, mu0 = make_inputs(1, 1, 16, 16, 16, 0, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="running code means in Triton: .*TRITON_INTERPRET=1"):
+        fused_running_code_means(codes, values, valid, n0, mu0)
+
+
+# ----------------------------------------------------------------------------- where the layer takes it
+
+
+@pytest.mark.parametrize(
+    ("kernel", "device", "chosen"),
+    [
+        ("triton", "cpu", "triton"),  # under the interpreter (this module's fixture)
+        ("plain", "cpu", "plain"),
+        ("auto", "cpu", "plain"),
+        (
+            "auto",
+            "cuda",
+            "triton",
+        ),  # at the GAU's 1536 columns too: one product per block, nothing recomputed
+        ("plain", "cuda", "plain"),
+    ],
+)
+def test_the_layer_takes_the_fused_means_with_the_fused_kernels(
+    kernel: str, device: str, chosen: str
+) -> None:
+    """The layer's choice (:meth:`means_kernel`) on fake CUDA tensors where named: ``triton``, or ``auto`` on CUDA."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = build("vq", d_k=8, d_v=1536, heads=1, codebook_size=16, block_len=16, kernel=kernel)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        values = torch.empty(2, 1, 3, 16, 1536, device=device, dtype=torch.bfloat16)
+        assert layer.means_kernel(values) == chosen
+
+
+def test_means_past_the_kernels_int32_offsets_are_refused_in_one_line() -> None:
+    """2**31 cache means (8 sequences of 64 blocks, 8192 codes of 512 columns): the layer keeps the plain path."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        values = torch.empty(8, 63, 16, 512, device="cuda", dtype=torch.bfloat16)
+        assert (
+            why_not(values, 8192)
+            == f"{8 * 64 * 8192 * 512} elements; the kernels' offsets are int32 (< 2**31)"
+        )
+        assert why_not(values, 512) is None

@@ -1,0 +1,159 @@
+"""The cache's running code means in two Triton kernels: :func:`fused_running_code_means` computes
+:func:`tvq_exp.attention.vq.cache.running_code_means` (its plain reference; the tests hold the two equal), forward and
+backward, without its intermediates.
+
+The plain version scatters every block's values into ``(N, R, S, d_v)`` fp32 sums, widens them to fp64, takes the
+cumulative sum over the blocks, divides and narrows again: at the GPU check's 32k tokens that is about 5 GB of
+memory traffic for 272 MB of means (``(16, 65, 512, 128)`` fp32), and its backward another three passes (suffix sums
+by flipping). Here one program per sequence, ``BS`` codes and ``BD`` value columns walks the blocks: each block's
+per-code sums are one product on the tensor cores (the positions' one-hot codes times their values: exact
+products, fp32 sums), added to running sums and counts held in fp64 (the reference's accumulation; see
+:mod:`tvq_exp.attention.vq.cache`), each entry's means written once. The backward walks the blocks back, carrying
+the suffix sum of ``∂L/∂μ / n`` in fp32 (the reference's), and gives every position the row of its code by the
+same one-hot product (fp32's accuracy: three tf32 passes on a GPU); every position is written by the one program
+whose codes hold its code, so no atomics.
+
+Runs on CUDA or on CPU under Triton's interpreter (``TRITON_INTERPRET=1``: the tests); values fp32, bf16 or fp16.
+Two custom ops, ``tvq::code_means`` and ``tvq::code_means_backward`` (its gradient): ``torch.compile`` keeps them
+in its graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from tvq_exp.attention.vq.fused.support import unsupported
+from tvq_exp.nn.triton_loader import cdiv, load_kernels
+
+# codes, positions per step and value columns per program, warps: on sm_90a no spill (255 registers at most: fp32
+# values), 41 KB of shared memory (make kernel-report); the values are read once per 128 codes
+GPU_TILES = (128, 64, 32, 8)
+# the interpreter's: the smallest, so that small tests cross every tile edge
+INTERPRETED_TILES = (16, 16, 16, 4)
+
+
+def _tiles(interpret: bool) -> tuple[int, int, int, int]:
+    return INTERPRETED_TILES if interpret else GPU_TILES
+
+
+def prefix_kernels(interpret: bool) -> ModuleType:
+    """:mod:`.prefix_kernels`, decorated for the interpreter or for the GPU."""
+    return load_kernels(Path(__file__).with_name("prefix_kernels.py"), __package__, interpret)
+
+
+def fused_running_code_means(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor
+) -> tuple[Tensor, Tensor]:
+    """:func:`~tvq_exp.attention.vq.cache.running_code_means` in Triton (shapes there): counts ``(N, R + 1, S)``
+    fp64 and means ``(N, R + 1, S, d_v)`` fp32; gradients flow to ``values``.
+
+    Raises ValueError (one line) where it cannot run: not CUDA nor the interpreter, or values not fp32, bf16 or
+    fp16."""
+    reason = why_not(values, mu0.shape[-2])
+    if reason:
+        raise ValueError(f"running code means in Triton: {reason}")
+    return code_means(codes, values, valid, n0.double(), mu0.float())
+
+
+def why_not(values: Tensor, codes: int) -> str | None:
+    """Why :func:`fused_running_code_means` cannot take ``values (N, R, L, d_v)`` with ``codes`` codes (None: it
+    can): the device or dtype (:func:`~tvq_exp.attention.vq.fused.support.unsupported`), or means too large for the
+    kernels' int32 offsets."""
+    reason = unsupported(values.device, values.dtype)
+    n, r, _, d = values.shape
+    entries = max(values.numel(), n * (r + 1) * codes * d)
+    return reason or (
+        f"{entries} elements; the kernels' offsets are int32 (< 2**31)" if entries >= 2**31 else None
+    )
+
+
+def _dot(values: Tensor, interpret: bool) -> tuple[object, str]:
+    """The forward product's operand type and precision: the values' own (bf16, fp16), or fp32 (exact under the
+    interpreter, three tf32 passes on a GPU)."""
+    tl = prefix_kernels(interpret).tl
+    if values.dtype == torch.float32 or interpret:
+        return tl.float32, "ieee" if interpret else "tf32x3"
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[values.dtype], "tf32"
+
+
+@torch.library.custom_op("tvq::code_means", mutates_args=(), device_types=("cpu", "cuda"))
+def code_means(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The forward kernel: ``codes (N, R, L)``, ``values (N, R, L, d_v)``, ``valid (R, L)``, the carried ``n0 (N, S)``
+    fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, means ``(N, R + 1, S, d_v)`` fp32."""
+    interpret = values.device.type == "cpu"
+    n, r, length = codes.shape
+    s, d = mu0.shape[1], values.shape[-1]
+    counts = n0.new_empty(n, r + 1, s)
+    means = mu0.new_empty(n, r + 1, s, d)
+    dot, prec = _dot(values, interpret)
+    bs, bt, bd, warps = _tiles(interpret)
+    prefix_kernels(interpret).prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
+        codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(),
+        n0.contiguous(), mu0.contiguous(), counts, means,
+        r, length, s, d, BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps,
+    )  # fmt: skip
+    return counts, means
+
+
+@code_means.register_fake
+def _(codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor) -> tuple[Tensor, Tensor]:
+    n, r, _ = codes.shape
+    return n0.new_empty(n, r + 1, n0.shape[1]), mu0.new_empty(n, r + 1, *mu0.shape[1:])
+
+
+@torch.library.custom_op("tvq::code_means_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def code_means_backward(
+    grad_means: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, dtype: torch.dtype
+) -> Tensor:
+    """The backward kernel: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from the means' ``(N, R + 1, S,
+    d_v)`` and the forward's ``counts``."""
+    interpret = codes.device.type == "cpu"
+    n, r, length = codes.shape
+    s, d = counts.shape[-1], grad_means.shape[-1]
+    dv = grad_means.new_empty(n, r, length, d, dtype=dtype)
+    bs, bt, bd, warps = _tiles(interpret)
+    prefix_kernels(interpret).prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
+        grad_means.float().contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
+        valid.to(torch.int8).contiguous(), dv,
+        r, length, s, d, BS=bs, BT=bt, BD=bd, PREC="ieee" if interpret else "tf32x3", num_warps=warps,
+    )  # fmt: skip
+    return dv
+
+
+@code_means_backward.register_fake
+def _(grad_means: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, dtype: torch.dtype) -> Tensor:
+    return grad_means.new_empty(*codes.shape, grad_means.shape[-1], dtype=dtype)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:  # noqa: ANN001
+    codes, values, valid, _n0, _mu0 = inputs
+    counts, _means = output
+    ctx.mark_non_differentiable(counts)
+    ctx.save_for_backward(codes, valid, counts)
+    ctx.values_dtype = values.dtype
+
+
+def _backward(ctx, _grad_counts: Tensor | None, grad_means: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+    if grad_means is None:
+        return None, None, None, None, None
+    codes, valid, counts = ctx.saved_tensors
+    dv = code_means_backward(grad_means, codes, valid, counts, ctx.values_dtype)
+    return None, dv, None, None, None
+
+
+code_means.register_autograd(_backward, setup_context=_setup_context)
+
+__all__ = [
+    "GPU_TILES",
+    "code_means",
+    "code_means_backward",
+    "fused_running_code_means",
+    "prefix_kernels",
+    "why_not",
+]
