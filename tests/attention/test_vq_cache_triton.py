@@ -121,3 +121,21 @@ def test_means_past_the_kernels_int32_offsets_are_refused_in_one_line() -> None:
             == f"{8 * 64 * 8192 * 512} elements; the kernels' offsets are int32 (< 2**31)"
         )
         assert why_not(values, 512) is None
+
+
+def test_the_layer_computes_its_cache_with_the_kernel_it_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel=triton`` (under the interpreter): the layer's cache means come from the fused op, and its output
+    equals ``kernel=plain``'s, whose means come from the reference."""
+    from tvq_exp.attention.vq import layer as vq_layer
+
+    calls = []
+    fused = vq_layer.fused_running_code_means
+    monkeypatch.setattr(vq_layer, "fused_running_code_means", lambda *a: calls.append(1) or fused(*a))
+    opts = dict(d_k=8, d_v=8, heads=2, codebook_size=6, block_len=4)
+    plain, triton = build("vq", **opts).float(), build("vq", kernel="triton", **opts).float()
+    triton.load_state_dict(plain.state_dict())
+    q, k, v = (torch.randn(1, 2, 13, 8) for _ in range(3))
+    want = plain(q, k, v)[0]
+    assert not calls
+    got = triton(q, k, v)[0]
+    assert calls == [1] and rel_err(got, want) <= 1e-5
