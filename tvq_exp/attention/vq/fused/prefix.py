@@ -51,8 +51,8 @@ def fused_running_code_means(
     """:func:`~tvq_exp.attention.vq.cache.running_code_means` in Triton (shapes there): counts ``(N, R + 1, S)``
     fp64 and means ``(N, R + 1, S, d_v)`` fp32; gradients flow to ``values``.
 
-    Raises ValueError (one line) where it cannot run: not CUDA nor the interpreter, or values not fp32, bf16 or
-    fp16."""
+    Raises ValueError (one line) where it cannot run (:func:`why_not`): not CUDA nor the interpreter, values not
+    fp32, bf16 or fp16, or means past the kernels' int32 offsets."""
     reason = why_not(values, mu0.shape[-2])
     if reason:
         raise ValueError(f"running code means in Triton: {reason}")
