@@ -2,8 +2,9 @@
 Triton's interpreter (and compiled on CUDA where there is one): equal to the plain kernel and the naive reference in
 fp32 (forward and every gradient, relative error <= 1e-5) in every case the plain kernel covers, within 1e-2 with
 bf16 operands, and through the layer (``kernel=triton``) equal to ``kernel=plain``, streamed and causal; refused in
-one line where it cannot run; taken by ``kernel=auto`` on CUDA only for values of one forward chunk. The sm_90a
-compile report (no spills) is a slow test (``make kernel-report``)."""
+one line where it cannot run; taken by ``kernel=auto`` on CUDA only for values of two forward chunks. The sm_90a
+compile report (no spills, no repeated products) is a slow test (``make kernel-report``); how it counts repeated
+products is a fast one."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import torch
 from tests.attention.backends import build
 from tvq_exp.attention.vq import layer as vq_layer
 from tvq_exp.attention.vq.fused import fused_window_cache_attention
+from tvq_exp.attention.vq.fused.config import KERNEL_NAMES, SHIPPED, tiles
+from tvq_exp.attention.vq.fused.report import repeats
 from tvq_exp.attention.vq.fused.support import wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
@@ -294,8 +297,8 @@ def test_triton_refuses_an_index_whose_bias_distances_differ_from_the_bias(bias:
     ("device", "queries", "d_v", "dtype", "kernel", "taken"),
     [
         ("cuda", 128, 128, torch.bfloat16, "auto", True),
-        ("cuda", 128, 256, torch.bfloat16, "auto", True),  # one forward chunk of 256
-        ("cuda", 128, 256, torch.float32, "auto", False),  # fp32 operands: chunks of 128
+        ("cuda", 128, 256, torch.bfloat16, "auto", True),  # two forward chunks of 128
+        ("cuda", 128, 256, torch.float32, "auto", True),
         ("cuda", 128, 257, torch.bfloat16, "auto", False),
         ("cuda", 128, 1536, torch.bfloat16, "auto", False),  # the GAU: the plain kernel's GEMMs
         ("cuda", 127, 128, torch.bfloat16, "auto", False),  # a decoding-sized call
@@ -304,11 +307,11 @@ def test_triton_refuses_an_index_whose_bias_distances_differ_from_the_bias(bias:
         ("cuda", 128, 128, torch.bfloat16, "plain", False),
     ],
 )
-def test_auto_takes_triton_on_cuda_only_for_values_of_one_forward_chunk(
+def test_auto_takes_triton_on_cuda_only_for_values_of_two_forward_chunks(
     device: str, queries: int, d_v: int, dtype: torch.dtype, kernel: str, taken: bool
 ) -> None:
     """``kernel=auto``'s choice per call (:func:`wants_triton`), on fake CUDA tensors (no GPU needed): the fused
-    kernels recompute the scores per value chunk, so values wider than one forward chunk stay plain."""
+    kernels recompute the scores per value chunk, so values wider than two forward chunks stay plain."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -330,7 +333,7 @@ def test_on_cuda_auto_takes_the_fused_kernels_by_the_values_width_else_plain(
     d_v: int, grad: bool, kernel: str, chosen: str
 ) -> None:
     """The layer's choice per call (:meth:`window_kernel`) on fake CUDA tensors: the fused kernels where the values
-    fit one forward chunk, else the plain kernel; never compiled flex unless named."""
+    fit two forward chunks, else the plain kernel; never compiled flex unless named."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     layer = build("vq", d_k=128, d_v=d_v, heads=1, codebook_size=16, block_len=128, kernel=kernel)
@@ -362,3 +365,52 @@ def test_every_shipped_configuration_compiles_for_sm90a_without_spills() -> None
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ") and "bf16" in line]
     assert rows and all(cells[13].strip() == "yes" for cells in rows)  # the wgmma column
+
+
+# the layouts and products of a compiled kernel's TTGIR, as Triton 3.8 prints them for sm_90a (trimmed)
+TTGIR_LAYOUTS = """
+#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [4, 2], instrShape = [16, 64, 16]}>
+#mma1 = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [8, 1], instrShape = [16, 32, 16]}>
+"""
+PRODUCT = (
+    "      %s_{i} = ttng.warp_group_dot %q, %k, %acc {{inputPrecision = 0 : i32, isAsync = true}} : "
+    "tensor<{m}x128xbf16, #ttg.dot_op<{{opIdx = 0, parent = {layout}, kWidth = 2}}>> * "
+    "!ttg.memdesc<128x{n}xbf16, #shared, #smem> -> tensor<{m}x{n}xf32, {layout}> loc(#loc1)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("products", "expected"),
+    [
+        ([(128, 64, "#mma1")], 1),  # 8 warps along 128 rows: each warpgroup its own 64
+        ([(64, 128, "#mma")], 1),  # one warpgroup per 64 columns
+        ([(64, 64, "#mma1"), (64, 128, "#mma")], 2),  # 64 rows on 8 warps: both warpgroups compute them
+        ([(128, 128, "#mma")], 1),  # 64 rows a warpgroup, wrapped twice: more rows, not repeated ones
+        ([(64, 32, "#mma")], 4),  # 2 × 64 columns of layout for 32
+        ([(64, 16, "#mma1")], 4),  # 128 rows × 32 columns of layout for 64 × 16
+        ([], 1),  # no Hopper product (an mma.sync or a CPU kernel): nothing repeated
+    ],
+)
+def test_the_compile_report_counts_products_every_warpgroup_repeats(
+    products: list[tuple[int, int, str]], expected: int
+) -> None:
+    """:func:`repeats` reads a product's tile against its layout's reach: 16 rows per warp along the rows (a warpgroup
+    64) and the instruction's columns per warp along the columns; a tile smaller than that reach is computed whole by
+    every warpgroup it leaves out."""
+    body = "".join(PRODUCT.format(i=i, m=m, n=n, layout=lay) for i, (m, n, lay) in enumerate(products))
+    assert repeats(TTGIR_LAYOUTS + body) == expected
+
+
+@pytest.mark.parametrize("heads", SHIPPED)
+@pytest.mark.parametrize("fp32", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_shipped_tiles_give_every_warpgroup_64_rows_of_each_product(
+    heads: tuple[int, int], fp32: bool, bias: bool
+) -> None:
+    """The rule the compile report's ``repeats`` column checks, on the tiles alone: a kernel's products have a row per
+    query row (``bm``: the forward, ``dq``) or per key or code (``bn``: their gradients), and each warpgroup (four
+    warps) takes 64 of them: fewer rows than the warps reach make both warpgroups compute the same scores."""
+    for kernel in KERNEL_NAMES:
+        t = tiles(kernel, *heads, fp32=fp32, bias=bias)
+        rows = t.bm if kernel in ("forward", "dq") else t.bn
+        assert rows == 64 * t.num_warps // 4, (kernel, heads, t)

@@ -113,7 +113,7 @@ class VQAttention(BlockedAttention):
             (:mod:`.flex`: flex attention, compiled where it runs, else its eager form), ``triton`` (:mod:`.fused`:
             fused Triton kernels, forward and backward; CUDA, or CPU under ``TRITON_INTERPRET=1``; refused
             elsewhere) or ``auto`` (for calls of at least 128 queries: Triton on CUDA where it is installed and the
-            values fit its forward's one chunk, ``d_v <= 256`` in bf16: wider values, the GAU's 1536, take the plain
+            values fit two of its forward's chunks, ``d_v <= 256``: wider values, the GAU's 1536, take the plain
             kernel's GEMMs; else compiled flex where it runs: CPU without gradients; else plain: decoding steps stay
             plain). The encoder form is always plain.
 
@@ -379,7 +379,7 @@ class VQAttention(BlockedAttention):
         """The kernel of one window + cache call (``triton``, ``flex`` or ``plain``) by the layer's ``kernel``, for
         queries ``q``, window keys ``kw`` and values ``vw`` (``per_item``: a per-item codebook, which flex does not
         read). On CUDA ``auto`` takes the fused kernels (:func:`wants_triton`) or the plain one, never flex: the
-        values the fused kernels leave (wider than one chunk: the GAU's 1536) are the plain kernel's GEMMs' best
+        values the fused kernels leave (wider than two chunks: the GAU's 1536) are the plain kernel's GEMMs' best
         case, and compiled flex is untried at such widths on a GPU."""
         if wants_triton(self.kernel, q, vw.shape[-1]):
             return "triton"

@@ -12,7 +12,7 @@ the start-up about 7.5 minutes in all):
 2. ``training``: ``experiment=enwik8_paper``'s model and TBPTT shape (48 GAUs, d_model 768, 2048-token updates of
    8192-token sequences) on one GPU, bf16-mixed, the window + cache step by ``--train-kernel`` (``auto``, the
    default: the plain kernel's GEMMs at the GAU's ``d_v = 1536``, see
-   :func:`~tvq_exp.attention.vq.fused.support.one_value_chunk`; ``triton``: the fused kernels), the training step
+   :func:`~tvq_exp.attention.vq.fused.support.value_chunks`; ``triton``: the fused kernels), the training step
    compiled (``module.compile``, on with ``trainer=gpu``), for ``--train-seconds`` (90 s) after its compilation
    (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
    machines; the shape, not the corpus, sets the cost): tokens/s, TFLOP/s, MFU against the measured matmul rate

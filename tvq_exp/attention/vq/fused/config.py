@@ -31,24 +31,37 @@ class Tiles:
     num_stages: int = 1
 
 
-def tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False) -> Tiles:
+def tiles(
+    kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False, bias: bool = False
+) -> Tiles:
     """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
-    (``fp32``: fp32 operands, twice the bytes per tile). Under the interpreter the smallest tiles (its cost grows
-    with the padding, not with the tile count on these test sizes), values in chunks of 16: a test with ``d_v > 16``
-    runs the chunked paths the GAU's ``d_v = 1536`` takes on a GPU."""
+    (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the forward reads the XL bias). Under the
+    interpreter the smallest tiles (its cost grows with the padding, not with the tile count on these test sizes),
+    values in chunks of 16: a test with ``d_v > 16`` runs the chunked paths the GAU's ``d_v = 1536`` takes on a GPU.
+
+    On the GPU, every product's rows are a multiple of 64 per warpgroup (four warps): a Hopper product (``wgmma``)
+    is 64 rows per warpgroup, and a score tile that feeds the next product is laid out with all warps along its
+    rows. So 64-row tiles take 4 warps and 128-row tiles 8; 64 rows on 8 warps would have both warpgroups compute
+    the same scores and their softmax (``make kernel-report`` refuses it: its ``repeats`` column). Values go in
+    chunks of 128 columns: a 256-wide chunk spills in every such tiling. fp32 operands (the GPU's correctness path)
+    take one warpgroup, half the rows: their tiles' bytes fit a block's shared memory."""
     dv = padded_dim(d_v)
     if interpret:
         return Tiles(MIN_TILE, MIN_TILE, MIN_TILE)
-    if kernel == "forward":  # the values in one chunk up to 256 (128 for fp32): the scores once per chunk
-        return Tiles(64, 64, min(dv, 128 if fp32 else 256), num_warps=8, num_stages=2)
-    # dq, window_key, code: values in chunks of 128 (the keys' gradient, dp over all chunks, apart past 128)
-    bdv = min(dv, 128)
-    if kernel == "dq":  # 32 keys per step; one warpgroup where the values fit one chunk (q, dO, dq all held)
-        return Tiles(64, 32, bdv, num_warps=4 if dv <= bdv else 8, num_stages=1)
-    # the keys' gradients in one pass (values of one chunk) and 128-wide keys: 32 rows a step, else they spill
-    if kernel == "window_key" and dv <= bdv and padded_dim(d_k) > 64:
-        return Tiles(32, 64, bdv, num_warps=8, num_stages=1)
-    return Tiles(64, 64, bdv, num_warps=8, num_stages=1)
+    bdv, groups = min(dv, 128), 1 if fp32 else 2  # warpgroups along the products' rows
+    # the forward: FlashAttention's layout, one warpgroup per 64 rows; 32 keys a step with the bias's gather
+    if kernel == "forward":
+        return Tiles(64 * groups, 32 if bias else 64, bdv, num_warps=4 * groups, num_stages=2)
+    # dq: one warpgroup where the values fit one chunk (q, dO, dq all held), else dO·vᵀ summed 32 columns at a time
+    if kernel == "dq":
+        return (
+            Tiles(64, 32, bdv, num_warps=4) if dv <= bdv else Tiles(64 * groups, 32, 32, num_warps=4 * groups)
+        )
+    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step where 128-wide keys
+    # hold their gradients in one pass (else they spill)
+    one_pass = dv <= bdv and kernel == "window_key"
+    bm = 32 if padded_dim(d_k) > 64 and (one_pass or kernel == "code") else 64
+    return Tiles(bm, 64 * groups, bdv, num_warps=4 * groups)
 
 
 __all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]

@@ -108,7 +108,7 @@ class _Layout:
         self.dk_pad = padded_dim(self.d_k)
 
     def tiles(self, kernel: str) -> Tiles:
-        return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32)
+        return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32, bias=self.m1 > 0)
 
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""

@@ -29,15 +29,16 @@ from torch import Tensor
 from tvq_exp.attention.vq.fused.support import unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
-# codes, positions per step and value columns per program, warps: on sm_90a no spill (255 registers at most: fp32
-# values), 41 KB of shared memory (make kernel-report); the values are read once per 128 codes
-GPU_TILES = (128, 64, 32, 8)
+# codes, positions per step and value columns per program, warps, per kernel: on sm_90a no spill, and each product's
+# rows a multiple of 64 per warpgroup (make kernel-report). The forward's product has a row per code (128 on 8 warps:
+# the values are read once per 128 codes); the backward's a row per position (64 on 4 warps)
+GPU_TILES = {"forward": (128, 64, 32, 8), "backward": (64, 64, 32, 4)}
 # the interpreter's: the smallest, so that small tests cross every tile edge
 INTERPRETED_TILES = (16, 16, 16, 4)
 
 
-def _tiles(interpret: bool) -> tuple[int, int, int, int]:
-    return INTERPRETED_TILES if interpret else GPU_TILES
+def _tiles(interpret: bool, kernel: str) -> tuple[int, int, int, int]:
+    return INTERPRETED_TILES if interpret else GPU_TILES[kernel]
 
 
 def prefix_kernels(interpret: bool) -> ModuleType:
@@ -92,7 +93,7 @@ def code_means(
     counts = n0.new_empty(n, r + 1, s)
     means = mu0.new_empty(n, r + 1, s, d)
     dot, prec = _dot(values, interpret)
-    bs, bt, bd, warps = _tiles(interpret)
+    bs, bt, bd, warps = _tiles(interpret, "forward")
     prefix_kernels(interpret).prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(),
         n0.contiguous(), mu0.contiguous(), counts, means,
@@ -117,7 +118,7 @@ def code_means_backward(
     n, r, length = codes.shape
     s, d = counts.shape[-1], grad_means.shape[-1]
     dv = grad_means.new_empty(n, r, length, d, dtype=dtype)
-    bs, bt, bd, warps = _tiles(interpret)
+    bs, bt, bd, warps = _tiles(interpret, "backward")
     prefix_kernels(interpret).prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         grad_means.float().contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
         valid.to(torch.int8).contiguous(), dv,

@@ -3,10 +3,11 @@ kernel-report``).
 
 Compiles every configuration :mod:`.config` ships (each kernel with the flags that make it largest, at the head
 sizes of :data:`~tvq_exp.attention.vq.fused.config.SHIPPED`, bf16 and fp32 operands) for an H100 (sm_90a) with
-Triton's bundled ``ptxas``: no GPU nor driver is needed. Prints registers, spills, stack, shared memory and
-whether the matrix products use Hopper's ``wgmma``, one line per configuration; exits 1 when a bf16
-configuration spills, or any needs more shared memory than an H100 block may have (fp32 configurations, the GPU's
-correctness path, do spill: see :attr:`Row.gated`).
+Triton's bundled ``ptxas``: no GPU nor driver is needed. Prints registers, spills, stack, shared memory,
+whether the matrix products use Hopper's ``wgmma`` and how many times the most repeated one is computed
+(:func:`repeats`), one line per configuration; exits 1 when a bf16 configuration spills or repeats a product, or
+any needs more shared memory than an H100 block may have (fp32 configurations, the GPU's correctness path, do
+spill: see :attr:`Row.gated`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ DTYPES = {"bf16": "bf16", "fp32": "fp32"}
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
 # sizes of the shipped shapes; pointers are 16-byte aligned): this is what lets the tile loads be 16-byte vectors
 DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item_stride"}
+# a Hopper layout (``#mma = #ttg.nvidia_mma<{versionMajor = 3, ... warpsPerCTA = [wm, wn], ... instrShape = [16, n,
+# 16]}>``) and a product into one (``ttng.warp_group_dot ... -> tensor<MxNxf32, #mma>``), in Triton's TTGIR
+HOPPER_LAYOUT = re.compile(
+    r"(#mma\d*) = #ttg\.nvidia_mma<\{versionMajor = 3,[^}]*warpsPerCTA = \[(\d+), (\d+)\][^}]*"
+    r"instrShape = \[\d+, (\d+), \d+\]"
+)
+HOPPER_PRODUCT = re.compile(r"warp_group_dot [^\n]*-> tensor<(\d+)x(\d+)x\w+, (#mma\d*)>")
 
 
 @dataclass(frozen=True)
@@ -48,23 +56,44 @@ class Row:
     stack_bytes: int
     shared_bytes: int
     wgmma: bool
+    repeats: int = 1
 
     @property
     def gated(self) -> bool:
-        """Whether spills fail the report: bf16 (the path trained and benchmarked), the nearest-code search (fp32
-        only, and on every path) and the running code means (every dtype). fp32 operands of the attention kernels
-        (three tf32 products per dot) are the GPU's correctness path: their spills are reported, not refused."""
+        """Whether spills and repeated products fail the report: bf16 (the path trained and benchmarked), the
+        nearest-code search (fp32 only, and on every path) and the running code means (every dtype). fp32 operands
+        of the attention kernels (three tf32 products per dot) are the GPU's correctness path: their spills and
+        repeats are reported, not refused."""
         return self.dtype != "fp32" or self.kernel == "nearest" or self.kernel.startswith("means")
 
     @property
     def ok(self) -> bool:
-        return (self.spill_bytes == 0 or not self.gated) and self.shared_bytes <= H100_SHARED_BYTES
+        wasted = self.spill_bytes > 0 or self.repeats > 1
+        return not (wasted and self.gated) and self.shared_bytes <= H100_SHARED_BYTES
+
+
+def repeats(ttgir: str) -> int:
+    """How many times the most repeated Hopper product of a compiled kernel (its TTGIR) is computed: 1 when every
+    warp computes its own part of each product.
+
+    A layout of ``wm × wn`` warps covers ``16·wm`` rows (a warpgroup, four warps, takes 64) and ``wn·n`` columns.
+    A product whose tile is smaller (64 rows on 8 warps along the rows: Triton lays a score tile that feeds the
+    next product out with all warps along its rows) is computed whole by each warpgroup the tile does not reach:
+    the same scores and their softmax twice, for one result."""
+    layouts = {m[1]: (int(m[2]), int(m[3]), int(m[4])) for m in HOPPER_LAYOUT.finditer(ttgir)}
+    worst = 1
+    for m in HOPPER_PRODUCT.finditer(ttgir):
+        rows, cols = int(m[1]), int(m[2])
+        wm, wn, n = layouts[m[3]]
+        worst = max(worst, max(1, 16 * wm // rows) * max(1, wn * n // cols))
+    return worst
 
 
 def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, object]]]:
     """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags."""
-    out: list[tuple[str, str, dict[str, object]]] = [
+    out: list[tuple[str, str, dict[str, object]]] = [  # the bias takes other forward tiles
         ("forward", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True}),
+        ("forward", "cache", {"HAS_CACHE": True, "HAS_BIAS": False}),
     ]
     one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
     out.append(
@@ -89,7 +118,7 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     )  # first: it imports Triton in the compiled mode
     import triton.language as tl
 
-    t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32")
+    t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32", bias=bool(flags.get("HAS_BIAS")))
     dot = tl.float32 if dtype == "fp32" else tl.bfloat16
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
              "PREC": "tf32x3" if dtype == "fp32" else "tf32", **flags}  # fmt: skip
@@ -147,7 +176,7 @@ def compile_prefix(direction: str, dtype: str) -> Row:
 
     from tvq_exp.attention.vq.fused import prefix
 
-    bs, bt, bd, warps = prefix.GPU_TILES
+    bs, bt, bd, warps = prefix.GPU_TILES[direction]
     const: dict[str, object] = {"BS": bs, "BT": bt, "BD": bd, "PREC": "tf32x3"}
     common = {"z_ptr": "*i32", "ok_ptr": "*i8", "n_ptr": "*fp64"}
     if direction == "forward":
@@ -179,7 +208,8 @@ def _row(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: object
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     stack = int(re.search(r"(\d+) bytes stack frame", log).group(1))
-    return Row(kernel, "", d_k, d_v, dtype, t, regs, spills, stack, compiled.metadata.shared, "wgmma" in ptx)
+    found = (regs, spills, stack, compiled.metadata.shared, "wgmma" in ptx, repeats(compiled.asm["ttgir"]))
+    return Row(kernel, "", d_k, d_v, dtype, t, *found)
 
 
 def report(
@@ -201,15 +231,15 @@ def table(rows: list[Row]) -> str:
     """The report as a Markdown table."""
     lines = [
         "| kernel | flags | d_k | d_v | dtype | BM×BN×BDV | warps | stages | regs | spills (B) | stack (B) "
-        "| smem (B) | wgmma | spills gated | ok |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| smem (B) | wgmma | repeats | gated | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         t = r.tiles
         lines.append(
             f"| {r.kernel} | {r.flags} | {r.d_k} | {r.d_v} | {r.dtype} | {t.bm}×{t.bn}×{t.bdv} | {t.num_warps} "
             f"| {t.num_stages} | {r.registers} | {r.spill_bytes} | {r.stack_bytes} | {r.shared_bytes} "
-            f"| {'yes' if r.wgmma else 'no'} | {'yes' if r.gated else 'no'} | {'yes' if r.ok else 'NO'} |"
+            f"| {'yes' if r.wgmma else 'no'} | {r.repeats} | {'yes' if r.gated else 'no'} | {'yes' if r.ok else 'NO'} |"
         )
     return "\n".join(lines)
 
@@ -223,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in rows if not r.ok]
     if bad:
         print(
-            f"{len(bad)} configuration(s) spill registers (bf16) or exceed {H100_SHARED_BYTES} B of shared memory"
+            f"{len(bad)} configuration(s) spill registers or repeat a product (bf16), or exceed {H100_SHARED_BYTES} B "
+            "of shared memory"
         )
     return 1 if bad else 0
 

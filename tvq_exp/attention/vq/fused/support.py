@@ -21,6 +21,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # whether Triton is installed, read once here as a constant torch.compile folds (:func:`unsupported` runs inside a
 # compiled step: dynamo would trace has_triton()'s importlib)
 TRITON = has_triton()
+# the most forward value chunks kernel=auto gives the fused kernels (:func:`value_chunks`)
+AUTO_MAX_CHUNKS = 2
 
 
 def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = None) -> str | None:
@@ -49,27 +51,27 @@ def wants_triton(kernel: str, q: Tensor, d_v: int) -> bool:
     """A layer's ``kernel`` choice for one call of ``q (B, H, Tq, d_k)`` with values ``d_v`` wide: ``triton`` always
     (it raises where it cannot run); ``auto`` on CUDA for calls of at least
     :data:`~tvq_exp.attention.flex_runtime.FLEX_MIN_QUERIES` queries (decoding steps stay plain), with operands it
-    takes, and values the fused forward holds in one chunk (:func:`one_value_chunk`); else never."""
+    takes, and values of at most :data:`AUTO_MAX_CHUNKS` forward chunks (:func:`value_chunks`); else never."""
     if kernel != "auto":
         return kernel == "triton"
     return (
         q.device.type == "cuda"
         and q.shape[2] >= FLEX_MIN_QUERIES
         and unsupported(q.device, q.dtype) is None
-        and one_value_chunk(q.shape[-1], d_v, q.dtype)
+        and value_chunks(q.shape[-1], d_v, q.dtype) <= AUTO_MAX_CHUNKS
     )
 
 
-def one_value_chunk(d_k: int, d_v: int, dtype: torch.dtype) -> bool:
-    """Whether the fused forward holds values ``d_v`` wide in one chunk (256 columns for bf16/fp16 operands, 128 for
-    fp32: :func:`~tvq_exp.attention.vq.fused.config.tiles`).
+def value_chunks(d_k: int, d_v: int, dtype: torch.dtype) -> int:
+    """How many chunks the fused forward splits values ``d_v`` wide into (128 columns each on the GPU:
+    :func:`~tvq_exp.attention.vq.fused.config.tiles`); each chunk's program computes the scores again.
 
-    Wider values are split into chunks, and every chunk's program recomputes the scores; the backward's key and
-    code gradients recompute them per 128 columns. At the GAU's ``d_v = 1536`` (``d_k = 128``, ``S = L = 512``) the
-    fused kernels then execute 18% more multiply-adds than the plain kernel in the forward and 49% more in the
-    backward (docs/benchmarks.md, "Which kernel wide values take"), at a fraction of the rate of the plain kernel's
-    GEMMs: ``kernel=auto`` leaves such calls to the plain kernel."""
-    return padded_dim(d_v) <= tiles("forward", d_k, d_v, fp32=dtype == torch.float32).bdv
+    ``kernel=auto`` takes the fused kernels up to :data:`AUTO_MAX_CHUNKS`: up to ``d_v = 256`` they execute about as
+    many multiply-adds as the plain kernel, which computes the whole ``2L`` window. Wider values stay plain: at the
+    GAU's ``d_v = 1536`` (``d_k = 128``, ``S = L = 512``) the fused kernels execute 18% more multiply-adds than the
+    plain kernel in the forward and 49% more in the backward (docs/benchmarks.md, "Which kernel wide values
+    take"), at a fraction of the rate of the plain kernel's GEMMs."""
+    return -(-padded_dim(d_v) // tiles("forward", d_k, d_v, fp32=dtype == torch.float32).bdv)
 
 
-__all__ = ["DTYPES", "kernels", "one_value_chunk", "unsupported", "wants_triton"]
+__all__ = ["AUTO_MAX_CHUNKS", "DTYPES", "kernels", "unsupported", "value_chunks", "wants_triton"]
