@@ -138,6 +138,13 @@ CASES = {
     "sliding window (no cache)": Case(cache=False, block=32, rows=32, g=1, items=2, n=1, m=8, span=8),
     "values in 3 chunks": Case(d_v=40),  # the interpreter's chunks are 16 wide: the GAU's path on a GPU
     "values in 3 chunks, per-item codebook": Case(d_v=40, per_item_codes=True, prev_grad=False),
+    # no bias and blocks of whole tiles: the tiles every row sees take unmasked loops (the kernels' WHOLE), the rest
+    # masked ones; queries from position 8 of their block, so the diagonal tiles fall inside the row blocks
+    "whole tiles, 2 heads, rows from 8": Case(bias=False, block=32, rows=24, g=2, items=3, n=1, s=20),
+    "whole tiles, sliding window": Case(
+        bias=False, cache=False, block=32, rows=32, g=1, items=3, n=1, span=20
+    ),
+    "whole tiles, values in 3 chunks": Case(bias=False, block=32, rows=32, g=1, items=2, n=1, s=20, d_v=40),
 }
 
 

@@ -57,10 +57,9 @@ def tiles(
         return (
             Tiles(64, 32, bdv, num_warps=4) if dv <= bdv else Tiles(64 * groups, 32, 32, num_warps=4 * groups)
         )
-    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step where 128-wide keys
-    # hold their gradients in one pass (else they spill)
-    one_pass = dv <= bdv and kernel == "window_key"
-    bm = 32 if padded_dim(d_k) > 64 and (one_pass or kernel == "code") else 64
+    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step for 128-wide keys (64
+    # rows spill)
+    bm = 32 if padded_dim(d_k) > 64 else 64
     return Tiles(bm, 64 * groups, bdv, num_warps=4 * groups)
 
 

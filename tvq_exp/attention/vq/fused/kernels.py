@@ -1,6 +1,6 @@
 """The Triton kernels of the fused window + cache step (see :mod:`.op` for the layout and the algorithm).
 
-Over 300 lines: one forward and three backward kernels sharing two tile helpers; splitting them would
+Over 300 lines: one forward and three backward kernels sharing their tile steps; splitting them would
 scatter one algorithm over several files.
 
 Loaded by :func:`tvq_exp.attention.vq.fused.support.kernels` (never imported directly): Triton reads
@@ -14,8 +14,11 @@ code. Scores are kept in base 2 (``s·log2 e``) and ``lse`` is ``log2 Σ 2^s``. 
 ``d = FIRST + p - j`` apart (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <=
 SPAN``, and its term is the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number
 of XL-bias distances (``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read
-in the key loops, and the tiles to visit come from the same arithmetic. Every dot takes ``DOT`` operands (fp32
-under the interpreter or for fp32 inputs, else bf16/fp16) and accumulates in fp32.
+in the key loops, and the tiles to visit come from the same arithmetic. Without the bias, and with whole key tiles
+(``WHOLE``), the tiles every row of a row block sees (every key of a key tile, in the keys' gradient) run in loops of
+their own with no mask computed: most of the window, and about a quarter fewer instructions per tile in the
+compiled code. Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs, else bf16/fp16) and
+accumulates in fp32.
 """
 
 from __future__ import annotations
@@ -76,6 +79,30 @@ def _window_term(dl_ptr, dl_row, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS: tl
 
 
 @triton.jit
+def _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM: tl.constexpr, BN: tl.constexpr):
+    """The window tiles ``[a, b)`` of ``[lo, hi)`` that every row of row block ``pp`` sees whole (keys ``FIRST +
+    p_last - SPAN .. FIRST + p_first``), for ``L`` a multiple of ``BN`` (window key ``j`` is in tile ``j // BN``, and
+    every tile holds ``BN`` keys); the rest of ``[lo, hi)`` is masked, before ``a`` and from ``b``."""
+    p_last = tl.minimum(pp * BM + BM, Lq) - 1
+    a = (tl.maximum(FIRST + p_last - SPAN, 0) + BN - 1) // BN
+    b = (tl.minimum(FIRST + pp * BM, W - 1) + 1) // BN
+    a = tl.minimum(tl.maximum(a, lo), hi)
+    return a, tl.minimum(tl.maximum(b, a), hi)
+
+
+@triton.jit
+def _window_scores(q, k, dl_ptr, dl_row, p, p_ok, j, j_ok, FIRST, SPAN, M1,
+                   HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """Base-2 scores ``(len(p), len(j))`` of the rows' queries ``q`` (scaled by ``log2 e``) with window keys ``k``, their
+    term added (:func:`_window_term`). ``MASKED`` False: a whole tile without the XL bias (:func:`_whole_tiles`),
+    every key visible to every row: the product alone."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if MASKED:
+        s += _window_term(dl_ptr, dl_row, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS) * LOG2E
+    return s
+
+
+@triton.jit
 def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
     """One online-softmax step: base-2 scores ``s (BM, BN)`` with values ``v (BN, BDV)``."""
     m_new = tl.maximum(m_i, _row_max(s))
@@ -88,15 +115,33 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok, dvo, dv_ok,
+                  L, TPB, FIRST, SPAN, M1, dk, dv, BN: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr,
+                  DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """The forward's online-softmax step over window tile ``wt`` (tile ``t`` of block half ``h``)."""
+    h, t = wt // TPB, wt % TPB
+    jl = t * BN + tl.arange(0, BN)
+    j_ok = jl < L
+    j = h * L + jl
+    k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
+    s = _window_scores(
+        q, k.to(DOT), dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC
+    )
+    v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
+    return _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
+
+
+@triton.jit
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
-    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
     writes ``out`` and (chunk 0) the rows' ``lse``."""
+    tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ndv = (dv + BDV - 1) // BDV
     n, dc = z // ndv, z % ndv
@@ -117,16 +162,25 @@ def forward_kernel(
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
     lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
-    for wt in range(lo, hi):
-        h, t = wt // TPB, wt % TPB
-        jl = t * BN + tl.arange(0, BN)
-        j_ok = jl < L
-        j = h * L + jl
-        k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
-        term = _window_term(dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS)
-        s = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PREC) + term * LOG2E
-        v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
-        m_i, l_i, acc = _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
+    if WHOLE:  # the masked tiles before the whole ones, the whole ones without a mask, the masked ones after
+        a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
+        for wt in range(lo, a):
+            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
+                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, DOT,
+                                          PREC)  # fmt: skip
+        for wt in range(a, b):
+            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
+                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, False, DOT,
+                                          PREC)  # fmt: skip
+        for wt in range(b, hi):
+            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
+                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, DOT,
+                                          PREC)  # fmt: skip
+    else:
+        for wt in range(lo, hi):
+            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
+                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, DOT,
+                                          PREC)  # fmt: skip
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
@@ -168,16 +222,38 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
 
 
 @triton.jit
+def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko, dk_ok,
+             L, TPB, FIRST, SPAN, M1, dk, dv, BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr,
+             HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, MASKED: tl.constexpr,
+             DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """``dq`` plus window tile ``wt``'s part, and that tile's distance-logit gradients written."""
+    h, t = wt // TPB, wt % TPB
+    jl = t * BN + tl.arange(0, BN)
+    j_ok = jl < L
+    j = h * L + jl
+    k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(DOT)
+    s = _window_scores(q, k, dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC)
+    pr = tl.exp2(s - lse[:, None])
+    dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
+    ds = pr * (dp - delta[:, None])
+    if BIAS_GRAD:  # the visible keys inside the bias window: recomputed, not held over the products
+        dist, seen = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
+        tl.store(ddl_ptr + (row * M1)[:, None] + dist, ds, mask=seen & (dist < M1))
+    return dq + tl.dot(ds.to(DOT), k, input_precision=PREC)
+
+
+@triton.jit
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ddl_ptr,
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr,
+    WHOLE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
     logits (``ddl``, each column written by the one key at that distance: no atomics)."""
+    tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, pp = pb // NPB, pb % NPB
     p = pp * BM + tl.arange(0, BM)
@@ -201,23 +277,25 @@ def dq_kernel(
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
     lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
-    for wt in range(lo, hi):
-        h, t = wt // TPB, wt % TPB
-        jl = t * BN + tl.arange(0, BN)
-        j_ok = jl < L
-        j = h * L + jl
-        k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(
-            DOT
-        )
-        term = _window_term(dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) + term * LOG2E
-        pr = tl.exp2(s - lse[:, None])
-        dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
-        ds = pr * (dp - delta[:, None])
-        dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
-        if BIAS_GRAD:  # the visible keys inside the bias window: recomputed, not held over the products
-            dist, seen = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
-            tl.store(ddl_ptr + (row * M1)[:, None] + dist, ds, mask=seen & (dist < M1))
+    if WHOLE:  # as the forward: masked, whole, masked
+        a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
+        for wt in range(lo, a):
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
+                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True,
+                          DOT, PREC)  # fmt: skip
+        for wt in range(a, b):
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
+                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, False,
+                          DOT, PREC)  # fmt: skip
+        for wt in range(b, hi):
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
+                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True,
+                          DOT, PREC)  # fmt: skip
+    else:
+        for wt in range(lo, hi):
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
+                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True,
+                          DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
@@ -251,15 +329,18 @@ def _key_tile_grads(
     dk_acc, dv_acc, k, v, key_row, key_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
     row, p_ok, dk, dv, dv0,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_TERM: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Add the gradients that ``BM`` query rows give ``BN`` keys ``k`` (``DOT``) and their values (chunk ``dv0``,
-    ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``."""
+    ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``;
+    the scores' additive ``term_t`` where ``HAS_TERM``."""
     dko = tl.arange(0, DK)
     q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & (dko < dk)[None, :], other=0.0)
     q = q.to(DOT)
     lse = tl.load(lse_ptr + row, mask=p_ok, other=float("inf"))
-    s_t = tl.dot(k, tl.trans((q.to(tl.float32) * LOG2E).to(DOT)), input_precision=PREC) + term_t * LOG2E
+    s_t = tl.dot(k, tl.trans((q.to(tl.float32) * LOG2E).to(DOT)), input_precision=PREC)
+    if HAS_TERM:
+        s_t += term_t * LOG2E
     p_t = tl.exp2(s_t - lse[None, :])
     if ONE_CHUNK or DO_DV:
         dvo = dv0 + tl.arange(0, BDV)
@@ -291,17 +372,41 @@ def _key_tile_grads(
 
 
 @triton.jit
+def _window_key_rows(
+    dk_acc, dv_acc, pp, row0, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr,
+    Lq, FIRST, SPAN, M1, dk, dv, dv0,
+    BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
+):  # fmt: skip
+    """The gradients that row block ``pp`` (rows ``row0 + p``) gives window keys ``j``: masked (``MASKED``), or a
+    block whose rows see every key, without the XL bias: no term."""
+    p = pp * BM + tl.arange(0, BM)
+    p_ok = p < Lq
+    row = row0 + p
+    term_t = 0.0  # a whole block (no XL bias): no term
+    if MASKED:
+        term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS)
+    return _key_tile_grads(
+        dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
+        row, p_ok, dk, dv, dv0, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, MASKED, DOT, PREC,
+    )  # fmt: skip
+
+
+@triton.jit
 def window_key_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     ITEMS, IB, R, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, prev_grad, blocks,
     TPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(TPB·NDVG, ITEMS + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
     chunk ``dc``) from the (at most two) items that see the block: item ``b`` (block ``b`` is its previous block,
     window half 0; not without ``prev_grad``) and item ``b - 1`` (its own block, half 1). Every key block is
     written by its programs only: no atomics."""
+    tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     z, b, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t, dc = z // NDVG, z % NDVG
     kl = t * BN + tl.arange(0, BN)
@@ -327,16 +432,40 @@ def window_key_kernel(
             p_lo = tl.maximum(j_first - FIRST, 0)
             p_hi = tl.minimum(j_first + tl.minimum(BN, L - t * BN) - 1 + SPAN - FIRST, Lq - 1)
             pp_hi = tl.where(p_hi >= p_lo, p_hi // BM + 1, 0)
-            for g in range(0, G):  # the row blocks of each head that see this tile
-                for pp in range(p_lo // BM, pp_hi):
-                    p = pp * BM + tl.arange(0, BM)
-                    p_ok = p < Lq
-                    row = (n * ITEMS + it) * R + g * Lq + p
-                    term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS)
-                    dk_acc, dv_acc = _key_tile_grads(
-                        dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
-                        row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, DOT, PREC,
-                    )  # fmt: skip
+            row0 = (n * ITEMS + it) * R
+            if WHOLE:
+                # of those, the row blocks whose every row sees every key of the tile: rows j_last - FIRST .. j_first
+                # + SPAN - FIRST; no mask there (rows past Lq add nothing: their lse is read as +inf)
+                j_last = j_first + tl.minimum(BN, L - t * BN) - 1
+                a = tl.minimum(tl.maximum((tl.maximum(j_last - FIRST, 0) + BM - 1) // BM, p_lo // BM), pp_hi)
+                c = tl.minimum(tl.maximum(tl.maximum(j_first + SPAN - FIRST + 1, 0) // BM, a), pp_hi)
+                for g in range(0, G):  # the row blocks of each head that see this tile: masked, whole, masked
+                    for pp in range(p_lo // BM, a):
+                        dk_acc, dv_acc = _window_key_rows(
+                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
+                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, DOT, PREC,
+                        )  # fmt: skip
+                    for pp in range(a, c):
+                        dk_acc, dv_acc = _window_key_rows(
+                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
+                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, False, DOT, PREC,
+                        )  # fmt: skip
+                    for pp in range(c, pp_hi):
+                        dk_acc, dv_acc = _window_key_rows(
+                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
+                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, DOT, PREC,
+                        )  # fmt: skip
+            else:
+                for g in range(0, G):  # the row blocks of each head that see this tile
+                    for pp in range(p_lo // BM, pp_hi):
+                        dk_acc, dv_acc = _window_key_rows(
+                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
+                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, DOT, PREC,
+                        )  # fmt: skip
     if DO_DK:
         tl.store(dk_ptr + key_row[:, None] * dk + dko[None, :], dk_acc.to(dk_ptr.dtype.element_ty),
                  mask=k_ok[:, None] & dk_ok[None, :])  # fmt: skip
@@ -378,7 +507,7 @@ def code_kernel(
         row = item * R + g * Lq + p
         dc_acc, dmu_acc = _key_tile_grads(
             dc_acc, dmu_acc, code, mu, mu_row, c_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, mu_ptr,
-            row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, DOT, PREC,
+            row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, True, DOT, PREC,
         )  # fmt: skip
     if DO_DK:
         tl.store(dc_ptr + (item * S + c)[:, None] * dk + dko[None, :], dc_acc.to(dc_ptr.dtype.element_ty),

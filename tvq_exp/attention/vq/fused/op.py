@@ -110,6 +110,12 @@ class _Layout:
     def tiles(self, kernel: str) -> Tiles:
         return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32, bias=self.m1 > 0)
 
+    def whole(self, t: Tiles) -> bool:
+        """The kernels' ``WHOLE``: the tiles every row of a row block sees (every key of a key tile, in the keys'
+        gradient) run without a mask, where there is no XL bias and ``t``'s key tiles are whole (``L`` a multiple of
+        ``BN``). With the bias, the three loops this takes spill registers at ``d_k = 128`` (``make kernel-report``)."""
+        return self.m1 == 0 and self.block % t.bn == 0
+
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
         tpb = cdiv(self.block, t.bn)
@@ -147,7 +153,7 @@ def window_cache_forward(
         lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
         *lay.code_strides, lay.prev_masked, npb, tpb,
         BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
-        DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        WHOLE=lay.whole(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
     return out, lse
 
@@ -188,7 +194,7 @@ def window_cache_backward(
             lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
             *lay.code_strides, lay.prev_masked, npb, tpb,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
-            BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, DOT=lay.dot, PREC=lay.prec,
+            BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, WHOLE=lay.whole(t), DOT=lay.dot, PREC=lay.prec,
             num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
     dkb = torch.empty_like(kb) if want_k else None
@@ -266,7 +272,8 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
             lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.first, lay.span, lay.m1, lay.d_k, lay.d_v,
             lay.prev_masked, int(prev_grad), lay.blocks, tpb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
-            HAS_BIAS=dl is not None, DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+            HAS_BIAS=dl is not None, WHOLE=lay.whole(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )  # fmt: skip
 
 

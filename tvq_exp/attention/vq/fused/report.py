@@ -13,6 +13,7 @@ spill: see :attr:`Row.gated`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import subprocess
 import sys
@@ -90,22 +91,28 @@ def repeats(ttgir: str) -> int:
 
 
 def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, object]]]:
-    """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags."""
-    out: list[tuple[str, str, dict[str, object]]] = [  # the bias takes other forward tiles
-        ("forward", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True}),
-        ("forward", "cache", {"HAS_CACHE": True, "HAS_BIAS": False}),
-    ]
-    one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
-    out.append(
-        ("dq", "cache+bias", {"HAS_CACHE": True, "HAS_BIAS": True, "BIAS_GRAD": True, "ONE_CHUNK": one})
-    )
+    """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags: with the
+    XL bias, and without it, where whole tiles take loops of their own (``WHOLE``)."""
+    out: list[tuple[str, str, dict[str, object]]] = []
+    for bias in (
+        True,
+        False,
+    ):  # with the bias, or without it and whole tiles unmasked (other forward tiles too)
+        name = "cache+bias" if bias else "cache+whole"
+        out.append(("forward", name, {"HAS_CACHE": True, "HAS_BIAS": bias, "WHOLE": not bias}))
+        one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
+        dq = {"HAS_CACHE": True, "HAS_BIAS": bias, "BIAS_GRAD": bias, "ONE_CHUNK": one, "WHOLE": not bias}
+        out.append(("dq", name, dq))
     for kernel in ("window_key", "code"):
         one = tiles(kernel, d_k, d_v, fp32=fp32).bdv >= d_v
         passes = [(True, True)] if one else [(False, True), (True, False)]
-        for dk_, dv_ in passes:
+        for (dk_, dv_), bias in itertools.product(
+            passes, (True, False) if kernel == "window_key" else (True,)
+        ):
             flags = "+".join(name for name, on in (("dk", dk_), ("dv", dv_)) if on)
-            out.append((kernel, flags + "+bias" * (kernel == "window_key"),
-                        {"ONE_CHUNK": one, "DO_DK": dk_, "DO_DV": dv_, "HAS_BIAS": True}))  # fmt: skip
+            flags += ("+bias" if bias else "+whole") * (kernel == "window_key")
+            const = {"ONE_CHUNK": one, "DO_DK": dk_, "DO_DV": dv_, "HAS_BIAS": bias, "WHOLE": not bias}
+            out.append((kernel, flags, const))
     return out
 
 
