@@ -11,6 +11,7 @@ import torch
 from tests.attention.backends import build
 from tests.attention.test_vq_triton import DEVICES, interpreter  # noqa: F401  (the fixture: under the interpreter)
 from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.fused import prefix
 from tvq_exp.attention.vq.fused.prefix import fused_running_code_means, why_not
 
 TOL = 1e-6  # relative error (‖got - want‖ / ‖want‖) in fp32
@@ -45,6 +46,19 @@ CASES = {
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_fused_code_means_equal_the_reference_fp32(case: dict, device: str) -> None:
+    check_against_the_reference(case, device)
+
+
+def test_the_gpu_tiles_equal_the_reference_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's tiles (:data:`~tvq_exp.attention.vq.fused.prefix.GPU_TILES`: 128 codes a program forward, 64
+    backward) under the interpreter, across their edges: 300 codes, 200 positions a block, 70 columns."""
+    monkeypatch.setattr(prefix, "kernel_tiles", lambda interpret, kernel: prefix.GPU_TILES[kernel])
+    check_against_the_reference(dict(n=1, r=3, length=200, s=300, d=70, pad=30), "cpu")
+
+
+def check_against_the_reference(case: dict, device: str) -> None:
+    """The fused means of ``case`` (:func:`make_inputs`' sizes) equal the reference: counts exactly, the means and the
+    values' gradient within :data:`TOL` in fp32; the padding takes no gradient."""
     torch.manual_seed(0)
     codes, values, valid, n0, mu0 = make_inputs(**case, device=device, dtype=torch.float32)
     n_got, mu_got = fused_running_code_means(codes, values, valid, n0, mu0)

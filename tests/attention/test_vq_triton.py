@@ -18,8 +18,8 @@ import torch
 
 from tests.attention.backends import build
 from tvq_exp.attention.vq import layer as vq_layer
-from tvq_exp.attention.vq.fused import fused_window_cache_attention
-from tvq_exp.attention.vq.fused.config import KERNEL_NAMES, SHIPPED, tiles
+from tvq_exp.attention.vq.fused import config, fused_window_cache_attention, op
+from tvq_exp.attention.vq.fused.config import KERNEL_NAMES, SHIPPED, Tiles, tiles
 from tvq_exp.attention.vq.fused.report import repeats
 from tvq_exp.attention.vq.fused.support import wants_triton
 from tvq_exp.attention.vq.kernel import (
@@ -166,6 +166,49 @@ def test_triton_equals_plain_and_naive_fp32(case: Case, device: str) -> None:
             assert want[key].abs().sum() > 0, key  # every input really receives a gradient
     if not case.prev_grad:  # the previous block of item i is key block i: only the last block gets none
         assert grads["kb"][:, 0].abs().sum() == 0 and grads["kb"][:, 1:].abs().sum() > 0
+
+
+# the tiles the GPU runs (config.tiles' bf16 configurations), on shapes that cross their edges: 128-row and 128-key
+# tiles, 96 rows of 128 and a 96-key block (not whole tiles), values in chunks of 128 (dq's dO·vᵀ by 32)
+GPU_TILE_CASES = {
+    "no bias, whole tiles, 2 heads": Case(
+        bias=False, block=128, rows=128, g=2, items=2, n=1, d_k=64, d_v=64, s=64
+    ),
+    "bias, 96 of 128 rows": Case(block=128, rows=96, g=1, items=2, n=1, d_k=64, d_v=64, s=64, m=100),
+    "no bias, d 128, values in two chunks": Case(
+        bias=False, block=128, rows=128, g=1, items=2, n=1, d_k=128, d_v=160, s=64
+    ),
+    "bias, block of 96, per-item codebook": Case(
+        block=96, rows=96, g=1, items=2, n=1, d_k=128, d_v=128, s=40, m=50, per_item_codes=True
+    ),
+    "no bias, sliding window": Case(
+        bias=False, cache=False, block=128, rows=128, g=1, items=3, n=1, d_k=64, d_v=64, span=70
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GPU_TILE_CASES.values(), ids=GPU_TILE_CASES.keys())
+def test_the_gpu_tiles_equal_plain_and_naive_under_the_interpreter(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other tests run the interpreter's 16-wide tiles; these run the tiles a GPU runs (fp32 under the
+    interpreter: its dots are exact), so a fault that only their sizes reach (whole-tile ranges, 128-key programs,
+    partial row blocks) shows here without a GPU."""
+    shipped = config.tiles
+
+    def gpu_tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False,
+                  bias: bool = False) -> Tiles:  # fmt: skip
+        return shipped(kernel, d_k, d_v, bias=bias)
+
+    monkeypatch.setattr(op, "tiles", gpu_tiles)
+    torch.manual_seed(0)
+    inputs = make_inputs(case)
+    out, g, grads = outputs_and_grads(fused_window_cache_attention, inputs, case)
+    for name, fn in (("plain", window_cache_attention), ("naive", naive_window_cache_attention)):
+        want_out, _, want = outputs_and_grads(fn, inputs, case, g)
+        assert rel_err(out, want_out) <= TOL, name
+        for key, got in grads.items():
+            assert rel_err(got, want[key]) <= TOL, (name, key)
 
 
 @pytest.mark.parametrize("device", DEVICES)

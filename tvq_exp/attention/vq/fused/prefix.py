@@ -37,7 +37,9 @@ GPU_TILES = {"forward": (128, 64, 32, 8), "backward": (64, 64, 32, 4)}
 INTERPRETED_TILES = (16, 16, 16, 4)
 
 
-def _tiles(interpret: bool, kernel: str) -> tuple[int, int, int, int]:
+def kernel_tiles(interpret: bool, kernel: str) -> tuple[int, int, int, int]:
+    """``(codes, positions, columns, warps)`` of ``kernel`` (``forward`` or ``backward``): the interpreter's or the
+    GPU's."""
     return INTERPRETED_TILES if interpret else GPU_TILES[kernel]
 
 
@@ -93,7 +95,7 @@ def code_means(
     counts = n0.new_empty(n, r + 1, s)
     means = mu0.new_empty(n, r + 1, s, d)
     dot, prec = _dot(values, interpret)
-    bs, bt, bd, warps = _tiles(interpret, "forward")
+    bs, bt, bd, warps = kernel_tiles(interpret, "forward")
     prefix_kernels(interpret).prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(),
         n0.contiguous(), mu0.contiguous(), counts, means,
@@ -118,7 +120,7 @@ def code_means_backward(
     n, r, length = codes.shape
     s, d = counts.shape[-1], grad_means.shape[-1]
     dv = grad_means.new_empty(n, r, length, d, dtype=dtype)
-    bs, bt, bd, warps = _tiles(interpret, "backward")
+    bs, bt, bd, warps = kernel_tiles(interpret, "backward")
     prefix_kernels(interpret).prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         grad_means.float().contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
         valid.to(torch.int8).contiguous(), dv,
@@ -155,6 +157,7 @@ __all__ = [
     "code_means",
     "code_means_backward",
     "fused_running_code_means",
+    "kernel_tiles",
     "prefix_kernels",
     "why_not",
 ]
