@@ -91,6 +91,16 @@ def _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM: tl.constexpr, BN: tl.conste
 
 
 @triton.jit
+def _run_bounds(run: tl.constexpr, lo, a, b, hi):
+    """``[start, stop)`` of run ``run`` of a loop cut at ``a`` and ``b``: ``[lo, a)``, ``[a, b)``, ``[b, hi)``."""
+    if run == 0:
+        return lo, a
+    if run == 1:
+        return a, b
+    return b, hi
+
+
+@triton.jit
 def _window_scores(q, k, dl_ptr, dl_row, p, p_ok, j, j_ok, FIRST, SPAN, M1,
                    HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """Base-2 scores ``(len(p), len(j))`` of the rows' queries ``q`` (scaled by ``log2 e``) with window keys ``k``, their
@@ -162,24 +172,16 @@ def forward_kernel(
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
     lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
-    if WHOLE:  # the masked tiles before the whole ones, the whole ones without a mask, the masked ones after
+    # the masked tiles before the whole ones, the whole ones without a mask, the masked ones after (WHOLE), else
+    # every tile masked
+    a, b = hi, hi
+    if WHOLE:
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
-        for wt in range(lo, a):
+    for run in tl.static_range(3 if WHOLE else 1):
+        start, stop = _run_bounds(run, lo, a, b, hi)
+        for wt in range(start, stop):
             m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
-                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, DOT,
-                                          PREC)  # fmt: skip
-        for wt in range(a, b):
-            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
-                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, False, DOT,
-                                          PREC)  # fmt: skip
-        for wt in range(b, hi):
-            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
-                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, DOT,
-                                          PREC)  # fmt: skip
-    else:
-        for wt in range(lo, hi):
-            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
-                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, DOT,
+                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, run != 1, DOT,
                                           PREC)  # fmt: skip
     if HAS_CACHE:
         for c0 in range(0, S, BN):
@@ -277,24 +279,14 @@ def dq_kernel(
     # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
     lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
-    if WHOLE:  # as the forward: masked, whole, masked
+    a, b = hi, hi  # as the forward: masked, whole, masked
+    if WHOLE:
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
-        for wt in range(lo, a):
+    for run in tl.static_range(3 if WHOLE else 1):
+        start, stop = _run_bounds(run, lo, a, b, hi)
+        for wt in range(start, stop):
             dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
-                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True,
-                          DOT, PREC)  # fmt: skip
-        for wt in range(a, b):
-            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
-                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, False,
-                          DOT, PREC)  # fmt: skip
-        for wt in range(b, hi):
-            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
-                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True,
-                          DOT, PREC)  # fmt: skip
-    else:
-        for wt in range(lo, hi):
-            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
-                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True,
+                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, run != 1,
                           DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         for c0 in range(0, S, BN):
@@ -433,38 +425,21 @@ def window_key_kernel(
             p_hi = tl.minimum(j_first + tl.minimum(BN, L - t * BN) - 1 + SPAN - FIRST, Lq - 1)
             pp_hi = tl.where(p_hi >= p_lo, p_hi // BM + 1, 0)
             row0 = (n * ITEMS + it) * R
+            a, c = pp_hi, pp_hi
             if WHOLE:
                 # of those, the row blocks whose every row sees every key of the tile: rows j_last - FIRST .. j_first
                 # + SPAN - FIRST; no mask there (rows past Lq add nothing: their lse is read as +inf)
                 j_last = j_first + tl.minimum(BN, L - t * BN) - 1
                 a = tl.minimum(tl.maximum((tl.maximum(j_last - FIRST, 0) + BM - 1) // BM, p_lo // BM), pp_hi)
                 c = tl.minimum(tl.maximum(tl.maximum(j_first + SPAN - FIRST + 1, 0) // BM, a), pp_hi)
-                for g in range(0, G):  # the row blocks of each head that see this tile: masked, whole, masked
-                    for pp in range(p_lo // BM, a):
+            for g in range(0, G):  # the row blocks of each head that see this tile: masked, whole, masked
+                for run in tl.static_range(3 if WHOLE else 1):
+                    start, stop = _run_bounds(run, p_lo // BM, a, c, pp_hi)
+                    for pp in range(start, stop):
                         dk_acc, dv_acc = _window_key_rows(
                             dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
                             delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, DOT, PREC,
-                        )  # fmt: skip
-                    for pp in range(a, c):
-                        dk_acc, dv_acc = _window_key_rows(
-                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
-                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, False, DOT, PREC,
-                        )  # fmt: skip
-                    for pp in range(c, pp_hi):
-                        dk_acc, dv_acc = _window_key_rows(
-                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
-                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, DOT, PREC,
-                        )  # fmt: skip
-            else:
-                for g in range(0, G):  # the row blocks of each head that see this tile
-                    for pp in range(p_lo // BM, pp_hi):
-                        dk_acc, dv_acc = _window_key_rows(
-                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
-                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, DOT, PREC,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, run != 1, DOT, PREC,
                         )  # fmt: skip
     if DO_DK:
         tl.store(dk_ptr + key_row[:, None] * dk + dko[None, :], dk_acc.to(dk_ptr.dtype.element_ty),
