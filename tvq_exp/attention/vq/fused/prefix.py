@@ -33,6 +33,7 @@ from tvq_exp.nn.triton_loader import cdiv, load_kernels
 # rows a multiple of 64 per warpgroup (make kernel-report). The forward's product has a row per code (128 on 8 warps:
 # the values are read once per 128 codes); the backward's a row per position (64 on 4 warps)
 GPU_TILES = {"forward": (128, 64, 32, 8), "backward": (64, 64, 32, 4)}
+STAGES = 2  # software pipelining of both kernels' block loops, as make kernel-report compiles them
 # the interpreter's: the smallest, so that small tests cross every tile edge
 INTERPRETED_TILES = (16, 16, 16, 4)
 
@@ -99,7 +100,7 @@ def code_means(
     prefix_kernels(interpret).prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(),
         n0.contiguous(), mu0.contiguous(), counts, means,
-        r, length, s, d, BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps,
+        r, length, s, d, BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=STAGES,
     )  # fmt: skip
     return counts, means
 
@@ -125,6 +126,7 @@ def code_means_backward(
         grad_means.float().contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
         valid.to(torch.int8).contiguous(), dv,
         r, length, s, d, BS=bs, BT=bt, BD=bd, PREC="ieee" if interpret else "tf32x3", num_warps=warps,
+        num_stages=STAGES,
     )  # fmt: skip
     return dv
 
@@ -154,6 +156,7 @@ code_means.register_autograd(_backward, setup_context=_setup_context)
 
 __all__ = [
     "GPU_TILES",
+    "STAGES",
     "code_means",
     "code_means_backward",
     "fused_running_code_means",

@@ -196,7 +196,7 @@ def compile_prefix(direction: str, dtype: str) -> Row:
     else:
         fn = prefix.prefix_kernels(False).prefix_backward_kernel
         pointers = common | {"g_ptr": "*fp32", "dv_ptr": f"*{dtype}"}
-    t = Tiles(bs, bt, bd, num_warps=warps, num_stages=2)
+    t = Tiles(bs, bt, bd, num_warps=warps, num_stages=prefix.STAGES)
     return _row(f"means {direction}", 0, 0, dtype, t, _compile(fn, pointers, const, {"L", "S", "D"}, t))
 
 
