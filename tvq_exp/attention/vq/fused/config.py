@@ -35,9 +35,10 @@ def tiles(
     kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False, bias: bool = False
 ) -> Tiles:
     """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
-    (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the forward reads the XL bias). Under the
-    interpreter the smallest tiles (its cost grows with the padding, not with the tile count on these test sizes),
-    values in chunks of 16: a test with ``d_v > 16`` runs the chunked paths the GAU's ``d_v = 1536`` takes on a GPU.
+    (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the XL bias is on, which sets the forward's key
+    tile and some of the backward's stages). Under the interpreter the smallest tiles (its cost grows with the
+    padding, not with the tile count on these test sizes), values in chunks of 16: a test with ``d_v > 16`` runs the
+    chunked paths the GAU's ``d_v = 1536`` takes on a GPU.
 
     On the GPU, every product's rows are a multiple of 64 per warpgroup (four warps): a Hopper product (``wgmma``)
     is 64 rows per warpgroup, and a score tile that feeds the next product is laid out with all warps along its

@@ -66,11 +66,11 @@ def value_chunks(d_k: int, d_v: int, dtype: torch.dtype) -> int:
     """How many chunks the fused forward splits values ``d_v`` wide into (128 columns each on the GPU:
     :func:`~tvq_exp.attention.vq.fused.config.tiles`); each chunk's program computes the scores again.
 
-    ``kernel=auto`` takes the fused kernels up to :data:`AUTO_MAX_CHUNKS`: up to ``d_v = 256`` they execute about as
-    many multiply-adds as the plain kernel, which computes the whole ``2L`` window. Wider values stay plain: at the
-    GAU's ``d_v = 1536`` (``d_k = 128``, ``S = L = 512``) the fused kernels execute 18% more multiply-adds than the
-    plain kernel in the forward and 49% more in the backward (docs/benchmarks.md, "Which kernel wide values
-    take"), at a fraction of the rate of the plain kernel's GEMMs."""
+    ``kernel=auto`` takes the fused kernels up to :data:`AUTO_MAX_CHUNKS` (``d_v <= 256``: the scores computed at most
+    twice per row). Wider values stay plain: at the GAU's ``d_v = 1536`` the fused forward computes each row's scores
+    12 times (once per 128 columns) and the backward's key and code gradients as often, where the plain kernel
+    computes them once and runs every product as a batched GEMM (docs/benchmarks.md, "Which kernel wide values
+    take", counts the multiply-adds)."""
     return -(-padded_dim(d_v) // tiles("forward", d_k, d_v, fp32=dtype == torch.float32).bdv)
 
 
