@@ -16,9 +16,9 @@ SPAN``, and its term is the row's distance logit ``min(d, M1)`` when that is ``<
 of XL-bias distances (``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read
 in the key loops, and the tiles to visit come from the same arithmetic. Without the bias, and with whole key tiles
 (``WHOLE``), the tiles every row of a row block sees (every key of a key tile, in the keys' gradient) run in loops of
-their own with no mask computed: most of the window, and about a quarter fewer instructions per tile in the
-compiled code. Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs, else bf16/fp16) and
-accumulates in fp32.
+their own with no mask computed: most of the window, and a fifth to a third fewer instructions per tile in the
+compiled code (docs/benchmarks.md). Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs,
+else bf16/fp16) and accumulates in fp32.
 """
 
 from __future__ import annotations
