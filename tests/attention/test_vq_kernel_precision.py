@@ -92,3 +92,24 @@ def test_bf16_logit_gradient_is_formed_in_fp32() -> None:
     bound = p.double() * dv * U_FP32 * (abs_dp + abs_delta) + 2 * U_FP32 * ds.double().abs()
     diff = (ds_low - ds).double().abs()
     assert (diff <= bound).all(), (diff / bound).nan_to_num().max()  # exact where p = 0
+
+
+def test_bf16_values_keep_the_means_for_the_backward_in_bf16_and_their_gradient_in_fp32() -> None:
+    """The layer hands the cache's means in fp32 and the products take them in the values' dtype: the backward keeps
+    that bf16 copy (half the bytes; a paper GAU's means are ``S × d_v`` per item, 6 MB per 2048 tokens) and not the
+    fp32 one. ``mu``'s gradient is still fp32, and the same as when the fp32 means were kept."""
+    low, _ = bf16_inputs()
+    low = {k: v.detach().requires_grad_(v.is_floating_point() and k != "log_n") for k, v in low.items()}
+    kept: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = window_cache_attention(grouped(low))
+    means = [t for t in kept if t.shape == low["mu"].shape]
+    assert [t.dtype for t in means] == [torch.bfloat16]
+    assert torch.equal(means[0], low["mu"].bfloat16())
+    do = torch.randn_like(out)
+    (dmu,) = torch.autograd.grad(out, low["mu"], do)
+    inputs = grouped({k: v.detach() for k, v in low.items()})
+    parts = ChunkParts(*inputs[:3], inputs.index.table(), *inputs.bias, *inputs.cache, inputs.prev_masked)
+    p = parts.probabilities(0, low["q"].shape[1]).to(do.dtype)
+    assert dmu.dtype == torch.float32
+    assert torch.equal(dmu, (p[..., -low["mu"].shape[2] :].transpose(-1, -2) @ do).float())

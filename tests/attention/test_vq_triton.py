@@ -213,14 +213,19 @@ def test_the_gpu_tiles_equal_plain_and_naive_under_the_interpreter(
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_bf16_operands_track_fp32(device: str) -> None:
-    """bf16 queries, keys, values and bias (fp32 cache means, as the layer's): within 1e-2 of fp32."""
+    """bf16 queries, keys, values and bias (fp32 cache means, as the layer's; the op rounds them to bf16, as the
+    plain kernel's products do): within 1e-2 of fp32."""
     case = Case(block=32, rows=32, m=20, s=20)
     torch.manual_seed(1)
     inputs = make_inputs(case, device=device)
     low = {
         k: v.detach().bfloat16() if k in ("q", "kb", "vb", "bias_q", "rel") else v for k, v in inputs.items()
     }
-    out = fused_window_cache_attention(grouped(low, case))
+    kept: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = fused_window_cache_attention(grouped(low | {"vb": low["vb"].requires_grad_()}, case))
+    # the means go to the kernels, and are kept for the backward, in the values' dtype
+    assert [t.dtype for t in kept if t.shape == low["mu"].shape] == [torch.bfloat16]
     ref = naive_window_cache_attention(
         grouped({k: v.float() if v.is_floating_point() else v for k, v in low.items()}, case)
     )

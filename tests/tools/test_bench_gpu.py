@@ -16,6 +16,7 @@ from tests.helpers.paths import REPO
 from tvq_exp.tools.bench.gpu import (
     BUDGETS,
     attention_section,
+    batch_sizes,
     jobs,
     parser,
     run_sections,
@@ -228,3 +229,10 @@ def test_the_attention_kernels_can_be_chosen_and_an_unknown_one_is_refused_in_on
         SystemExit, match=r"--kernels 'sdpa_flash,vq_fast': unknown \['vq_fast'\]; allowed: sdpa_flash,"
     ):
         attention_kernels("sdpa_flash,vq_fast")
+
+
+def test_the_training_tries_the_papers_batch_of_16_first_on_a_device_that_holds_it() -> None:
+    h200, h100 = 150_754_820_096, 85_045_821_440  # total_memory as torch reports them
+    assert batch_sizes("auto", h200) == [16, 8, 4, 2]
+    assert batch_sizes("auto", h100) == [8, 4, 2]
+    assert batch_sizes("4,2", h200) == [4, 2]

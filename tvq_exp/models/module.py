@@ -25,6 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from tvq_exp.batch import IGNORE_INDEX, DataContract
 from tvq_exp.models.decoder import Decoder, ModelState, detach_state
+from tvq_exp.models.interval_sums import IntervalSums
 from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint, upgrade_train_state
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
 from tvq_exp.models.optim import all_finite, full_tensor, parameter_groups, warmup_cosine
@@ -148,8 +149,7 @@ class AutoregressiveLitModule(L.LightningModule):
         self.bucket_names: dict[str, list[str]] = {}
         self.answer_buckets = False  # the data's batches carry answer buckets (set from the data contract)
         self.eval_results: dict[str, dict[str, Any]] = {}
-        self._codebook_sums: dict[str, Tensor] = {}
-        self._codebook_batches = 0
+        self._codebook_sums = IntervalSums()  # the logging interval's codebook metrics, on the device
         self._resets: bool | None = None  # the next batch's reset flag, read on the host before its transfer
         # skipped steps (total, in a row), counted on the device: read only when the numerics guard reports
         self.bad_steps = torch.zeros(2, dtype=torch.long)
@@ -417,8 +417,7 @@ class AutoregressiveLitModule(L.LightningModule):
         self.codebook_update(finite)
         self.train_state = finite_state(self.train_state)
         # a bad step drops the interval's codebook metrics so far (as if none had been gathered)
-        self._codebook_sums = {name: torch.where(finite, s, 0.0) for name, s in self._codebook_sums.items()}
-        self._codebook_batches = torch.where(finite, self._codebook_batches, 0)
+        self._codebook_sums.keep_if(finite)
         if logging_step(
             self.trainer, self.global_step + 1
         ):  # global_step counts this step only after the hook
@@ -433,23 +432,16 @@ class AutoregressiveLitModule(L.LightningModule):
 
     def _accumulate_codebook_metrics(self, aux: Mapping[str, Tensor]) -> None:
         """Add the batch's metrics to the interval's sums (on the device: nothing is read here)."""
-        for name, value in aux.items():
-            if name != "loss":
-                self._codebook_sums[name] = self._codebook_sums.get(name, 0.0) + value.detach().float()
-        self._codebook_batches = self._codebook_batches + 1
+        self._codebook_sums.add({name: value for name, value in aux.items() if name != "loss"})
 
     def _log_codebook_metrics(self, step: int) -> None:
         """Log the interval's mean of each metric at ``step`` (one read of the device) and start a new interval."""
-        if not self._codebook_sums:
+        means = self._codebook_sums.means()
+        if not means:
             return
-        names = list(self._codebook_sums)
-        sums = [self._codebook_sums[name] for name in names]
-        batches = torch.as_tensor(self._codebook_batches, dtype=sums[0].dtype, device=sums[0].device)
-        *totals, n = torch.stack([*sums, batches]).tolist()  # one read
-        metrics = {f"codebook/{name}": total / max(1.0, n) for name, total in zip(names, totals, strict=True)}
+        metrics = {f"codebook/{name}": mean for name, mean in means.items()}
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
-        self._codebook_sums, self._codebook_batches = {}, 0
 
     # ------------------------------------------------------------------------------------ checkpoints
 
@@ -458,7 +450,7 @@ class AutoregressiveLitModule(L.LightningModule):
         checkpoint["train_state"] = (
             None if self.train_state is None else [s.to_plain() for s in self.train_state]
         )
-        checkpoint["codebook_metrics"] = (self._codebook_sums, self._codebook_batches)
+        checkpoint["codebook_metrics"] = (self._codebook_sums.sums(), self._codebook_sums.batches)
         skipped, consecutive = self.bad_step_counts()
         checkpoint["bad_steps"] = {"skipped": skipped, "consecutive": consecutive}
 
@@ -471,6 +463,6 @@ class AutoregressiveLitModule(L.LightningModule):
         self.train_state = upgrade_train_state(
             saved
         )  # typed, also when written as dicts before the states were
-        self._codebook_sums, self._codebook_batches = checkpoint.get("codebook_metrics", ({}, 0))
+        self._codebook_sums.load(*checkpoint.get("codebook_metrics", ({}, 0)))
         bad = checkpoint.get("bad_steps") or legacy_guard_counts(checkpoint)
         self.bad_steps = torch.tensor([int(bad["skipped"]), int(bad["consecutive"])])

@@ -43,10 +43,19 @@ def parameter_groups(
 
 def all_finite(loss: Tensor, parameters: Iterable[nn.Parameter]) -> Tensor:
     """Whether ``loss`` and every gradient (this rank's shard) are finite: a 0-d bool tensor on ``loss``'s device,
-    computed there (nothing is read on the host)."""
-    grads = [local(p.grad).detach() for p in parameters if p.grad is not None]
-    flags = [loss.detach().isfinite().all(), *(g.isfinite().all() for g in grads)]
-    return torch.stack(flags).all()
+    computed there (nothing is read on the host).
+
+    Checked by mixed precision's own multi-tensor check (GradScaler's, with a scale of exactly 1: every value is
+    kept; the loss through a copy): one launch per dtype on a GPU, not two per parameter (a 48-layer model has
+    about 400 gradients)."""
+    found, one = torch.zeros((), device=loss.device), torch.ones((), device=loss.device)
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    checked = [loss.detach().reshape(1).clone(), *(local(p.grad) for p in parameters if p.grad is not None)]
+    for x in checked:
+        groups.setdefault((x.device, x.dtype), []).append(x)
+    for group in groups.values():
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+    return found == 0
 
 
 def local(x: Tensor) -> Tensor:

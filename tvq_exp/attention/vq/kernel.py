@@ -175,19 +175,23 @@ class _WindowCache(torch.autograd.Function):
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
             for i0, i1 in _chunks(q.shape[1], chunk):
                 parts.weighted_values(parts.probabilities(i0, i1), i0, i1, out[:, i0:i1])
-        ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out)
+        # the means as the products took them (in the values' dtype: half an fp32 copy's bytes under bf16-mixed);
+        # their gradient is made in mu's dtype
+        ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, parts.means, out)
         ctx.prev_masked, ctx.chunk, ctx.prev_grad = prev_masked, chunk, prev_grad
+        ctx.mu_dtype = None if mu is None else mu.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: ANN001
-        q, kb, vb, index, bias_q, rel, codebook, log_n, mu, out = ctx.saved_tensors
+        q, kb, vb, index, bias_q, rel, codebook, log_n, means, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, ctx.prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, means, ctx.prev_masked)
             dq, dkb, dvb, dbq, drel, dcode, dmu = parts.backward(
                 grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad,
                 ctx.needs_input_grad[6] and codebook.dim() == 4,
             )  # fmt: skip
+        dmu = None if dmu is None else dmu.to(ctx.mu_dtype)  # the products' values: exact in either dtype
         return dq, dkb, dvb, None, dbq, drel, dcode, None, dmu, None, None, None
 
 

@@ -20,10 +20,9 @@ masked). Each bias column is read by at most one key of a row (a column is a dis
 gradient is written, not added, column by column.
 
 Where it runs (:mod:`.support`): CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``). Operands fp32,
-bf16 or fp16. The forward and the backward are custom ops (``tvq::window_cache_forward``,
+bf16 or fp16 (the cache's means too). The forward and the backward are custom ops (``tvq::window_cache_forward``,
 ``tvq::window_cache_backward``, the second registered as the first's gradient): ``torch.compile`` keeps the fused
-step in its graph as one opaque node (no graph break), and does not trace the launches.
-"""
+step in its graph as one opaque node (no graph break), and does not trace the launches."""
 
 from __future__ import annotations
 
@@ -67,6 +66,8 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
             bq = bias_q.reshape(n, items, rel.shape[1], -1, d_k).float()
             dl = (bq @ rel[:, None].float().transpose(-1, -2)).reshape(n, items, rows, -1)  # (N, I, R, M + 1)
     codebook, log_n, mu = (None, None, None) if cache is None else cache
+    if mu is not None and vb.dtype != torch.float32:  # as the products take them: half the bytes
+        mu = mu.to(vb.dtype)
     out, _ = window_cache_forward(
         q, kb, vb, window_arguments(index), dl, codebook, log_n, mu, prev_masked, prev_grad
     )

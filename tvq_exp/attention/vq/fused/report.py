@@ -23,11 +23,12 @@ from pathlib import Path
 
 from tvq_exp.attention.vq.fused.config import H100_SHARED_BYTES, SHIPPED, Tiles, padded_dim, tiles
 
-# the pointer arguments' element types, by name (``T``: the operands' dtype)
+# the pointer arguments' element types, by name (``T``: the operands' dtype; the cache's means and their gradient
+# too, as the op passes them)
 POINTERS = {
     "q_ptr": "T", "k_ptr": "T", "v_ptr": "T", "c_ptr": "T", "do_ptr": "T", "out_ptr": "T", "dq_ptr": "T",
-    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "dl_ptr": "fp32", "ln_ptr": "fp32", "mu_ptr": "fp32",
-    "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32", "dmu_ptr": "fp32",
+    "dk_ptr": "T", "dv_ptr": "T", "dc_ptr": "T", "dl_ptr": "fp32", "ln_ptr": "fp32", "mu_ptr": "T",
+    "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32", "dmu_ptr": "T",
 }  # fmt: skip
 DTYPES = {"bf16": "bf16", "fp32": "fp32"}
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
