@@ -46,6 +46,11 @@ def test_grouped_items_hold_each_query_where_the_kernels_expect_it(start: int, t
             assert torch.equal(items[1 * hk + head // g, item, row], x[1, head, p])
     assert torch.equal(layout.from_grouped_items(items, b, h), x)
     assert torch.equal(layout.from_items(layout.to_items(x)), x)
+    # whole blocks are a view of the queries (no copy); else the padding rows are zeros
+    whole = layout.front == layout.back == 0
+    assert (layout.to_items(x).data_ptr() == x.data_ptr()) == whole
+    padded = layout.to_items(x).flatten(2, 3)
+    assert not padded[:, :, : layout.front].any() and not padded[:, :, padded.shape[2] - layout.back :].any()
 
 
 def test_the_state_keeps_the_positions_since_the_previous_block() -> None:

@@ -83,8 +83,10 @@ class BlockLayout:
         return torch.arange(self.rows, device=device) + self.offset
 
     def to_items(self, x: Tensor) -> Tensor:
-        """``(B, H, T, d)`` -> ``(B, H, I, rows, d)``, padded to whole items."""
-        return F.pad(x, (0, 0, self.front, self.back)).unflatten(2, (self.items, self.rows))
+        """``(B, H, T, d)`` -> ``(B, H, I, rows, d)``, padded to whole items (a view where they are whole already: a
+        pad by nothing would copy)."""
+        padded = F.pad(x, (0, 0, self.front, self.back)) if self.front or self.back else x
+        return padded.unflatten(2, (self.items, self.rows))
 
     def from_items(self, x: Tensor) -> Tensor:
         """Inverse of :meth:`to_items`, padding dropped: ``(B, H, I, rows, d)`` -> ``(B, H, T, d)``."""

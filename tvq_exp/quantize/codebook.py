@@ -201,7 +201,8 @@ class VectorQuantizer(nn.Module):
                 f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})"
             )
         k = self.search_keys(k)
-        flat = k.detach().float().transpose(0, 1).reshape(h, b * t, d)
+        kf = k.float()  # once, for the search and the losses (a bf16 key tensor cast once, not twice)
+        flat = kf.detach().transpose(0, 1).reshape(h, b * t, d)
         learning = self.training and torch.is_grad_enabled() and not _FROZEN.get()
         if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
@@ -218,7 +219,7 @@ class VectorQuantizer(nn.Module):
         if learning and not weighted:
             self._accumulate(flat, codes, counts)
         quant = quant.view(h, b, t, d).transpose(0, 1)
-        aux = self._aux(k, quant, counts)
+        aux = self._aux(kf, quant, counts)
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, quant.detach().to(k.dtype))
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
@@ -267,8 +268,8 @@ class VectorQuantizer(nn.Module):
             take = torch.multinomial(weight.float() + 1e-12, min(n, self.sample_keys), replacement=True)
             self.recent_keys = flat.gather(1, take[..., None].expand(h, take.shape[1], d))
 
-    def _aux(self, k: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
-        kf = k.float()
+    def _aux(self, kf: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
+        """The losses and metrics of keys ``kf`` (fp32, ``(B, H, T, d)``) quantised to ``quant``."""
         commit = F.mse_loss(kf, quant.detach().float())
         aux = {
             "commit_loss": self.commit_weight * commit * (self.heads * self.dim)
@@ -276,7 +277,8 @@ class VectorQuantizer(nn.Module):
         if self.rule.trainable:
             aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
         aux["perplexity"] = usage_perplexity(counts).mean().detach()
-        aux["quant_error"] = (commit / kf.pow(2).mean().clamp_min(1e-12)).detach()
+        mean_square = torch.linalg.vector_norm(kf.detach()).square() / kf.numel()  # one read, no squared copy
+        aux["quant_error"] = (commit / mean_square.clamp_min(1e-12)).detach()
         aux["dead_codes"] = (dead_fraction(counts).mean() * self.codebook_size).detach()
         return aux
 
