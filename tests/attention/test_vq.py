@@ -351,3 +351,34 @@ def test_running_code_means_equal_the_plain_recurrence_and_its_gradient() -> Non
     assert got[:, -1, 2:].abs().sum() == 0 and got.abs().sum() > 0
     # entry j holds the initial cache plus blocks 0..j-1: the totals check the bookkeeping
     assert torch.equal(counts[:, -1].sum(-1), n0.sum(-1) + valid.sum())
+
+
+def test_the_layer_copies_keys_and_values_once_on_their_way_to_the_kernels() -> None:
+    """Queries, keys and values as a model's projections give them (``(B, T, H, d)`` seen as ``(B, H, T, d)``): the
+    layer copies the values once for the cache's means, the queries once into their items, and pads the window's
+    keys and values with item 0's zero block, each pad its one copy (no contiguous copy before it). Counted by
+    output size under a dispatch mode: each copy is a full pass over memory on a GPU."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: Counter[tuple[str, int]] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            out = func(*args, **(kwargs or {}))
+            if str(func.overloadpacket) in ("aten.clone", "aten.constant_pad_nd"):
+                self.sizes[str(func.overloadpacket), out.numel()] += 1
+            return out
+
+    b, t, h, d, block = 2, 32, 2, 8, 8
+    layer = build("vq", d_k=d, d_v=d, heads=h, codebook_size=4, block_len=block)
+    q, k, v = (torch.randn(b, t, h, d, requires_grad=True).transpose(1, 2) for _ in range(3))
+    copies = Copies()
+    with copies:
+        layer(q, k, v)
+    full, window = b * h * t * d, b * h * (t // block + 1) * block * d
+    assert copies.sizes["aten.clone", full] == 2
+    assert copies.sizes["aten.constant_pad_nd", window] == 2

@@ -120,7 +120,7 @@ def test_the_layer_takes_the_fused_means_with_the_fused_kernels(
 
     layer = build("vq", d_k=8, d_v=1536, heads=1, codebook_size=16, block_len=16, kernel=kernel)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        values = torch.empty(2, 1, 3, 16, 1536, device=device, dtype=torch.bfloat16)
+        values = torch.empty(2, 3, 16, 1536, device=device, dtype=torch.bfloat16)  # (B·Hk, R, L, d_v)
         assert layer.means_kernel(values) == chosen
 
 

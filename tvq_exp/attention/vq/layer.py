@@ -266,14 +266,14 @@ class VQAttention(BlockedAttention):
         n_buf = state.k.shape[2]
         keys, values, all_codes = _join(state.k, k_hat), _join(state.v, v), _join(state.codes, codes)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
-        vals = vb if self.grad_through_cache else vb.detach()
+        vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)  # (B·Hk, R, L, d_v): one copy
         prefix = key_means = (
             None  # without the cache there are no running code means (nor a cache in the state)
         )
         if self.use_cache:
             means = fused_running_code_means if self.means_kernel(vals) == "triton" else running_code_means
             n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
-            prefix = means(cb.flatten(0, 1), vals.flatten(0, 1), valid, n0, mu0)
+            prefix = means(cb.flatten(0, 1), vals, valid, n0, mu0)
             prefix = tuple(x.unflatten(0, cb.shape[:2]) for x in prefix)
             if self.mean_keys:  # the running means of the keys before quantisation
                 raw = torch.cat([state.raw_k.to(k.dtype), self.quantizer.search_keys(k)], dim=2)
@@ -337,10 +337,11 @@ class VQAttention(BlockedAttention):
 
         qc = q if self.bias is None else self.bias.content_query(q)
         blocks = slice(max(first - 1, 0), last + 1)
-        kw, vw = kb[:, :, blocks].flatten(0, 1), vb[:, :, blocks].flatten(0, 1)
+        kw, vw = kb[:, :, blocks], vb[:, :, blocks]
         lone = first == 0 and layout.items == 1  # a sequence's first block: a one-block window
-        if first == 0 and not lone:  # no block before the first: a masked zero block
+        if first == 0 and not lone:  # no block before the first: a masked zero block (the pad: the one copy)
             kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
+        kw, vw = kw.flatten(0, 1), vw.flatten(0, 1)
         span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
         max_distance = None if self.bias is None else self.bias.max_distance
         index = WindowIndex.of_block(L, layout.offset, layout.rows, lone, max_distance, span)
@@ -369,11 +370,11 @@ class VQAttention(BlockedAttention):
         return layout.from_grouped_items(out, b, h)
 
     def means_kernel(self, values: Tensor) -> str:
-        """The kernel of the cache's running means of ``values (B, Hk, R, L, d_v)``: ``triton``
+        """The kernel of the cache's running means of ``values (B·Hk, R, L, d_v)``: ``triton``
         (:mod:`.fused.prefix`) where the layer's ``kernel`` is ``triton``, or ``auto`` on CUDA (at any value width:
         one product per block, no scores recomputed), and it can run; else ``plain`` (the reference)."""
         fused = self.kernel == "triton" or (self.kernel == "auto" and values.is_cuda)
-        return "triton" if fused and why_not(values.flatten(0, 1), self.codebook_size) is None else "plain"
+        return "triton" if fused and why_not(values, self.codebook_size) is None else "plain"
 
     def window_kernel(self, q: Tensor, kw: Tensor, vw: Tensor, per_item: bool) -> str:
         """The kernel of one window + cache call (``triton``, ``flex`` or ``plain``) by the layer's ``kernel``, for
