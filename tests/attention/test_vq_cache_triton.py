@@ -153,3 +153,23 @@ def test_the_layer_computes_its_cache_with_the_kernel_it_chose(monkeypatch: pyte
     assert not calls
     got = triton(q, k, v)[0]
     assert calls == [1] and rel_err(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_layer_hands_every_kernel_the_means_in_the_values_dtype(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The running means are fp32 (fp64-accumulated); the kernels' products take them in the values' dtype, so the
+    layer casts them before joining the cache entries of its items (a bf16 join, half the bytes of an fp32 one)."""
+    from tvq_exp.attention.vq import layer as vq_layer
+
+    seen = []
+    plain = vq_layer.window_cache_attention
+    monkeypatch.setattr(
+        vq_layer, "window_cache_attention", lambda inputs, **kw: seen.append(inputs) or plain(inputs, **kw)
+    )
+    layer = build("vq", d_k=8, d_v=8, heads=2, codebook_size=6, block_len=4)
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=dtype) for _ in range(3))
+    layer.to(dtype)(q, k, v)
+    (inputs,) = seen
+    assert inputs.cache.mu.dtype == dtype and inputs.cache.log_n.dtype == torch.float32

@@ -353,7 +353,9 @@ class VQAttention(BlockedAttention):
             )  # (B·Hk, G, M+1, d_k)
             bias = WindowBias(layout.to_grouped_items(self.bias.position_query(q), hk), rel)
         if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
-            cache_n, cache_mu = (_cache_entries(x, first, last).flatten(0, 1) for x in prefix)
+            cache_n = _cache_entries(prefix[0], first, last).flatten(0, 1)
+            # in the values' dtype, as every kernel's products take the means: cast before the join, half its bytes
+            cache_mu = _cache_entries(prefix[1].to(vw.dtype), first, last).flatten(0, 1)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
             cache = CodeCache(self._cache_keys(b, key_means, first, last, kw.dtype), log_n, cache_mu)
         per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
