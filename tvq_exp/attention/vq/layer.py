@@ -339,8 +339,10 @@ class VQAttention(BlockedAttention):
         blocks = slice(max(first - 1, 0), last + 1)
         kw, vw = kb[:, :, blocks], vb[:, :, blocks]
         lone = first == 0 and layout.items == 1  # a sequence's first block: a one-block window
-        if first == 0 and not lone:  # no block before the first: a masked zero block (the pad: the one copy)
-            kw, vw = (torch.nn.functional.pad(x, (0, 0, 0, 0, 1, 0)) for x in (kw, vw))
+        # no block before the first: a masked zero block, joined in front (the one copy; the join's gradient is a
+        # view of the window's, where a pad's is another copy)
+        if first == 0 and not lone:
+            kw, vw = (torch.cat([torch.zeros_like(x[:, :, :1]), x], dim=2) for x in (kw, vw))
         kw, vw = kw.flatten(0, 1), vw.flatten(0, 1)
         span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
         max_distance = None if self.bias is None else self.bias.max_distance
