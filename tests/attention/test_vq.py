@@ -353,12 +353,13 @@ def test_running_code_means_equal_the_plain_recurrence_and_its_gradient() -> Non
     assert torch.equal(counts[:, -1].sum(-1), n0.sum(-1) + valid.sum())
 
 
-def test_the_layer_copies_keys_and_values_once_on_their_way_to_the_kernels() -> None:
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_the_layer_copies_keys_and_values_once_on_their_way_to_the_kernels(use_cache: bool) -> None:
     """Queries, keys and values as a model's projections give them (``(B, T, H, d)`` seen as ``(B, H, T, d)``): the
-    layer copies the values once for the cache's means, the queries once into their items, and joins item 0's zero
-    block in front of the window's keys and values, each join their one copy (no contiguous copy before it, and a
-    join, whose gradient is a view, rather than a pad, whose gradient is a copy). Counted by output size under a
-    dispatch mode: each copy is a full pass over memory on a GPU."""
+    layer copies the values once for the cache's means (not at all without the cache), the queries once into their
+    items, and joins item 0's zero block in front of the window's keys and values, each join their one copy (no
+    contiguous copy before it, and a join, whose gradient is a view, rather than a pad, whose gradient is a copy).
+    Counted by output size under a dispatch mode: each copy is a full pass over memory on a GPU."""
     from collections import Counter
 
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -375,11 +376,11 @@ def test_the_layer_copies_keys_and_values_once_on_their_way_to_the_kernels() -> 
             return out
 
     b, t, h, d, block = 2, 32, 2, 8, 8
-    layer = build("vq", d_k=d, d_v=d, heads=h, codebook_size=4, block_len=block)
+    layer = build("vq", d_k=d, d_v=d, heads=h, codebook_size=4, block_len=block, use_cache=use_cache)
     q, k, v = (torch.randn(b, t, h, d, requires_grad=True).transpose(1, 2) for _ in range(3))
     copies = Copies()
     with copies:
         layer(q, k, v)
     full, window = b * h * t * d, b * h * (t // block + 1) * block * d
-    assert copies.sizes["aten.clone", full] == 2
+    assert copies.sizes["aten.clone", full] == (2 if use_cache else 1)
     assert copies.sizes["aten.cat", window] == 2 and copies.sizes["aten.constant_pad_nd", window] == 0

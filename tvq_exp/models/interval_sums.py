@@ -31,10 +31,8 @@ class IntervalSums:
         stacked = torch.stack([values[name].detach() for name in names]).float()
         if self.total is None or names == self.names:
             # a checkpoint's sums load on the host: moved on their first add (no copy once on the device)
-            self.names, self.total = (
-                names,
-                stacked if self.total is None else self.total.to(stacked.device) + stacked,
-            )
+            total = stacked if self.total is None else self.total.to(stacked.device) + stacked
+            self.names, self.total = names, total
         else:
             merged = self.sums()
             for name, value in zip(names, stacked.unbind(), strict=True):

@@ -266,11 +266,12 @@ class VQAttention(BlockedAttention):
         n_buf = state.k.shape[2]
         keys, values, all_codes = _join(state.k, k_hat), _join(state.v, v), _join(state.codes, codes)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
-        vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)  # (B·Hk, R, L, d_v): one copy
         prefix = key_means = (
             None  # without the cache there are no running code means (nor a cache in the state)
         )
         if self.use_cache:
+            # (B·Hk, R, L, d_v): the values' one copy for the means
+            vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)
             means = fused_running_code_means if self.means_kernel(vals) == "triton" else running_code_means
             n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
             prefix = means(cb.flatten(0, 1), vals, valid, n0, mu0)
