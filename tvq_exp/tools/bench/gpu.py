@@ -17,8 +17,8 @@ the start-up about 7.5 minutes in all):
    (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
    machines; the shape, not the corpus, sets the cost): tokens/s, TFLOP/s, MFU against the measured matmul rate
    and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`). The
-   per-process batch halves from 8 until it fits, while time is left; a run stopped at the budget still gives the
-   figures of the rows it flushed;
+   per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
+   run stopped at the budget still gives the figures of the rows it flushed;
 3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``: among them the VQ kernels against the plain
    reference on the device, fp32 within 1e-5 and bf16 within 1e-2 of the reference in fp32, or 1.5 times the plain
    kernel's own bf16 error where that is larger): the count of each outcome and the ids of the tests that failed,
