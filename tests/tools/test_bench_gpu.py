@@ -15,7 +15,6 @@ import pytest
 from tests.helpers.paths import REPO
 from tvq_exp.tools.bench.gpu import (
     BUDGETS,
-    attention_section,
     batch_sizes,
     jobs,
     parser,
@@ -26,6 +25,7 @@ from tvq_exp.tools.bench.gpu import (
 from tvq_exp.tools.bench.gpu import (
     tests_section as run_tests_section,
 )
+from tvq_exp.tools.bench.gpu_attention import Case, attention_section, plan
 from tvq_exp.tools.bench.gpu_training import training_section
 
 needs_data = pytest.mark.needs_data("text/gutenberg")
@@ -191,27 +191,74 @@ def test_a_failed_section_is_recorded_the_rest_run_and_the_check_fails(tmp_path:
     assert run_sections(tmp_path / "ok.json", {}, [("tests", lambda save: {"tests": 3})])
 
 
-def test_the_attention_section_at_cpu_size_saves_after_each_kernel(tmp_path: Path) -> None:
-    saved: list[list[str]] = []
+def test_the_attention_section_at_cpu_size_saves_after_each_case_in_their_order(tmp_path: Path) -> None:
+    saved: list[list[tuple[str, str]]] = []
     section = attention_section(
-        90, lambda partial: saved.append([r["kernel"] for r in partial["records"]]),
-        kernels=("vq_plain", "sdpa_flash", "vq_nope"), lengths=(256,), head_dim=16, tokens=512, device="cpu",
+        90, lambda partial: saved.append([(r["kernel"], r["mode"]) for r in partial["records"]]),
+        kernels=("vq_plain", "sdpa_flash", "sdpa_cudnn"), lengths=(256,), head_dim=16, tokens=512, device="cpu",
     )  # fmt: skip
-    assert saved == [["vq_plain"] * 2, ["vq_plain"] * 2 + ["sdpa_flash"] * 2, saved[1] + ["vq_nope"]]
+    order = [(k, m) for k in ("vq_plain", "sdpa_flash", "sdpa_cudnn") for m in ("fwdbwd", "fwd")]
+    assert saved == [order[: i + 1] for i in range(len(order))]  # one worker, the file after each case
     plain = [r for r in section["records"] if r["kernel"] == "vq_plain"]
     assert [(r["mode"], r["seq_len"], r["batch_heads"]) for r in plain] == [
-        ("fwd", 256, 4),
         ("fwdbwd", 256, 4),
+        ("fwd", 256, 4),
     ]
     assert all(r["ms"] > 0 and r["tflops_per_s"] > 0 and r["flash_time_ratio"] > 0 for r in plain)
-    assert "invalid choice: 'vq_nope'" in section["records"][-1]["error"]  # a kernel that fails: its error
+    cudnn = section["records"][
+        -2:
+    ]  # a case that fails (no cuDNN kernel on a CPU): its error, and the next runs
+    assert all(r["error"].startswith("RuntimeError: No viable backend") for r in cudnn)
 
 
-def test_a_kernel_past_its_share_of_the_budget_is_stopped(tmp_path: Path) -> None:
+def test_the_cases_run_kernel_by_kernel_as_chosen_forward_and_backward_first() -> None:
+    assert [str(c) for c in plan(("sdpa_flash", "vq_triton"), (8192, 32768))] == [
+        "sdpa_flash:8192:fwdbwd", "sdpa_flash:32768:fwdbwd", "sdpa_flash:8192:fwd", "sdpa_flash:32768:fwd",
+        "vq_triton:8192:fwdbwd", "vq_triton:32768:fwdbwd", "vq_triton:8192:fwd", "vq_triton:32768:fwd",
+    ]  # fmt: skip
+    assert Case.parse("vq_flex:8192:fwd") == Case("vq_flex", 8192, "fwd")
+    with pytest.raises(ValueError, match="case 'vq_fast:8192:fwd': kernel one of"):
+        Case.parse("vq_fast:8192:fwd")
+
+
+def test_a_case_past_its_time_is_stopped_its_kernel_skipped_and_the_next_kernel_runs_in_a_new_worker() -> (
+    None
+):
+    section = attention_section(
+        120, lambda partial: None, kernels=("vq_flex", "sdpa_flash"), lengths=(256, 512), head_dim=16,
+        tokens=1024, device="cpu", case_s=1,
+    )  # fmt: skip
+    records = section["records"]
+    assert [(r["kernel"], r.get("error")) for r in records[:4]] == [
+        ("vq_flex", "stopped after 1 s"),  # compiling flex takes seconds
+        *[("vq_flex", "skipped: its 256 fwdbwd case was stopped after 1 s")] * 3,
+    ]
+    assert [r["kernel"] for r in records[4:]] == ["sdpa_flash"] * 4 and all(r["ms"] > 0 for r in records[4:])
+
+
+def test_once_the_budget_is_spent_the_running_case_is_stopped_and_the_rest_skipped() -> None:
     section = attention_section(1, lambda partial: None, kernels=("vq_plain",), lengths=(256,), device="cpu")
     assert section["records"] == [
-        {"kernel": "vq_plain", "error": "stopped after its 1 s share of the budget"}
+        {"kernel": "vq_plain", "seq_len": 256, "mode": "fwdbwd", "error": "stopped at the section's budget"},
+        {"kernel": "vq_plain", "seq_len": 256, "mode": "fwd", "error": "skipped: budget"},
     ]
+
+
+def test_a_worker_that_dies_costs_its_case_and_a_new_one_runs_the_rest() -> None:
+    section = attention_section(
+        120,
+        lambda partial: None,
+        kernels=("sdpa_flash",),
+        lengths=(256,),
+        head_dim=16,
+        tokens=512,
+        device="nope",
+    )
+    assert [r["mode"] for r in section["records"]] == ["fwdbwd", "fwd"]  # each case its own worker's death
+    assert all(
+        r["error"].startswith("the worker exited 1 in this case: RuntimeError: Expected one of")
+        for r in section["records"]
+    )
 
 
 def test_the_attention_kernels_can_be_chosen_and_an_unknown_one_is_refused_in_one_line(
@@ -221,10 +268,11 @@ def test_the_attention_kernels_can_be_chosen_and_an_unknown_one_is_refused_in_on
     from tvq_exp.tools.bench.gpu_attention import KERNELS
 
     assert attention_kernels("sdpa_flash,vq_triton_compiled") == ["sdpa_flash", "vq_triton_compiled"]
-    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[-2:] == (
+    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[:3] == (
+        "sdpa_flash",
         "vq_triton",
         "vq_triton_compiled",
-    )
+    )  # the targets' kernels first
     with pytest.raises(
         SystemExit, match=r"--kernels 'sdpa_flash,vq_fast': unknown \['vq_fast'\]; allowed: sdpa_flash,"
     ):

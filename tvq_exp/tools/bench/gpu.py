@@ -5,10 +5,11 @@ Sections, in this order, each under its own time budget (``--budgets``, seconds;
 the start-up about 7.5 minutes in all):
 
 1. ``attention``: causal attention, bf16, head dim 128, ``S = L = 512``, T = 8k / 32k / 128k with ``B·H·T`` = 512k
-   tokens, forward and forward + backward, ms and TFLOP/s of useful work for each kernel: VQ's Triton, flex and
-   plain kernels against SDPA's flash kernel, SDPA's cuDNN kernel and dense attention through compiled flex
-   (:mod:`.gpu_attention`, one process per kernel, its share of the budget each); the ceiling is an 8192³ bf16
-   matmul (``mm_tflops``); each record also gives its time over SDPA flash's (``flash_time_ratio``);
+   tokens, forward + backward and forward, ms and TFLOP/s of useful work for each kernel: SDPA's flash kernel, VQ's
+   Triton kernels eager and compiled, SDPA's cuDNN kernel, dense attention through compiled flex, VQ's plain and
+   flex kernels, in that order (:mod:`.gpu_attention`: every case in one worker process, forward + backward first;
+   a case past 90 s is stopped and the rest of its kernel skipped); the ceiling is an 8192³ bf16 matmul
+   (``mm_tflops``); each record also gives its time over SDPA flash's (``flash_time_ratio``);
 2. ``training``: ``experiment=enwik8_paper``'s model and TBPTT shape (48 GAUs, d_model 768, 2048-token updates of
    8192-token sequences) on one GPU, bf16-mixed, the window + cache step by ``--train-kernel`` (``auto``, the
    default: the plain kernel's GEMMs at the GAU's ``d_v = 1536``, see
@@ -24,7 +25,7 @@ the start-up about 7.5 minutes in all):
    kernel's own bf16 error where that is larger): the count of each outcome and the ids of the tests that failed,
    read from pytest's verbose lines as they come, so a run stopped at its budget keeps what finished.
 
-The JSON file is rewritten after each section (and within the attention section after each kernel), so a run cut
+The JSON file is rewritten after each section (and within the attention section after each case), so a run cut
 short keeps what finished. A section that fails records its ``error`` and the next still runs; the command then
 exits 1. Without a CUDA device it prints one line and exits 0, writing nothing.
 """
@@ -45,8 +46,7 @@ from typing import Any
 import torch
 
 from tvq_exp.files import write_text
-from tvq_exp.measure.timing import matmul_peak_flops
-from tvq_exp.tools.bench.gpu_attention import KERNELS, LENGTHS, TOKENS
+from tvq_exp.tools.bench.gpu_attention import KERNELS, LENGTHS, attention_section
 from tvq_exp.tools.bench.gpu_training import TRAIN_KERNELS, TRAIN_SHAPE, stopped_output, training_section
 
 REPO = Path(__file__).resolve().parents[3]
@@ -56,7 +56,6 @@ SECTIONS = ("attention", "training", "tests")
 # VQ's fused kernel forward + backward at 8k only, and 150 s of training, 60 of them compiling, gave 18 rows)
 BUDGETS = {"attention": 180.0, "training": 150.0, "tests": 120.0}
 LARGE_MEMORY_GB = 120  # a device this large tries the paper's per-process batch of 16 first
-MM_SIZE = 8192  # the ceiling: an 8192³ bf16 matmul
 
 
 def device_info() -> dict[str, Any]:
@@ -71,66 +70,6 @@ def device_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-
-
-def attention_section(
-    budget_s: float,
-    save: Callable[[Any], None],
-    kernels: Sequence[str] = KERNELS,
-    lengths: Sequence[int] = LENGTHS,
-    head_dim: int = 128,
-    tokens: int = TOKENS,
-    device: str = "cuda",
-) -> dict[str, Any]:
-    """Each kernel of :mod:`.gpu_attention` in its own process, with an equal share of what is left of
-    ``budget_s`` (a process past its share is stopped; the cases it finished are kept); ``save`` gets the section
-    after each kernel."""
-    start = time.monotonic()
-    ceiling = (
-        matmul_peak_flops(torch.device(device), torch.bfloat16, size=MM_SIZE) if device == "cuda" else None
-    )
-    section: dict[str, Any] = {"mm_size": MM_SIZE, "mm_tflops": None if ceiling is None else ceiling / 1e12,
-                               "records": [], "budget_s": budget_s}  # fmt: skip
-    for i, kernel in enumerate(kernels):
-        share = (budget_s - (time.monotonic() - start)) / (len(kernels) - i)
-        command = [sys.executable, "-m", "tvq_exp.tools.bench.gpu_attention", kernel, "--device", device,
-                   "--lengths", ",".join(map(str, lengths)), "--head-dim", str(head_dim), "--tokens", str(tokens),
-                   "--budget", f"{max(share - 10, 0):.0f}"]  # fmt: skip
-        section["records"] += _cases(command, max(share, 1.0), kernel)
-        save(_compared(section))
-    return _compared(section)
-
-
-def _cases(command: Sequence[str], timeout_s: float, kernel: str) -> list[dict[str, Any]]:
-    """The ``CASE`` records a :mod:`.gpu_attention` process printed (those before a timeout included)."""
-    try:
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-        out, failure = (
-            done.stdout,
-            None if done.returncode == 0 else (done.stderr.strip() or "?").splitlines()[-1],
-        )
-    except subprocess.TimeoutExpired as stopped:
-        out = stopped_output(stopped.stdout)
-        failure = f"stopped after its {timeout_s:.0f} s share of the budget"
-    records = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("CASE ")]
-    if failure is not None:
-        records.append({"kernel": kernel, "error": failure})
-    return records
-
-
-def _compared(section: dict[str, Any]) -> dict[str, Any]:
-    """Each record with its share of the matmul ceiling and its time over SDPA flash's at the same T and mode."""
-    flash = {
-        (r["seq_len"], r["mode"]): r["ms"]
-        for r in section["records"]
-        if r["kernel"] == "sdpa_flash" and "ms" in r
-    }
-    for r in section["records"]:
-        if "ms" in r and section["mm_tflops"]:
-            r["mm_fraction"] = r["tflops_per_s"] / section["mm_tflops"]
-        if "ms" in r and (r["seq_len"], r["mode"]) in flash:
-            r["flash_time_ratio"] = r["ms"] / flash[(r["seq_len"], r["mode"])]
-    return dict(section)
 
 
 # a verbose pytest line: the test's id, then its outcome (an id may hold spaces: parameters)

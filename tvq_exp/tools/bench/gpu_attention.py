@@ -1,49 +1,88 @@
-"""The GPU check's attention section, one kernel per process: ``python -m tvq_exp.tools.bench.gpu_attention KERNEL``.
+"""The GPU check's attention section: :func:`attention_section` runs the cases of every kernel in one worker process
+(``python -m tvq_exp.tools.bench.gpu_attention --cases ...``), most wanted first.
 
 Causal attention, bf16, head dim ``d`` (128: where SDPA's flash kernel runs), ``S = L = 512``, at each ``T`` with
-``B·H·T`` fixed (512k tokens: ``B·H`` = 64 / 16 / 4 at T = 8k / 32k / 128k; ``H = 4``), forward (``fwd``) and
-forward + backward (``fwdbwd``). Kernels (:data:`KERNELS`):
+``B·H·T`` fixed (512k tokens: ``B·H`` = 64 / 16 / 4 at T = 8k / 32k / 128k; ``H = 4``), forward + backward
+(``fwdbwd``) and forward (``fwd``). Kernels (:data:`KERNELS`, in the order they run):
 
-- ``vq_triton``, ``vq_flex``, ``vq_plain``: :class:`~tvq_exp.attention.vq.VQAttention` with that ``kernel`` (keys
-  quantised by the layer's own codebook, the cache on, no XL bias);
 - ``sdpa_flash``, ``sdpa_cudnn``: ``F.scaled_dot_product_attention(is_causal=True)`` restricted to that SDPA
   backend (``torch.nn.attention.sdpa_kernel``); an error where torch has no such kernel for the shape;
-- ``dense_flex``: the dense backend's compiled flex-attention kernel (``kernel=flex``);
+- ``vq_triton``, ``vq_flex``, ``vq_plain``: :class:`~tvq_exp.attention.vq.VQAttention` with that ``kernel`` (keys
+  quantised by the layer's own codebook, the cache on, no XL bias);
 - ``vq_triton_compiled``: ``vq_triton``'s layer under ``torch.compile`` (as ``module.compile`` runs it in training):
   the quantiser, the cache's running means and the layout around the fused kernels become inductor's kernels, the
-  fused op (two custom ops, ``tvq::window_cache_forward`` / ``_backward``) is one node of the compiled graph.
+  fused op (two custom ops, ``tvq::window_cache_forward`` / ``_backward``) is one node of the compiled graph;
+- ``dense_flex``: the dense backend's compiled flex-attention kernel (``kernel=flex``).
 
-Each measurement prints one ``CASE {json}`` line as soon as it is done (the parent keeps what came before a
-timeout): ``ms`` (median of CUDA-synchronised calls after a warm-up, which includes any compilation),
-``flops`` and ``tflops_per_s``. FLOPs, useful work: dense causal attention ``2·B·H·T²·d`` forward (half of the
-``4·B·H·T²·d`` of the full square; FlashAttention's convention) and 3.5 times that with the backward; VQ its
-layer's :meth:`~tvq_exp.attention.vq.VQAttention.flops` (the same for every kernel). A case that fails (no such
-kernel, out of memory) prints its error and the next runs; once ``--budget`` seconds are spent the rest print
-``skipped: budget``.
+Each measurement prints one ``CASE {json}`` line as soon as it is done: ``ms`` (median of CUDA-synchronised calls
+after a warm-up, which includes any compilation), ``flops`` and ``tflops_per_s``. FLOPs, useful work: dense causal
+attention ``2·B·H·T²·d`` forward (half of the ``4·B·H·T²·d`` of the full square; FlashAttention's convention) and
+3.5 times that with the backward; VQ its layer's :meth:`~tvq_exp.attention.vq.VQAttention.flops` (the same for
+every kernel). A case that fails (no such kernel, out of memory) prints its error and the next runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import IO, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from tvq_exp.measure.timing import sync, time_calls
+from tvq_exp.measure.timing import matmul_peak_flops, sync, time_calls
 
-# in this order: the GPU check gives each kernel an equal share of what is left, so the kernel that needs the most
-# (VQ's fused kernel: its compilation took the whole 22 s share of 130 s on an H100) runs last and takes what the
-# others left
-KERNELS = ("sdpa_flash", "sdpa_cudnn", "vq_flex", "vq_plain", "dense_flex", "vq_triton", "vq_triton_compiled")
+REPO = Path(__file__).resolve().parents[3]
+# In the order they run, most wanted first: what the issue's targets compare (SDPA flash, VQ's fused kernel eager and
+# compiled), then the other baselines and VQ's other kernels. One H200 run of 2026-11-28 gave every kernel an equal
+# share of 130 s in a process of its own: start-up and compilation took most of it, and VQ's fused kernel got
+# forward + backward at 8k only.
+KERNELS = ("sdpa_flash", "vq_triton", "vq_triton_compiled", "sdpa_cudnn", "dense_flex", "vq_plain", "vq_flex")
 LENGTHS = (8192, 32768, 131072)
 TOKENS = 512 * 1024  # B·H·T
 HEADS = 4
-MODES = ("fwd", "fwdbwd")
+MODES = ("fwdbwd", "fwd")  # forward + backward first: the targets' figure
+CASE_SECONDS = (
+    90.0  # one case past this (compiling, hung) is stopped, and its kernel's remaining cases skipped
+)
+CONTEXT_LOST = 3  # the worker's exit status after a CUDA error that leaves its device context unusable
+MM_SIZE = 8192  # the ceiling: an 8192³ bf16 matmul
+
+
+class Case(NamedTuple):
+    """One measurement: a kernel at one length and mode."""
+
+    kernel: str
+    seq_len: int
+    mode: str
+
+    def failed(self, error: str) -> dict[str, Any]:
+        """The record of this case where it gave no times."""
+        return {**self._asdict(), "error": error}
+
+    def __str__(self) -> str:
+        return f"{self.kernel}:{self.seq_len}:{self.mode}"
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        kernel, seq_len, mode = text.split(":")
+        if kernel not in KERNELS or mode not in MODES:
+            raise ValueError(f"case {text!r}: kernel one of {KERNELS}, mode one of {MODES}")
+        return cls(kernel, int(seq_len), mode)
+
+
+def plan(kernels: Sequence[str], lengths: Sequence[int]) -> list[Case]:
+    """The cases in the order they run: kernel by kernel as given, each at every length forward + backward, then
+    forward."""
+    return [Case(k, t, m) for k in kernels for m in MODES for t in lengths]
 
 
 def dense_flops(batch_heads: int, seq_len: int, head_dim: int, backward: bool) -> int:
@@ -101,7 +140,13 @@ def case(
         attend, flops = _sdpa(kernel), dense_flops(batch * HEADS, seq_len, head_dim, train)
     else:
         layer = _layer(kernel, head_dim, device)
-        run = torch.compile(layer, dynamic=False) if kernel.endswith("_compiled") else layer
+        if kernel.endswith("_compiled"):
+            # each case compiles a new layer of the same class: without a reset the cases would fill dynamo's cache
+            # of that code, and a case past its limit would run eager, unsaid
+            torch._dynamo.reset()
+            run = torch.compile(layer, dynamic=False)
+        else:
+            run = layer
         attend = lambda q, k, v: run(q, k, v)[0]  # noqa: E731
         flops = layer.flops(seq_len, batch, backward=train) if kernel.startswith("vq") else None
         flops = flops or dense_flops(batch * HEADS, seq_len, head_dim, train)
@@ -127,54 +172,166 @@ def measure(
             "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
         }
     finally:
-        if device.type == "cuda":
+        if device.type == "cuda" and not context_lost(device):
             torch.cuda.empty_cache()
     ms = sorted(times)[len(times) // 2]
     return {"ms": ms, "flops": flops, "tflops_per_s": flops / (ms / 1e3) / 1e12}
 
 
-def run(
-    kernel: str,
-    lengths: Sequence[int],
-    head_dim: int,
-    device: torch.device,
+def context_lost(device: torch.device) -> bool:
+    """Whether ``device`` can no longer run anything in this process (a CUDA error such as an illegal address is
+    sticky: every later call fails)."""
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        return True
+    return False
+
+
+def record(c: Case, head_dim: int, tokens: int, **result: Any) -> dict[str, Any]:
+    """A case's JSON record: what it ran, and ``result`` (its times, or its ``error``)."""
+    return {"kernel": c.kernel, "seq_len": c.seq_len, "mode": c.mode, "head_dim": head_dim,
+            "batch_heads": HEADS * max(1, tokens // (c.seq_len * HEADS)), **result}  # fmt: skip
+
+
+def work(cases: Sequence[Case], head_dim: int, device: torch.device, reps: int, tokens: int = TOKENS) -> int:
+    """The worker: ``READY`` once the device is up, then each case's ``CASE {json}`` line as it is done. Returns
+    :data:`CONTEXT_LOST` after a case that left the device unusable (the parent runs the rest in a new worker)."""
+    if device.type == "cuda":
+        torch.cuda.init()
+    print("READY", flush=True)
+    for c in cases:
+        result = measure(c.kernel, c.seq_len, c.mode, head_dim, device, reps, tokens)
+        print("CASE " + json.dumps(record(c, head_dim, tokens, **result)), flush=True)
+        if "error" in result and context_lost(device):
+            return CONTEXT_LOST
+        sync(device)
+    return 0
+
+
+def attention_section(
     budget_s: float,
-    reps: int,
+    save: Callable[[Any], None],
+    kernels: Sequence[str] = KERNELS,
+    lengths: Sequence[int] = LENGTHS,
+    head_dim: int = 128,
     tokens: int = TOKENS,
-) -> list[dict[str, Any]]:
-    """Every length and mode of ``kernel``, one ``CASE`` line each as it is done."""
-    start, records = time.monotonic(), []
-    for seq_len in lengths:
-        for mode in MODES:
-            record = {"kernel": kernel, "seq_len": seq_len, "mode": mode, "head_dim": head_dim,
-                      "batch_heads": HEADS * max(1, tokens // (seq_len * HEADS))}  # fmt: skip
-            if time.monotonic() - start > budget_s:
-                record["error"] = "skipped: budget"
-            else:
-                record |= measure(kernel, seq_len, mode, head_dim, device, reps, tokens)
-            sync(device)
-            print("CASE " + json.dumps(record), flush=True)
-            records.append(record)
-    return records
+    device: str = "cuda",
+    case_s: float = CASE_SECONDS,
+) -> dict[str, Any]:
+    """Every case of :func:`plan` in one worker process within ``budget_s``; ``save`` gets the section after each
+    case. A case past ``case_s`` (the worker's start-up not counted) is stopped and the rest of its kernel skipped;
+    a worker that stops (so stopped, crashed, or its device context lost) is followed by a new one for what is left;
+    once the budget is spent the remaining cases are skipped."""
+    deadline = time.monotonic() + budget_s
+    ceiling = (
+        matmul_peak_flops(torch.device(device), torch.bfloat16, size=MM_SIZE) if device == "cuda" else None
+    )
+    section: dict[str, Any] = {"mm_size": MM_SIZE, "mm_tflops": None if ceiling is None else ceiling / 1e12,
+                               "records": [], "budget_s": budget_s, "case_s": case_s}  # fmt: skip
+
+    def add(done: dict[str, Any]) -> None:
+        section["records"].append(done)
+        save(_compared(section))
+
+    pending = plan(kernels, lengths)
+    options = ["--head-dim", str(head_dim), "--tokens", str(tokens), "--device", device]
+    while pending and time.monotonic() < deadline:
+        pending = _run_worker(pending, options, deadline, case_s, add)
+    for c in pending:
+        add(c.failed("skipped: budget"))
+    return _compared(section)
+
+
+def _run_worker(
+    pending: list[Case], options: list[str], deadline: float, case_s: float, add: Callable[[dict], None]
+) -> list[Case]:
+    """Run ``pending`` in one worker until it finishes or stops; returns the cases it left."""
+    pending = list(pending)
+    command = [sys.executable, "-u", "-m", "tvq_exp.tools.bench.gpu_attention", "--cases",
+               ",".join(map(str, pending)), *options]  # fmt: skip
+    with tempfile.TemporaryFile("w+") as errors:
+        worker = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True)
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_pump, args=(worker.stdout, lines), daemon=True).start()
+        started = None  # when the running case started (None: the worker is starting up)
+        while pending:
+            limit = deadline if started is None else min(deadline, started + case_s)
+            try:
+                line = lines.get(timeout=max(limit - time.monotonic(), 0.0))
+            except queue.Empty:
+                worker.kill()
+                worker.wait()
+                return _stopped(pending, time.monotonic() >= deadline, case_s, add)
+            if line is None:  # the worker ended
+                status = worker.wait()
+                if status != CONTEXT_LOST and pending:  # it died in a case (or before any)
+                    errors.seek(0)
+                    last = (errors.read().strip().splitlines() or ["?"])[-1][:200]
+                    add(pending.pop(0).failed(f"the worker exited {status} in this case: {last}"))
+                return pending
+            if line == "READY":
+                started = time.monotonic()
+            elif line.startswith("CASE "):
+                pending.pop(0)
+                add(json.loads(line[5:]))
+                started = time.monotonic()
+        worker.wait()
+    return pending
+
+
+def _stopped(pending: list[Case], budget: bool, case_s: float, add: Callable[[dict], None]) -> list[Case]:
+    """After the running case (``pending[0]``) was stopped, at the section's budget or past ``case_s``: its error,
+    and the cases left to run (none of its kernel's past ``case_s``: they would compile as long)."""
+    running = pending.pop(0)
+    if budget:
+        add(running.failed("stopped at the section's budget"))
+        return pending
+    add(running.failed(f"stopped after {case_s:.0f} s"))
+    for c in [c for c in pending if c.kernel == running.kernel]:
+        add(c.failed(f"skipped: its {running.seq_len} {running.mode} case was stopped after {case_s:.0f} s"))
+    return [c for c in pending if c.kernel != running.kernel]
+
+
+def _pump(stream: IO[str], lines: queue.Queue) -> None:
+    """Each line of ``stream`` into ``lines``, then None at its end."""
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def _compared(section: dict[str, Any]) -> dict[str, Any]:
+    """Each record with its share of the matmul ceiling and its time over SDPA flash's at the same T and mode."""
+    flash = {
+        (r["seq_len"], r["mode"]): r["ms"]
+        for r in section["records"]
+        if r["kernel"] == "sdpa_flash" and "ms" in r
+    }
+    for r in section["records"]:
+        if "ms" in r and section["mm_tflops"]:
+            r["mm_fraction"] = r["tflops_per_s"] / section["mm_tflops"]
+        if "ms" in r and (r["seq_len"], r["mode"]) in flash:
+            r["flash_time_ratio"] = r["ms"] / flash[(r["seq_len"], r["mode"])]
+    return dict(section)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tvq_exp.tools.bench.gpu_attention", description=__doc__.split("\n")[0]
     )
-    p.add_argument("kernel", choices=KERNELS)
-    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    p.add_argument("--cases", required=True, help="KERNEL:T:MODE,... in the order to run them")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--device", default="cuda")
-    p.add_argument(
-        "--budget", type=float, default=60.0, help="seconds after which the remaining cases are skipped"
-    )
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--tokens", type=int, default=TOKENS, help="B·H·T of every case")
     args = p.parse_args(argv)
-    lengths = [int(n) for n in args.lengths.split(",")]
-    run(args.kernel, lengths, args.head_dim, torch.device(args.device), args.budget, args.reps, args.tokens)
-    return 0
+    try:
+        cases = [Case.parse(c) for c in args.cases.split(",")]
+    except ValueError as err:
+        p.error(str(err))
+    return work(cases, args.head_dim, torch.device(args.device), args.reps, args.tokens)
 
 
 if __name__ == "__main__":
