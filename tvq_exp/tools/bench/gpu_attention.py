@@ -1,6 +1,9 @@
 """The GPU check's attention section: :func:`attention_section` runs the cases of every kernel in one worker process
 (``python -m tvq_exp.tools.bench.gpu_attention --cases ...``), most wanted first.
 
+Over 300 lines: the section and its worker share one protocol (:class:`Case`, the ``READY`` and ``CASE`` lines, the
+records); apart, each module would restate it.
+
 Causal attention, bf16, head dim ``d`` (128: where SDPA's flash kernel runs), ``S = L = 512``, at each ``T`` with
 ``B·H·T`` fixed (512k tokens: ``B·H`` = 64 / 16 / 4 at T = 8k / 32k / 128k; ``H = 4``), forward + backward
 (``fwdbwd``) and forward (``fwd``). Kernels (:data:`KERNELS`, in the order they run):
