@@ -213,15 +213,19 @@ class VectorQuantizer(nn.Module):
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
         if training and self.assignment == "sampled":
             codes, noise = self._draw(flat, codebook.detach(), nearest)
-        quant = torch.gather(codebook, 1, codes[..., None].expand(h, b * t, d))  # (H, N, d)
+        index = codes[..., None].expand(h, b * t, d)
+        quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
+        # the value the attention reads, in the keys' dtype: the codebook's S rows cast, then gathered (not N rows
+        # gathered, then cast: a key-sized read and write less)
+        value = quant if k.dtype == codebook.dtype else torch.gather(codebook.detach().to(k.dtype), 1, index)
         counts = code_counts(codes, self.codebook_size)
         weighted = self.fit_weight == "fisher"
         if learning and not weighted:
             self._accumulate(flat, codes, counts)
-        quant = quant.view(h, b, t, d).transpose(0, 1)
+        quant, value = (x.view(h, b, t, d).transpose(0, 1) for x in (quant, value))
         aux = self._aux(kf, quant, counts)
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
-        k_hat = estimate(k, quant.detach().to(k.dtype))
+        k_hat = estimate(k, value.detach())
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
             x = k.to(torch.promote_types(k.dtype, torch.float32)).transpose(0, 1).reshape(h, b * t, d)
             term = relaxation(x, codebook, nearest, noise, self.current_temperature())

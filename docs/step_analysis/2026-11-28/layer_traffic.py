@@ -27,6 +27,16 @@ FREE = ("aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "prim::device"
         "aten::new_empty_strided", "aten::new_empty", "aten::zeros", "aten::empty", "aten::arange", "aten::scalar_tensor")  # fmt: skip
 
 
+def touched(t: torch.Tensor) -> int:
+    """The bytes of ``t`` an op must touch: an expanded dimension (stride 0, e.g. an index broadcast over the
+    feature dimension) is one element, not its size (until 2026-11-28 each element was counted, which overstated
+    the quantiser's gather and scatter by their index's int64 copies)."""
+    distinct = 1
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        distinct *= size if stride else 1
+    return distinct * t.element_size()
+
+
 class Traffic(TorchDispatchMode):
     """``(op, bytes read, bytes written, first result)`` of every op that moves data (views and allocations left
     out; an allocation's bytes are counted where they are written)."""
@@ -39,7 +49,7 @@ class Traffic(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func.is_view or func._schema.name in FREE:
             return out
-        size = lambda xs: sum(t.numel() * t.element_size() for t in xs if isinstance(t, torch.Tensor))  # noqa: E731
+        size = lambda xs: sum(touched(t) for t in xs if isinstance(t, torch.Tensor))  # noqa: E731
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         first = f"{str(results[0].dtype).removeprefix('torch.')}{tuple(results[0].shape)}" if results else ""
         self.rows.append(
