@@ -145,6 +145,11 @@ CASES = {
         bias=False, cache=False, block=32, rows=32, g=1, items=3, n=1, span=20
     ),
     "whole tiles, values in 3 chunks": Case(bias=False, block=32, rows=32, g=1, items=2, n=1, s=20, d_v=40),
+    # every key and code tile, value chunk and head whole (d_k 16 unpadded): the forward and dq load without masks
+    # (the kernels' EVEN), with and without the bias
+    "even tiles, bias": Case(block=32, rows=32, g=2, items=2, n=1, d_k=16, d_v=32, s=32, m=8),
+    "even tiles, whole tiles, rows from 8": Case(bias=False, block=32, rows=24, g=2, items=3, n=1, d_k=16, d_v=32,
+                                                 s=32),  # fmt: skip
 }
 
 

@@ -10,7 +10,8 @@ interpreted on the CPU).
 Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r`` a query row of the item
 (``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
 ``j`` of item ``i`` is row ``i·L + j`` of the key blocks, as blocks ``i`` and ``i + 1`` are contiguous), ``c`` a
-code. Scores are kept in base 2 (``s·log2 e``) and ``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are
+code. Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
+``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are
 ``d = FIRST + p - j`` apart (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <=
 SPAN``, and its term is the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number
 of XL-bias distances (``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read
@@ -41,6 +42,23 @@ def _row_max(x):
 @triton.jit
 def _row_sum(x):
     return tl.reduce(x, 1, tl.standard._sum_combine)
+
+
+@triton.jit
+def _load(ptr, rows_ok, cols_ok, EVEN: tl.constexpr):
+    """The tile at ``ptr`` (zeros where a row or a column is out of range); where ``EVEN`` (every row and column in
+    range) no mask is computed or applied."""
+    if EVEN:
+        return tl.load(ptr)
+    return tl.load(ptr, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _load_log_counts(ptr, ok, EVEN: tl.constexpr):
+    """Log code counts at ``ptr`` (``-inf``, no code, where out of range; unmasked where ``EVEN``)."""
+    if EVEN:
+        return tl.load(ptr)
+    return tl.load(ptr, mask=ok, other=float("-inf"))
 
 
 @triton.jit
@@ -127,17 +145,17 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 @triton.jit
 def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok, dvo, dv_ok,
                   L, TPB, FIRST, SPAN, M1, dk, dv, BN: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr,
-                  DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+                  EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """The forward's online-softmax step over window tile ``wt`` (tile ``t`` of block half ``h``)."""
     h, t = wt // TPB, wt % TPB
     jl = t * BN + tl.arange(0, BN)
     j_ok = jl < L
     j = h * L + jl
-    k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :])
+    k = _load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN)
     s = _window_scores(
         q, k.to(DOT), dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC
     )
-    v = tl.load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], mask=j_ok[:, None] & dv_ok[None, :])
+    v = _load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], j_ok, dv_ok, EVEN)
     return _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
 
 
@@ -147,7 +165,8 @@ def forward_kernel(
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
-    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
     writes ``out`` and (chunk 0) the rows' ``lse``."""
@@ -181,19 +200,17 @@ def forward_kernel(
         start, stop = _run_bounds(run, lo, a, b, hi)
         for wt in range(start, stop):
             m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
-                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, run != 1, DOT,
-                                          PREC)  # fmt: skip
+                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, run != 1, EVEN,
+                                          DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
             c_ok = c < S
-            code = tl.load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :],
-                           mask=c_ok[:, None] & dk_ok[None, :], other=0.0)  # fmt: skip
-            log_n = tl.load(ln_ptr + item * S + c, mask=c_ok, other=float("-inf"))
-            s = tl.dot(q, tl.trans(code.to(DOT)), input_precision=PREC) + log_n[None, :] * LOG2E
-            mu = tl.load(
-                mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :]
-            )
+            code = _load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :], c_ok,
+                         dk_ok, EVEN)  # fmt: skip
+            log_n = _load_log_counts(ln_ptr + item * S + c, c_ok, EVEN)
+            s = tl.dot(q, tl.trans(code.to(DOT)), input_precision=PREC) + log_n[None, :]  # both in base 2
+            mu = _load(mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], c_ok, dv_ok, EVEN)
             m_i, l_i, acc = _online_step(m_i, l_i, acc, s, mu.to(DOT), DOT, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -204,12 +221,12 @@ def forward_kernel(
 
 @triton.jit
 def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
-        BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr, EVEN: tl.constexpr,
         DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """``dO·v^T (BM, BN)`` over all of ``d_v``: with the loaded ``do`` (one chunk) or chunk by chunk."""
     if ONE_CHUNK:
         dvo = tl.arange(0, BDV)
-        v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & (dvo < dv)[None, :])
+        v = _load(v_ptr + key_row[:, None] * dv + dvo[None, :], key_ok, dvo < dv, EVEN)
         return tl.dot(do, tl.trans(v.to(DOT)), input_precision=PREC)
     dp = tl.full([BM, BN], 0.0, tl.float32)
     for d0 in range(0, dv, BDV):
@@ -218,7 +235,7 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
         do_c = tl.load(
             do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0
         )
-        v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :])
+        v = _load(v_ptr + key_row[:, None] * dv + dvo[None, :], key_ok, d_ok, EVEN)
         dp += tl.dot(do_c.to(DOT), tl.trans(v.to(DOT)), input_precision=PREC)
     return dp
 
@@ -227,16 +244,16 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
 def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko, dk_ok,
              L, TPB, FIRST, SPAN, M1, dk, dv, BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr,
              HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, MASKED: tl.constexpr,
-             DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+             EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """``dq`` plus window tile ``wt``'s part, and that tile's distance-logit gradients written."""
     h, t = wt // TPB, wt % TPB
     jl = t * BN + tl.arange(0, BN)
     j_ok = jl < L
     j = h * L + jl
-    k = tl.load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], mask=j_ok[:, None] & dk_ok[None, :]).to(DOT)
+    k = _load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN).to(DOT)
     s = _window_scores(q, k, dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC)
     pr = tl.exp2(s - lse[:, None])
-    dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
+    dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, EVEN, DOT, PREC)
     ds = pr * (dp - delta[:, None])
     if BIAS_GRAD:  # the visible keys inside the bias window: recomputed, not held over the products
         dist, seen = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
@@ -251,7 +268,7 @@ def dq_kernel(
     NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    WHOLE: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    WHOLE: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
     logits (``ddl``, each column written by the one key at that distance: no atomics)."""
@@ -287,17 +304,19 @@ def dq_kernel(
         for wt in range(start, stop):
             dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
                           dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, run != 1,
-                          DOT, PREC)  # fmt: skip
+                          EVEN, DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
             c_ok = c < S
-            code = tl.load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :],
-                           mask=c_ok[:, None] & dk_ok[None, :], other=0.0).to(DOT)  # fmt: skip
-            log_n = tl.load(ln_ptr + item * S + c, mask=c_ok, other=float("-inf"))
-            s = tl.dot(q, tl.trans(code), input_precision=PREC) + log_n[None, :] * LOG2E
+            code = _load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :], c_ok,
+                         dk_ok, EVEN).to(DOT)  # fmt: skip
+            log_n = _load_log_counts(ln_ptr + item * S + c, c_ok, EVEN)
+            s = tl.dot(q, tl.trans(code), input_precision=PREC) + log_n[None, :]
             pr = tl.exp2(s - lse[:, None])
-            dp = _dp(do, do_ptr, mu_ptr, row, p_ok, item * S + c, c_ok, dv, BM, BN, BDV, ONE_CHUNK, DOT, PREC)
+            dp = _dp(
+                do, do_ptr, mu_ptr, row, p_ok, item * S + c, c_ok, dv, BM, BN, BDV, ONE_CHUNK, EVEN, DOT, PREC
+            )
             ds = pr * (dp - delta[:, None])
             dq += tl.dot(ds.to(DOT), code, input_precision=PREC)
     tl.store(dq_ptr + row[:, None] * dk + dko[None, :], dq.to(dq_ptr.dtype.element_ty),
@@ -325,14 +344,14 @@ def _key_tile_grads(
 ):  # fmt: skip
     """Add the gradients that ``BM`` query rows give ``BN`` keys ``k`` (``DOT``) and their values (chunk ``dv0``,
     ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``;
-    the scores' additive ``term_t`` where ``HAS_TERM``."""
+    the scores' additive ``term_t`` (base 2) where ``HAS_TERM``."""
     dko = tl.arange(0, DK)
     q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & (dko < dk)[None, :], other=0.0)
     q = q.to(DOT)
     lse = tl.load(lse_ptr + row, mask=p_ok, other=float("inf"))
     s_t = tl.dot(k, tl.trans((q.to(tl.float32) * LOG2E).to(DOT)), input_precision=PREC)
     if HAS_TERM:
-        s_t += term_t * LOG2E
+        s_t += term_t
     p_t = tl.exp2(s_t - lse[None, :])
     if ONE_CHUNK or DO_DV:
         dvo = dv0 + tl.arange(0, BDV)
@@ -378,7 +397,7 @@ def _window_key_rows(
     row = row0 + p
     term_t = 0.0  # a whole block (no XL bias): no term
     if MASKED:
-        term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS)
+        term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS) * LOG2E
     return _key_tile_grads(
         dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
         row, p_ok, dk, dv, dv0, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, MASKED, DOT, PREC,
@@ -472,7 +491,7 @@ def code_kernel(
     mu = tl.load(mu_ptr + mu_row[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
     mu = mu.to(DOT)
     log_n = tl.load(ln_ptr + mu_row, mask=c_ok, other=float("-inf"))
-    term_t = log_n[:, None] + tl.full([BN, BM], 0.0, tl.float32)
+    term_t = log_n[:, None] + tl.full([BN, BM], 0.0, tl.float32)  # base 2, as the scores
     dc_acc = tl.full([BN, DK], 0.0, tl.float32)
     dmu_acc = tl.full([BN, BDV], 0.0, tl.float32)
     for pb in range(0, G * NPB):

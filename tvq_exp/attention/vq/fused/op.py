@@ -22,7 +22,10 @@ gradient is written, not added, column by column.
 Where it runs (:mod:`.support`): CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``). Operands fp32,
 bf16 or fp16 (the cache's means too). The forward and the backward are custom ops (``tvq::window_cache_forward``,
 ``tvq::window_cache_backward``, the second registered as the first's gradient): ``torch.compile`` keeps the fused
-step in its graph as one opaque node (no graph break), and does not trace the launches."""
+step in its graph as one opaque node (no graph break), and does not trace the launches.
+
+Over 300 lines: the two custom ops, their fake kernels and autograd registration share one launch layout
+(:class:`_Layout`); apart, each would restate it."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from tvq_exp.attention.vq.kernel import WindowIndex, WindowInputs
 from tvq_exp.nn.triton_loader import cdiv
 
 MAX_ELEMENTS = 2**31  # the kernels index every tensor with int32 offsets
+LOG2E = 1.4426950408889634  # the kernels' scores are in base 2
 
 
 def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
@@ -117,6 +121,12 @@ class _Layout:
         ``BN``). With the bias, the three loops this takes spill registers at ``d_k = 128`` (``make kernel-report``)."""
         return self.m1 == 0 and self.block % t.bn == 0
 
+    def even(self, t: Tiles) -> bool:
+        """The forward's and ``dq``'s ``EVEN``: whole key and code tiles, whole value chunks and an unpadded ``d_k``
+        (the GPU path's heads): their loops load without masks."""
+        whole = self.block % t.bn == 0 and self.s % t.bn == 0 and self.d_v % t.bdv == 0
+        return whole and self.d_k == self.dk_pad
+
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
         tpb = cdiv(self.block, t.bn)
@@ -141,7 +151,7 @@ def window_cache_forward(
     (fp32, no gradient; the backward's). ``window`` is :func:`window_arguments`; ``dl`` the distance logits, or
     None; ``prev_grad`` is the backward's."""
     q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
-    log_n = None if log_n is None else log_n.float().contiguous()
+    log_n = _log2_counts(log_n)
     lay = _Layout(q, kb, vb, window, dl, codebook, prev_masked)
     out = q.new_empty(lay.n, lay.items, lay.rows, lay.d_v, dtype=vb.dtype)
     lse = torch.empty(lay.n, lay.items, lay.rows, device=q.device, dtype=torch.float32)
@@ -154,7 +164,8 @@ def window_cache_forward(
         lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
         *lay.code_strides, lay.prev_masked, npb, tpb,
         BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
-        WHOLE=lay.whole(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+        WHOLE=lay.whole(t), EVEN=lay.even(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps,
+        num_stages=t.num_stages,
     )  # fmt: skip
     return out, lse
 
@@ -177,7 +188,7 @@ def window_cache_backward(
     """The backward kernels: the gradients of ``q, kb, vb, dl``, a per-item ``codebook`` and ``mu`` where ``need``
     (six flags, in that order) asks for them, else empty tensors (``(0,)``; a shared codebook takes none)."""
     q, kb, vb, dl, codebook, mu = map(_contiguous, (q, kb, vb, dl, codebook, mu))
-    log_n = None if log_n is None else log_n.float().contiguous()
+    log_n = _log2_counts(log_n)
     want_q, want_k, want_v, want_dl, want_code, want_mu = need
     lay = _Layout(q, kb, vb, window, dl, codebook, prev_masked)
     do = grad_out.contiguous()
@@ -195,8 +206,8 @@ def window_cache_backward(
             lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
             *lay.code_strides, lay.prev_masked, npb, tpb,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
-            BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, WHOLE=lay.whole(t), DOT=lay.dot, PREC=lay.prec,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, WHOLE=lay.whole(t), EVEN=lay.even(t),
+            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
     dkb = torch.empty_like(kb) if want_k else None
     dvb = torch.empty_like(vb) if want_v else None
@@ -246,6 +257,11 @@ def _backward(ctx, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple[Tensor |
 
 
 window_cache_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _log2_counts(log_n: Tensor | None) -> Tensor | None:
+    """The kernels' log counts: in base 2, as their scores (fp32; a product less per score in their loops)."""
+    return None if log_n is None else (log_n.float() * LOG2E).contiguous()
 
 
 def _or(x: Tensor | None, dummy: Tensor) -> Tensor:

@@ -93,16 +93,18 @@ def repeats(ttgir: str) -> int:
 
 def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, object]]]:
     """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags: with the
-    XL bias, and without it, where whole tiles take loops of their own (``WHOLE``)."""
+    XL bias, and without it, where whole tiles take loops of their own (``WHOLE``); the forward and ``dq`` load
+    without masks (``EVEN``: the shipped heads and ``S = L = 512`` fill every tile)."""
     out: list[tuple[str, str, dict[str, object]]] = []
     for bias in (
         True,
         False,
     ):  # with the bias, or without it and whole tiles unmasked (other forward tiles too)
         name = "cache+bias" if bias else "cache+whole"
-        out.append(("forward", name, {"HAS_CACHE": True, "HAS_BIAS": bias, "WHOLE": not bias}))
+        out.append(("forward", name, {"HAS_CACHE": True, "HAS_BIAS": bias, "WHOLE": not bias, "EVEN": True}))
         one = tiles("dq", d_k, d_v, fp32=fp32).bdv >= d_v
-        dq = {"HAS_CACHE": True, "HAS_BIAS": bias, "BIAS_GRAD": bias, "ONE_CHUNK": one, "WHOLE": not bias}
+        dq = {"HAS_CACHE": True, "HAS_BIAS": bias, "BIAS_GRAD": bias, "ONE_CHUNK": one, "WHOLE": not bias,
+              "EVEN": True}  # fmt: skip
         out.append(("dq", name, dq))
     for kernel in ("window_key", "code"):
         one = tiles(kernel, d_k, d_v, fp32=fp32).bdv >= d_v
