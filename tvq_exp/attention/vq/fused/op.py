@@ -1,5 +1,8 @@
 """The fused window + cache step of Transformer-VQ attention in Triton: forward and backward.
 
+Over 300 lines: the two custom ops, their fake kernels and autograd registration share one launch layout
+(:class:`_Layout`); apart, each would restate it.
+
 Computes :func:`tvq_exp.attention.vq.kernel.window_cache_attention` (same inputs, same result; its plain
 reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-attention style:
 
@@ -22,10 +25,7 @@ gradient is written, not added, column by column.
 Where it runs (:mod:`.support`): CUDA, or CPU under Triton's interpreter (``TRITON_INTERPRET=1``). Operands fp32,
 bf16 or fp16 (the cache's means too). The forward and the backward are custom ops (``tvq::window_cache_forward``,
 ``tvq::window_cache_backward``, the second registered as the first's gradient): ``torch.compile`` keeps the fused
-step in its graph as one opaque node (no graph break), and does not trace the launches.
-
-Over 300 lines: the two custom ops, their fake kernels and autograd registration share one launch layout
-(:class:`_Layout`); apart, each would restate it."""
+step in its graph as one opaque node (no graph break), and does not trace the launches."""
 
 from __future__ import annotations
 
