@@ -1,4 +1,4 @@
-"""PTX instructions per thread in the loop bodies of the forward and ``dq`` at d 128, bf16, no XL bias, whole tiles,
+"""PTX instructions per thread in the loop bodies of the four fused kernels at d 128, bf16, no XL bias, whole tiles,
 with the loads masked (``EVEN`` False: what every shape took before the thirteenth session) and unmasked (``EVEN``
 True: the shipped heads since): ``python docs/kernel_analysis/2026-11-28/even_loads.py``. The counts leave out
 PTX's ``.loc`` debug lines, which ``loop_instructions.py`` counts."""
@@ -16,13 +16,13 @@ from tvq_exp.attention.vq.fused.config import tiles  # noqa: E402
 CASES = {
     "forward": {"HAS_CACHE": True, "HAS_BIAS": False, "WHOLE": True},
     "dq": {"HAS_CACHE": True, "HAS_BIAS": False, "BIAS_GRAD": False, "ONE_CHUNK": True, "WHOLE": True},
+    "window_key": {"ONE_CHUNK": True, "DO_DK": True, "DO_DV": True, "HAS_BIAS": False, "WHOLE": True},
+    "code": {"ONE_CHUNK": True, "DO_DK": True, "DO_DV": True},
 }
-print(
-    "basic blocks that issue a wgmma, in the compiled order: the 1st the masked tiles before the whole ones, the 3rd"
-)
-print(
-    "the whole tiles, the 5th the masked ones after them, the 7th the cache's (loop_instructions.py's order)"
-)
+ORDER = """basic blocks that issue a wgmma, in the compiled order. forward, dq: the 1st the masked tiles before the whole
+ones, the 3rd the whole tiles, the 5th the masked ones after them, the 7th the cache's. window_key: the row blocks
+that see the key tile, masked, whole, masked. code: the row blocks of the item."""
+print(ORDER)
 for kernel, flags in CASES.items():
     rows = []
     for even in (False, True):

@@ -54,11 +54,11 @@ def _load(ptr, rows_ok, cols_ok, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _load_log_counts(ptr, ok, EVEN: tl.constexpr):
-    """Log code counts at ``ptr`` (``-inf``, no code, where out of range; unmasked where ``EVEN``)."""
+def _load_vector(ptr, ok, other, EVEN: tl.constexpr):
+    """The vector at ``ptr`` (``other`` where out of range); unmasked where ``EVEN`` (every element in range)."""
     if EVEN:
         return tl.load(ptr)
-    return tl.load(ptr, mask=ok, other=float("-inf"))
+    return tl.load(ptr, mask=ok, other=other)
 
 
 @triton.jit
@@ -208,7 +208,7 @@ def forward_kernel(
             c_ok = c < S
             code = _load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :], c_ok,
                          dk_ok, EVEN)  # fmt: skip
-            log_n = _load_log_counts(ln_ptr + item * S + c, c_ok, EVEN)
+            log_n = _load_vector(ln_ptr + item * S + c, c_ok, float("-inf"), EVEN)
             s = tl.dot(q, tl.trans(code.to(DOT)), input_precision=PREC) + log_n[None, :]  # both in base 2
             mu = _load(mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], c_ok, dv_ok, EVEN)
             m_i, l_i, acc = _online_step(m_i, l_i, acc, s, mu.to(DOT), DOT, PREC)
@@ -311,7 +311,7 @@ def dq_kernel(
             c_ok = c < S
             code = _load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :], c_ok,
                          dk_ok, EVEN).to(DOT)  # fmt: skip
-            log_n = _load_log_counts(ln_ptr + item * S + c, c_ok, EVEN)
+            log_n = _load_vector(ln_ptr + item * S + c, c_ok, float("-inf"), EVEN)
             s = tl.dot(q, tl.trans(code), input_precision=PREC) + log_n[None, :]
             pr = tl.exp2(s - lse[:, None])
             dp = _dp(
@@ -340,29 +340,27 @@ def _key_tile_grads(
     dk_acc, dv_acc, k, v, key_row, key_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
     row, p_ok, dk, dv, dv0,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_TERM: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_TERM: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
     """Add the gradients that ``BM`` query rows give ``BN`` keys ``k`` (``DOT``) and their values (chunk ``dv0``,
     ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``;
-    the scores' additive ``term_t`` (base 2) where ``HAS_TERM``."""
+    the scores' additive ``term_t`` (base 2) where ``HAS_TERM``. ``EVEN``: the rows are whole (and the heads
+    unpadded): their loads take no mask."""
     dko = tl.arange(0, DK)
-    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & (dko < dk)[None, :], other=0.0)
-    q = q.to(DOT)
-    lse = tl.load(lse_ptr + row, mask=p_ok, other=float("inf"))
+    q = _load(q_ptr + row[:, None] * dk + dko[None, :], p_ok, dko < dk, EVEN).to(DOT)
+    lse = _load_vector(lse_ptr + row, p_ok, float("inf"), EVEN)
     s_t = tl.dot(k, tl.trans((q.to(tl.float32) * LOG2E).to(DOT)), input_precision=PREC)
     if HAS_TERM:
         s_t += term_t
     p_t = tl.exp2(s_t - lse[None, :])
     if ONE_CHUNK or DO_DV:
         dvo = dv0 + tl.arange(0, BDV)
-        do = tl.load(
-            do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & (dvo < dv)[None, :], other=0.0
-        )
-        do = do.to(DOT)
+        do = _load(do_ptr + row[:, None] * dv + dvo[None, :], p_ok, dvo < dv, EVEN).to(DOT)
     if DO_DV:
         dv_acc += tl.dot(p_t.to(DOT), do, input_precision=PREC)
     if DO_DK:
-        delta = tl.load(delta_ptr + row, mask=p_ok, other=0.0)
+        delta = _load_vector(delta_ptr + row, p_ok, 0.0, EVEN)
         if ONE_CHUNK:
             dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
         else:
@@ -370,9 +368,7 @@ def _key_tile_grads(
             for d0 in range(0, dv, BDV):
                 dvo = d0 + tl.arange(0, BDV)
                 d_ok = dvo < dv
-                do_c = tl.load(
-                    do_ptr + row[:, None] * dv + dvo[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0
-                )
+                do_c = _load(do_ptr + row[:, None] * dv + dvo[None, :], p_ok, d_ok, EVEN)
                 v_c = tl.load(
                     v_ptr + key_row[:, None] * dv + dvo[None, :], mask=key_ok[:, None] & d_ok[None, :]
                 )
@@ -387,8 +383,8 @@ def _window_key_rows(
     dk_acc, dv_acc, pp, row0, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr,
     Lq, FIRST, SPAN, M1, dk, dv, dv0,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, DOT: tl.constexpr,
-    PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, EVEN: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """The gradients that row block ``pp`` (rows ``row0 + p``) gives window keys ``j``: masked (``MASKED``), or a
     block whose rows see every key, without the XL bias: no term."""
@@ -400,7 +396,7 @@ def _window_key_rows(
         term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS) * LOG2E
     return _key_tile_grads(
         dk_acc, dv_acc, k, v, key_row, k_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
-        row, p_ok, dk, dv, dv0, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, MASKED, DOT, PREC,
+        row, p_ok, dk, dv, dv0, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, MASKED, EVEN, DOT, PREC,
     )  # fmt: skip
 
 
@@ -410,8 +406,8 @@ def window_key_kernel(
     ITEMS, IB, R, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, prev_grad, blocks,
     TPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, DOT: tl.constexpr,
-    PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(TPB·NDVG, ITEMS + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
     chunk ``dc``) from the (at most two) items that see the block: item ``b`` (block ``b`` is its previous block,
@@ -458,7 +454,7 @@ def window_key_kernel(
                         dk_acc, dv_acc = _window_key_rows(
                             dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
                             delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, run != 1, DOT, PREC,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, run != 1, EVEN, DOT, PREC,
                         )  # fmt: skip
     if DO_DK:
         tl.store(dk_ptr + key_row[:, None] * dk + dko[None, :], dk_acc.to(dk_ptr.dtype.element_ty),
@@ -474,7 +470,7 @@ def code_kernel(
     ITEMS, R, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
     NPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    DO_DK: tl.constexpr, DO_DV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    DO_DK: tl.constexpr, DO_DV: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(cdiv(S, BN)·NDVG, ITEMS, N)``: the gradient of ``BN`` codes of item ``i``'s cache: its means (chunk
     ``dc``) and, for a per-item codebook, its code vectors, from every row of the item."""
@@ -501,7 +497,7 @@ def code_kernel(
         row = item * R + g * Lq + p
         dc_acc, dmu_acc = _key_tile_grads(
             dc_acc, dmu_acc, code, mu, mu_row, c_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, mu_ptr,
-            row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, True, DOT, PREC,
+            row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, True, EVEN, DOT, PREC,
         )  # fmt: skip
     if DO_DK:
         tl.store(dc_ptr + (item * S + c)[:, None] * dk + dko[None, :], dc_acc.to(dc_ptr.dtype.element_ty),

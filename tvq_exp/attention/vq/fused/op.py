@@ -121,11 +121,12 @@ class _Layout:
         ``BN``). With the bias, the three loops this takes spill registers at ``d_k = 128`` (``make kernel-report``)."""
         return self.m1 == 0 and self.block % t.bn == 0
 
-    def even(self, t: Tiles) -> bool:
-        """The forward's and ``dq``'s ``EVEN``: whole key and code tiles, whole value chunks and an unpadded ``d_k``
-        (the GPU path's heads): their loops load without masks."""
-        whole = self.block % t.bn == 0 and self.s % t.bn == 0 and self.d_v % t.bdv == 0
-        return whole and self.d_k == self.dk_pad
+    def even(self, t: Tiles, rows: bool = False) -> bool:
+        """The kernels' ``EVEN``: the tiles their loops load are whole, so they load them without masks: the key and
+        code tiles (the forward, ``dq``) or, ``rows``, the row blocks (the keys' and codes' gradients); and the
+        value chunks whole, ``d_k`` unpadded (the GPU path's heads)."""
+        whole = self.lq % t.bm == 0 if rows else self.block % t.bn == 0 and self.s % t.bn == 0
+        return whole and self.d_v % t.bdv == 0 and self.d_k == self.dk_pad
 
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
@@ -289,8 +290,8 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
             lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.first, lay.span, lay.m1, lay.d_k, lay.d_v,
             lay.prev_masked, int(prev_grad), lay.blocks, tpb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
-            HAS_BIAS=dl is not None, WHOLE=lay.whole(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            HAS_BIAS=dl is not None, WHOLE=lay.whole(t), EVEN=lay.even(t, rows=True), DOT=lay.dot, PREC=lay.prec,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
 
@@ -303,7 +304,7 @@ def _code_grads(lay: _Layout, q: Tensor, codebook: Tensor, log_n: Tensor, mu: Te
             q, codebook, log_n, mu, do, lse, delta, _or(dcode, q), _or(dmu, q),
             lay.items, lay.rows, lay.g, lay.lq, lay.s, lay.d_k, lay.d_v, *lay.code_strides, npb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
-            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+            EVEN=lay.even(t, rows=True), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
         )  # fmt: skip
 
 

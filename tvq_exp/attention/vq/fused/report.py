@@ -93,8 +93,8 @@ def repeats(ttgir: str) -> int:
 
 def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, object]]]:
     """``(kernel, flags, constexprs)`` of every launch the op makes at these heads, with the largest flags: with the
-    XL bias, and without it, where whole tiles take loops of their own (``WHOLE``); the forward and ``dq`` load
-    without masks (``EVEN``: the shipped heads and ``S = L = 512`` fill every tile)."""
+    XL bias, and without it, where whole tiles take loops of their own (``WHOLE``); every loop loads without masks
+    (``EVEN``: the shipped heads, ``S = L = 512`` and whole blocks of queries fill every tile)."""
     out: list[tuple[str, str, dict[str, object]]] = []
     for bias in (
         True,
@@ -114,7 +114,14 @@ def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, o
         ):
             flags = "+".join(name for name, on in (("dk", dk_), ("dv", dv_)) if on)
             flags += ("+bias" if bias else "+whole") * (kernel == "window_key")
-            const = {"ONE_CHUNK": one, "DO_DK": dk_, "DO_DV": dv_, "HAS_BIAS": bias, "WHOLE": not bias}
+            const = {
+                "ONE_CHUNK": one,
+                "DO_DK": dk_,
+                "DO_DV": dv_,
+                "HAS_BIAS": bias,
+                "WHOLE": not bias,
+                "EVEN": True,
+            }
             out.append((kernel, flags, const))
     return out
 
@@ -148,6 +155,9 @@ def _compile(
     from triton.compiler import ASTSource
 
     names = fn.arg_names
+    missing = [p.name for p in fn.params if p.is_constexpr and p.name not in const]
+    if missing:  # it would compile them as i32 arguments: another kernel than any launch runs
+        raise ValueError(f"{fn.__name__}: no value for its constexprs {missing}")
     signature = {name: "constexpr" if name in const else pointers.get(name, "i32") for name in names}
     attrs = {
         (i,): [["tt.divisibility", 16]]
