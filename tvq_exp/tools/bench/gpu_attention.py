@@ -265,11 +265,10 @@ def _run_worker(
             try:
                 line = lines.get(timeout=max(limit - time.monotonic(), 0.0))
             except queue.Empty:
-                worker.kill()
-                worker.wait()
+                _end(worker, 0)
                 return _stopped(pending, time.monotonic() >= deadline, case_s, add)
             if line is None:  # the worker ended
-                status = worker.wait()
+                status = _end(worker)
                 if status != CONTEXT_LOST and pending:  # it died in a case (or before any)
                     errors.seek(0)
                     last = (errors.read().strip().splitlines() or ["?"])[-1][:200]
@@ -281,8 +280,18 @@ def _run_worker(
                 pending.pop(0)
                 add(json.loads(line[5:]))
                 started = time.monotonic()
-        worker.wait()
+        _end(worker)
     return pending
+
+
+def _end(worker: subprocess.Popen, grace_s: float = 30.0) -> int:
+    """The worker's exit status, once it has ended: killed if it has not within ``grace_s`` (a CUDA teardown that
+    hangs must not hold the section past its budget)."""
+    try:
+        return worker.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        return worker.wait()
 
 
 def _stopped(pending: list[Case], budget: bool, case_s: float, add: Callable[[dict], None]) -> list[Case]:
