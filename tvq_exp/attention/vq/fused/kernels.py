@@ -11,14 +11,16 @@ Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r
 (``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
 ``j`` of item ``i`` is row ``i·L + j`` of the key blocks, as blocks ``i`` and ``i + 1`` are contiguous), ``c`` a
 code. Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
-``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are
-``d = FIRST + p - j`` apart (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <=
-SPAN``, and its term is the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number
-of XL-bias distances (``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read
-in the key loops, and the tiles to visit come from the same arithmetic. Without the bias, and with whole key tiles
-(``WHOLE``), the tiles every row of a row block sees (every key of a key tile, in the keys' gradient) run in loops of
-their own with no mask computed: most of the window, and a fifth to a third fewer instructions per tile in the
-compiled code (docs/benchmarks.md). Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs,
+``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are ``d = FIRST + p - j`` apart
+(:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <= SPAN``, and its term is
+the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number of XL-bias distances
+(``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read in the key loops, and
+the tiles to visit come from the same arithmetic. Without the bias, and with whole key tiles (``WHOLE``), the tiles
+every row of a row block sees (every key of a key tile, in the keys' gradient) run in loops of their own with no
+mask computed: most of the window, and a fifth to a third fewer instructions per tile in the compiled code
+(docs/benchmarks.md). Where every tile a kernel's loops load is whole (``EVEN``: key and code tiles in the forward and
+``dq``, row blocks in the keys' and codes' gradients; value chunks whole, ``d_k`` unpadded) they load without masks.
+Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs,
 else bf16/fp16) and accumulates in fp32.
 """
 
