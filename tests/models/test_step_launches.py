@@ -6,30 +6,15 @@ dispatch mode, which sees every aten op the code calls (not the ones inside them
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers.ops import OpLog
 from tvq_exp.models.interval_sums import IntervalSums
 from tvq_exp.models.optim import all_finite
-
-
-class OpCount(TorchDispatchMode):
-    """Counts the aten ops called under it that launch work: not views (``detach`` among them) nor the wrapping of a
-    Python number (on a GPU a host scalar, no launch)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not (func.is_view or func is torch.ops.aten.scalar_tensor.default):
-            self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def parameters(count: int, dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
@@ -40,9 +25,9 @@ def parameters(count: int, dtype: torch.dtype = torch.float32) -> list[nn.Parame
 
 
 def ops_of(fn: Any) -> int:
-    with OpCount() as count:
+    with OpLog() as log:
         fn()
-    return sum(count.ops.values())
+    return len(log.launches())
 
 
 def test_the_finiteness_verdict_takes_as_many_ops_for_400_gradients_as_for_4() -> None:

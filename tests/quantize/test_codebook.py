@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers.ops import OpLog
 from tvq_exp.quantize import VectorQuantizer, kmeans, nearest_code
 
 
@@ -189,33 +189,19 @@ def test_the_nearest_code_is_searched_in_fp32_under_bf16_autocast() -> None:
     assert torch.equal(got, plain)
 
 
-class _KeySizedCopies(TorchDispatchMode):
-    """The dtypes that key-sized tensors (``numel`` elements) are cast or copied into."""
-
-    def __init__(self, numel: int) -> None:
-        super().__init__()
-        self.numel, self.dtypes = numel, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        out = func(*args, **(kwargs or {}))
-        if (
-            func._schema.name in ("aten::_to_copy", "aten::copy_", "aten::clone")
-            and out.numel() == self.numel
-        ):
-            self.dtypes.append(out.dtype)
-        return out
-
-
 def test_bf16_keys_are_cast_once_and_read_their_codes_in_bf16() -> None:
     torch.manual_seed(0)
     vq = VectorQuantizer(2, 16, 8)
     leaf = torch.randn(2, 64, 2, 8, dtype=torch.bfloat16, requires_grad=True)
     k = leaf.transpose(1, 2)  # (B, H, T, d) in the layout a model's projections give
-    with _KeySizedCopies(k.numel()) as copies:
+    with OpLog() as log:
         k_hat, codes, _ = vq(k)
+    copies = [
+        op.dtype for op in log.named("aten._to_copy", "aten.copy_", "aten.clone") if op.numel == k.numel()
+    ]
     # the keys to fp32 once, for the search and the losses; the codes reach the keys' dtype as the codebook's rows,
     # cast before they are gathered (and straight-through's value is theirs: no sum, no copy)
-    assert copies.dtypes == [torch.float32]
+    assert copies == [torch.float32]
     want = vq.codebook.detach().bfloat16()[torch.arange(2)[None, :, None], codes]
     assert k_hat.dtype == torch.bfloat16 and torch.equal(k_hat, want)
 
