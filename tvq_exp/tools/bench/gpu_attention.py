@@ -53,9 +53,8 @@ LENGTHS = (8192, 32768, 131072)
 TOKENS = 512 * 1024  # B·H·T
 HEADS = 4
 MODES = ("fwdbwd", "fwd")  # forward + backward first: the targets' figure
-CASE_SECONDS = (
-    90.0  # one case past this (compiling, hung) is stopped, and its kernel's remaining cases skipped
-)
+# one case past this many seconds (compiling, hung) is stopped, and its kernel's remaining cases skipped
+CASE_SECONDS = 90.0
 CONTEXT_LOST = 3  # the worker's exit status after a CUDA error that leaves its device context unusable
 MM_SIZE = 8192  # the ceiling: an 8192³ bf16 matmul
 
@@ -226,7 +225,7 @@ def attention_section(
 ) -> dict[str, Any]:
     """Every case of :func:`plan` in one worker process within ``budget_s``; ``save`` gets the section after each
     case. A case past ``case_s`` (the worker's start-up not counted) is stopped and the rest of its kernel skipped;
-    a worker that stops (so stopped, crashed, or its device context lost) is followed by a new one for what is left;
+    a worker that ends early (stopped, crashed, or its CUDA context lost) is followed by a new one for what is left;
     once the budget is spent the remaining cases are skipped."""
     deadline = time.monotonic() + budget_s
     ceiling = (
