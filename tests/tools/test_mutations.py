@@ -48,3 +48,26 @@ def test_a_snippet_not_found_exactly_once_is_an_error(tmp_path: Path, copies: in
     outcome = harness.check(tmp_path, mutation)
     assert outcome.status == "ERROR" and f"{copies} times" in outcome.detail
     assert (tmp_path / "core.py").read_text() == "x = 1\n" * copies  # nothing planted
+
+
+@pytest.mark.parametrize("preset", [None, "/elsewhere"])
+def test_the_copied_tree_reads_the_repositorys_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preset: str | None
+) -> None:
+    """A copy of the tree lies away from ../shared: its tests get the repository's data folder, unless the caller set
+    one (``make test-mutations`` does)."""
+    harness = _harness()
+    shared = tmp_path / "shared" / "datasets"
+    shared.mkdir(parents=True)
+    monkeypatch.setattr(harness, "SHARED_DATA", shared)
+    if preset is None:
+        monkeypatch.delenv("TVQ_DATA_DIR", raising=False)
+    else:
+        monkeypatch.setenv("TVQ_DATA_DIR", preset)
+    test = tmp_path / "tree" / "test_data_dir.py"
+    test.parent.mkdir()
+    test.write_text(
+        f"import os\n\ndef test_it():\n    assert os.environ['TVQ_DATA_DIR'] == {str(preset or shared)!r}\n"
+    )
+    status, output, timed_out = harness.run_tests(test.parent, ("test_data_dir.py",))
+    assert (status, timed_out) == (0, False), output

@@ -34,6 +34,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 LIST = Path(__file__).with_name("mutations.yaml")
 TIMEOUT = 600  # seconds per mutation's test run
+# the real data the tests read: a copy of the tree lies elsewhere, so the tests' own default (the repository's
+# ../shared/datasets, as tests/conftest.py finds it) is resolved here, from the repository
+SHARED_DATA = REPO.parent / "shared" / "datasets"
 FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 
 
@@ -94,6 +97,8 @@ def copy_tree(files: list[str], target: Path) -> Path:
 def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[int, str, bool]:
     """``(exit status, output, timed out)`` of the tests in ``tree``, stopping at the first failure."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    if "TVQ_DATA_DIR" not in env and SHARED_DATA.is_dir():
+        env["TVQ_DATA_DIR"] = str(SHARED_DATA)
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra"]
     try:
         proc = subprocess.run(
