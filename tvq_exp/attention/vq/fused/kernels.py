@@ -64,6 +64,30 @@ def _load_vector(ptr, ok, other, EVEN: tl.constexpr):
 
 
 @triton.jit
+def _row_block(pb, item, NPB, Lq, R, BM: tl.constexpr):
+    """Row block ``pb`` of an item (head ``pb // NPB``, block ``pp = pb % NPB`` of its positions): ``pp``, the
+    positions ``p``, which are in range, and their rows ``row`` in the flat queries (``item·R + g·Lq + p``)."""
+    g, pp = pb // NPB, pb % NPB
+    p = pp * BM + tl.arange(0, BM)
+    return pp, p, p < Lq, item * R + (g * Lq + p)
+
+
+@triton.jit
+def _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT: tl.constexpr):
+    """The rows' queries ``(BM, DK)`` scaled by ``log2 e`` (base-2 scores straight from the product), as ``DOT``."""
+    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
+    return (q.to(tl.float32) * LOG2E).to(DOT)
+
+
+@triton.jit
+def _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM: tl.constexpr, BN: tl.constexpr):
+    """The window tiles ``[lo, hi)`` some row of row block ``pp`` of item ``i`` sees (:func:`_row_tiles`; item 0
+    without a previous block: not its first block's)."""
+    lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
+    return tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32)), hi
+
+
+@triton.jit
 def _key_tile(j, L, TPB, BN: tl.constexpr):
     """The window tile of window key ``j``: tile ``t`` of block half ``h`` is ``h·TPB + t``."""
     return (j // L) * TPB + (j % L) // BN
@@ -176,23 +200,16 @@ def forward_kernel(
     pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ndv = (dv + BDV - 1) // BDV
     n, dc = z // ndv, z % ndv
-    g, pp = pb // NPB, pb % NPB
-    p = pp * BM + tl.arange(0, BM)
-    p_ok = p < Lq
-    r = g * Lq + p
     item = n * ITEMS + i
-    row = item * R + r
+    pp, p, p_ok, row = _row_block(pb, item, NPB, Lq, R, BM)
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv
-    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
-    q = (q.to(tl.float32) * LOG2E).to(DOT)  # base-2 scores straight from the product
+    q = _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
     acc = tl.full([BM, BDV], 0.0, tl.float32)
     key0 = (n * IB + i) * L  # window key j is key row key0 + j
-    # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
-    lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
-    lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     # the masked tiles before the whole ones, the whole ones without a mask, the masked ones after (WHOLE), else
     # every tile masked
     a, b = hi, hi
@@ -276,16 +293,11 @@ def dq_kernel(
     logits (``ddl``, each column written by the one key at that distance: no atomics)."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    g, pp = pb // NPB, pb % NPB
-    p = pp * BM + tl.arange(0, BM)
-    p_ok = p < Lq
-    r = g * Lq + p
     item = n * ITEMS + i
-    row = item * R + r
+    pp, p, p_ok, row = _row_block(pb, item, NPB, Lq, R, BM)
     dko = tl.arange(0, DK)
     dk_ok = dko < dk
-    q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
-    q = (q.to(tl.float32) * LOG2E).to(DOT)
+    q = _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT)
     lse = tl.load(lse_ptr + row, mask=p_ok, other=0.0)
     delta = tl.load(delta_ptr + row, mask=p_ok, other=0.0)
     dvo = tl.arange(0, BDV)
@@ -295,9 +307,7 @@ def dq_kernel(
     do = do.to(DOT)
     dq = tl.full([BM, DK], 0.0, tl.float32)
     key0 = (n * IB + i) * L
-    # the window tiles some row of this block sees (item 0 without a previous block: not its first block's)
-    lo, hi = _row_tiles(pp, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
-    lo = tl.maximum(lo, TPB * ((prev_masked != 0) & (i == 0)).to(tl.int32))
+    lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     a, b = hi, hi  # as the forward: masked, whole, masked
     if WHOLE:
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
@@ -493,10 +503,7 @@ def code_kernel(
     dc_acc = tl.full([BN, DK], 0.0, tl.float32)
     dmu_acc = tl.full([BN, BDV], 0.0, tl.float32)
     for pb in range(0, G * NPB):
-        g, pp = pb // NPB, pb % NPB
-        p = pp * BM + tl.arange(0, BM)
-        p_ok = p < Lq
-        row = item * R + g * Lq + p
+        _, p, p_ok, row = _row_block(pb, item, NPB, Lq, R, BM)
         dc_acc, dmu_acc = _key_tile_grads(
             dc_acc, dmu_acc, code, mu, mu_row, c_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, mu_ptr,
             row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, True, EVEN, DOT, PREC,
