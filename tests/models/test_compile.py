@@ -108,6 +108,20 @@ def test_the_gpu_presets_compile_the_training_step_and_the_cpu_presets_do_not() 
     assert compose_config("train", ["experiment=enwik8_paper"]).module.compile_scope == "blocks"
 
 
+def twin_vq_stacks(layers: int, **attention: Any) -> tuple[AutoregressiveLitModule, AutoregressiveLitModule]:
+    """Two equal modules of ``layers`` small GAU-VQ blocks (``d_model`` 32, ``S`` 16, ``L`` 8; ``attention``: more
+    of the VQ layer's options) set to compile by blocks: one to run eager, one to compile."""
+    blocks = functools.partial(GAUBlock, d_k=16)
+    vq = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, **attention)
+    modules = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        modules.append(
+            AutoregressiveLitModule(Decoder(256, 32, layers, blocks, vq).train(), compile_scope="blocks")
+        )
+    return modules[0], modules[1]
+
+
 def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_eager() -> None:
     """``compile_scope="blocks"``: three identical blocks share one compiled code (one frame per state shape:
     a fresh segment, then one continuing its state) that each of them runs, their three quantisers one compiled
@@ -116,16 +130,7 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
 
     torch._dynamo.reset()
     counters.clear()
-    torch.manual_seed(0)
-    blocks = functools.partial(GAUBlock, d_k=16)
-    attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8)
-    modules = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        modules.append(
-            AutoregressiveLitModule(Decoder(256, 32, 3, blocks, attention).train(), compile_scope="blocks")
-        )
-    eager, compiled = modules
+    eager, compiled = twin_vq_stacks(3)
     counter, runs = CompileCounterWithBackend("aot_eager"), []
 
     def backend(graph: torch.fx.GraphModule, inputs: list[Tensor]) -> Any:  # counts the compiled code's runs
@@ -162,15 +167,7 @@ def test_compiled_blocks_hold_the_fused_kernel_in_their_graphs(monkeypatch: pyte
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch._dynamo.reset()
     counters.clear()
-    blocks = functools.partial(GAUBlock, d_k=16)
-    attention = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, kernel="triton")
-    modules = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        modules.append(
-            AutoregressiveLitModule(Decoder(256, 32, 2, blocks, attention).train(), compile_scope="blocks")
-        )
-    eager, compiled = modules
+    modules = eager, compiled = twin_vq_stacks(2, kernel="triton")
     compiled.compile_step(backend="aot_eager", fullgraph=True)
     x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
     losses = [training_step(module, x, None)[0] for module in modules]
