@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.attention.backends import build
+from tests.helpers.ops import OpLog
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.vq import VQAttention
 from tvq_exp.attention.vq.kernel import (
@@ -233,6 +234,35 @@ def test_window_index_columns_follow_each_key_distance(
             d = (1 + p) - j if one_block else (4 + 1 + p) - j
             hidden = d < 0 or (span is not None and d > span)
             assert table[p, j] == (m + 2 if hidden else min(d, m + 1)), (p, j)
+
+
+@pytest.mark.parametrize("one_block", [False, True])
+@pytest.mark.parametrize("max_distance,span", [(2, None), (2, 1), (4, None), (6, None), (6, 5)])
+def test_window_keys_name_the_one_key_at_each_bias_distance(
+    one_block: bool, max_distance: int, span: int | None
+) -> None:
+    """:meth:`WindowIndex.keys` inverts the table on its bias columns: row ``p``'s entry ``d`` is the window key the
+    table puts in column ``d``, ``-1`` where no visible key is ``d`` before the row (before the window's start, or
+    past the span), and every key of a bias column is named (``M`` below, at and above ``L = 4``)."""
+    index = WindowIndex.of_block(4, 1, 3, one_block, max_distance, span)
+    table, keys = index.table(), index.keys()
+    assert keys.shape == (3, max_distance + 1)
+    for p in range(3):
+        for d in range(max_distance + 1):
+            named = (table[p] == d).nonzero().flatten().tolist()
+            assert named == ([] if keys[p, d] < 0 else [keys[p, d]]), (p, d)
+
+
+def test_the_plain_kernel_gathers_the_distance_logits_gradient() -> None:
+    """The XL bias's gradient reaches each distance logit from its one key, gathered: no scatter, whose additions
+    of the keys beyond ``M`` into a dropped column are contended atomics on a GPU, summed in no fixed order."""
+    inputs = kernel_inputs(bias=True, cache=True)
+    out = window_cache_attention(grouped(inputs), chunk=2)
+    with OpLog() as log:
+        out.backward(torch.randn_like(out))
+    assert log.named("aten.gather") and not log.named(
+        "aten.scatter_add_", "aten.scatter_add", "aten.index_add_"
+    )
 
 
 KERNEL_HEADS = 2  # query heads per item of :func:`kernel_inputs`

@@ -77,7 +77,9 @@ def test_bf16_logit_gradient_is_formed_in_fp32() -> None:
     def parts(x: dict) -> ChunkParts:
         inputs = grouped(x)
         q, kb, vb, index = inputs[:4]
-        return ChunkParts(q, kb, vb, index.table(), *inputs.bias, *inputs.cache, inputs.prev_masked)
+        return ChunkParts(
+            q, kb, vb, index.table(), *inputs.bias, *inputs.cache, inputs.prev_masked, index.keys()
+        )
 
     p = parts(same).probabilities(0, items)  # the same weights in both
     ds_low = parts(low).logit_grad(p, do, out, 0, items)
@@ -109,7 +111,14 @@ def test_bf16_values_keep_the_means_for_the_backward_in_bf16_and_their_gradient_
     do = torch.randn_like(out)
     (dmu,) = torch.autograd.grad(out, low["mu"], do)
     inputs = grouped({k: v.detach() for k, v in low.items()})
-    parts = ChunkParts(*inputs[:3], inputs.index.table(), *inputs.bias, *inputs.cache, inputs.prev_masked)
+    parts = ChunkParts(
+        *inputs[:3],
+        inputs.index.table(),
+        *inputs.bias,
+        *inputs.cache,
+        inputs.prev_masked,
+        inputs.index.keys(),
+    )
     p = parts.probabilities(0, low["q"].shape[1]).to(do.dtype)
     assert dmu.dtype == torch.float32
     assert torch.equal(dmu, (p[..., -low["mu"].shape[2] :].transpose(-1, -2) @ do).float())

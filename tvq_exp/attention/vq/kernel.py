@@ -96,6 +96,18 @@ class WindowIndex(NamedTuple):
         j = torch.arange(self.width, device=device)[None, :]
         return window_index(self.first + p - j, self.max_distance, self.span)
 
+    def keys(self, device: torch.device | str | None = None) -> Tensor:
+        """``(rows, M + 1)`` int64: the window key at each bias distance ``d = 0..M`` of every row (``first + p - d``),
+        ``-1`` where the window has none or masks it: :meth:`table` inverted on its columns ``0..M``, each of which
+        a row's keys take once at most. Needs ``max_distance``."""
+        p = torch.arange(self.rows, device=device)[:, None]
+        d = torch.arange(self.max_distance + 1, device=device)[None, :]
+        j = self.first + p - d
+        gone = (j < 0) | (j >= self.width)
+        if self.span is not None:
+            gone |= d > self.span
+        return j.masked_fill(gone, -1)
+
 
 class WindowInputs(NamedTuple):
     """What every window + cache kernel takes (this module's, its plain reference in ``naive.py``, flex's).
@@ -140,9 +152,10 @@ def window_cache_attention(inputs: WindowInputs, chunk: int | None = None, prev_
     if chunk is None:
         window = (kb.shape[1] - q.shape[1] + 1) * kb.shape[2]
         chunk = default_chunk(q, window + (0 if codebook is None else codebook.shape[-2]))
+    keys = None if bias is None else index.keys(q.device)
     return _WindowCache.apply(
-        q, kb, vb, index.table(q.device), bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad
-    )
+        q, kb, vb, index.table(q.device), keys, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad
+    )  # fmt: skip
 
 
 def default_chunk(q: Tensor, columns: int) -> int:
@@ -169,30 +182,30 @@ class _WindowCache(torch.autograd.Function):
     (fp64 for fp64 inputs)."""
 
     @staticmethod
-    def forward(ctx, q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad):  # noqa: ANN001
+    def forward(ctx, q, kb, vb, index, keys, bias_q, rel, codebook, log_n, mu, prev_masked, chunk, prev_grad):  # noqa: ANN001
         with torch.autocast(q.device.type, enabled=False):
-            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, mu, prev_masked, keys)
             out = q.new_empty(*q.shape[:3], vb.shape[-1], dtype=vb.dtype)
             for i0, i1 in _chunks(q.shape[1], chunk):
                 parts.weighted_values(parts.probabilities(i0, i1), i0, i1, out[:, i0:i1])
         # the means as the products took them (in the values' dtype: half an fp32 copy's bytes under bf16-mixed);
         # their gradient is made in mu's dtype
-        ctx.save_for_backward(q, kb, vb, index, bias_q, rel, codebook, log_n, parts.means, out)
+        ctx.save_for_backward(q, kb, vb, index, keys, bias_q, rel, codebook, log_n, parts.means, out)
         ctx.prev_masked, ctx.chunk, ctx.prev_grad = prev_masked, chunk, prev_grad
         ctx.mu_dtype = None if mu is None else mu.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # noqa: ANN001
-        q, kb, vb, index, bias_q, rel, codebook, log_n, means, out = ctx.saved_tensors
+        q, kb, vb, index, keys, bias_q, rel, codebook, log_n, means, out = ctx.saved_tensors
         with torch.autocast(q.device.type, enabled=False):
-            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, means, ctx.prev_masked)
+            parts = ChunkParts(q, kb, vb, index, bias_q, rel, codebook, log_n, means, ctx.prev_masked, keys)
             dq, dkb, dvb, dbq, drel, dcode, dmu = parts.backward(
-                grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[8], ctx.prev_grad,
-                ctx.needs_input_grad[6] and codebook.dim() == 4,
+                grad_out.contiguous(), out, ctx.chunk, ctx.needs_input_grad[9], ctx.prev_grad,
+                ctx.needs_input_grad[7] and codebook.dim() == 4,
             )  # fmt: skip
         dmu = None if dmu is None else dmu.to(ctx.mu_dtype)  # the products' values: exact in either dtype
-        return dq, dkb, dvb, None, dbq, drel, dcode, None, dmu, None, None, None
+        return dq, dkb, dvb, None, None, dbq, drel, dcode, None, dmu, None, None, None
 
 
 def _matmul(a: Tensor, b: Tensor, out: Tensor, add: bool = False) -> None:
@@ -220,7 +233,8 @@ class ChunkParts:
 
     Item ``i``'s window (blocks ``i..i + blocks - 1``) is a run of consecutive rows of the blocks: every item's
     keys and values are views (``unfold``) of ``kb`` and ``vb``, never copies, and the products with the window
-    and with the codes are separate matmuls into one row of logits."""
+    and with the codes are separate matmuls into one row of logits. With the XL bias, ``keys`` is the window's
+    :meth:`WindowIndex.keys` (the key at each distance of a row), for the distance logits' gradient."""
 
     def __init__(
         self,
@@ -234,6 +248,7 @@ class ChunkParts:
         log_n: Tensor | None,
         mu: Tensor | None,
         prev_masked: bool,
+        keys: Tensor | None = None,
     ) -> None:
         self.q, self.kb, self.vb, self.bias_q, self.rel = q, kb, vb, bias_q, rel
         self.codebook, self.log_n, self.prev_masked, self.mu = codebook, log_n, prev_masked, mu
@@ -249,6 +264,9 @@ class ChunkParts:
         self.index = index.repeat(self.rows // index.shape[0], 1)  # (R, W): the same for every head
         if rel is None:  # the table [0, -inf] of every row: its masked keys
             self.masked = self.index == 1
+        else:  # (R, M + 1): the window key at each distance of a row (WindowIndex.keys), and where there is none
+            keys = keys.repeat(self.rows // keys.shape[0], 1)
+            self.distance_keys, self.no_key = keys.clamp_min(0), keys < 0
 
     def _expand(self, x: Tensor, c: int) -> Tensor:
         return x.expand(self.n, c, *x.shape[-2:])
@@ -370,12 +388,12 @@ class ChunkParts:
             dq.copy_(acc)
 
     def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
-        """Scatter the window logit gradients back to the distance logits, then to ``bias_q, rel``."""
+        """The window logit gradients back to the distance logits, then to ``bias_q, rel``. A row's distance ``d``
+        is one window key's: its gradient is gathered, exactly as it is (a scatter would also add every key beyond
+        ``M`` into a dropped column: on a GPU atomics, contended, summed in no fixed order)."""
         n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
-        ddl = ds_window.new_zeros(n, c, self.rows, m1 + 2).scatter_add_(
-            -1, self._expand(self.index, c), ds_window
-        )
-        ddl = ddl[..., :m1].reshape(n, c, g, -1, m1).to(self.q.dtype)  # (N, c, G, Lq, M + 1)
+        ddl = ds_window.gather(-1, self._expand(self.distance_keys, c)).masked_fill_(self.no_key, 0.0)
+        ddl = ddl.view(n, c, g, -1, m1).to(self.q.dtype)  # (N, c, G, Lq, M + 1)
         bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
         dbq[:, i0:i1] = (ddl @ self.rel[:, None]).view(n, c, self.rows, -1)
         drel += (ddl.transpose(-1, -2) @ bq).sum(1).to(drel.dtype)
