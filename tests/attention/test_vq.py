@@ -255,7 +255,7 @@ def test_window_keys_name_the_one_key_at_each_bias_distance(
 
 def test_the_plain_kernel_gathers_the_distance_logits_gradient() -> None:
     """The XL bias's gradient reaches each distance logit from its one key, gathered: no scatter, whose additions
-    of the keys beyond ``M`` into a dropped column are contended atomics on a GPU, summed in no fixed order."""
+    of the keys beyond ``M`` into a dropped column are contended atomics on a GPU."""
     inputs = kernel_inputs(bias=True, cache=True)
     out = window_cache_attention(grouped(inputs), chunk=2)
     with OpLog() as log:

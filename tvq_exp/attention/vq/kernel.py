@@ -390,7 +390,7 @@ class ChunkParts:
     def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
         """The window logit gradients back to the distance logits, then to ``bias_q, rel``. A row's distance ``d``
         is one window key's: its gradient is gathered, exactly as it is (a scatter would also add every key beyond
-        ``M`` into a dropped column: on a GPU atomics, contended, summed in no fixed order)."""
+        ``M`` and every masked one into two dropped columns: on a GPU contended atomics)."""
         n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
         ddl = ds_window.gather(-1, self._expand(self.distance_keys, c)).masked_fill_(self.no_key, 0.0)
         ddl = ddl.view(n, c, g, -1, m1).to(self.q.dtype)  # (N, c, G, Lq, M + 1)
