@@ -51,13 +51,24 @@ def test_the_window_is_written_per_step(tmp_path: Path) -> None:
 
 def test_on_a_gpu_each_kernel_counts_once() -> None:
     """A host op's self device time is the time of the kernels it launched: on a GPU only the device's events
-    count (an H200 profile counted both, 600 ms per step where the step took 458)."""
+    count (an H200 profile counted both, 600 ms per step where the step took 458), and of those not the ranges of
+    ``record_function`` the profiler copies onto the device (inductor wraps each compiled graph's call in one)."""
 
-    def event(name: str, device: DeviceType, us: float, count: int) -> SimpleNamespace:
-        return SimpleNamespace(key=name, device_type=device, self_device_time_total=us, count=count)
+    def event(
+        name: str, device: DeviceType, us: float, count: int, annotation: bool = False
+    ) -> SimpleNamespace:
+        return SimpleNamespace(
+            key=name,
+            device_type=device,
+            self_device_time_total=us,
+            count=count,
+            is_user_annotation=annotation,
+        )
 
     averages = [
         event("tvq::window_cache_forward", DeviceType.CPU, 8000.0, 2),
+        # the profiler's copy of a record_function range on the device's timeline: the span of its kernels
+        event("## Call CompiledFxGraph fabc ##", DeviceType.CUDA, 8500.0, 2, annotation=True),
         event("forward_kernel", DeviceType.CUDA, 8000.0, 2),
         event("aten::mm", DeviceType.CPU, 2000.0, 4),
         event("nvjet_gemm", DeviceType.CUDA, 2000.0, 4),

@@ -96,9 +96,11 @@ def profile_summary(
 ) -> dict[str, Any]:
     """``{"steps", "ms_per_step", "calls_per_step", "rows"}`` of torch.profiler's ``key_averages()`` by the self
     time ``key`` (µs), per step of ``steps``: every op's self time summed (``ms_per_step``), the ``rows`` largest
-    with their share. ``device_events``: count only the device's own events (kernels, copies, memsets), not the
-    host ops whose self device time is the time of the kernels they launched."""
-    events = [e for e in averages if not device_events or e.device_type != DeviceType.CPU]
+    with their share. ``device_events``: count only the device's own events (kernels, copies, memsets): not the
+    host ops, whose self device time is the time of the kernels they launched, nor the ranges the profiler copies
+    onto the device's timeline (``record_function``: inductor's ``## Call CompiledFxGraph ##`` around each compiled
+    graph, the optimiser's step), whose time is the span of the kernels inside them."""
+    events = [e for e in averages if not device_events or _device_work(e)]
     timed = [(event.key, getattr(event, key) / 1e3 / steps, event.count / steps) for event in events]
     timed = sorted((t for t in timed if t[1] > 0), key=lambda t: -t[1])
     total = sum(ms for _, ms, _ in timed)
@@ -111,3 +113,8 @@ def profile_summary(
             for name, ms, calls in timed[:rows]
         ],
     }
+
+
+def _device_work(event: Any) -> bool:
+    """Whether a profiler row is the device's own work: a device event, not a user annotation's range."""
+    return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
