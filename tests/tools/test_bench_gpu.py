@@ -15,7 +15,9 @@ import pytest
 from tests.helpers.paths import REPO
 from tvq_exp.tools.bench.gpu import (
     BUDGETS,
+    FIRST_TESTS,
     batch_sizes,
+    cuda_test_files,
     jobs,
     parser,
     run_sections,
@@ -172,6 +174,31 @@ def test_the_tests_section_stopped_at_its_budget_keeps_what_finished(tmp_path: P
     done = run_tests_section(25, paths=[str(probe)])
     assert done["error"] == done["summary"] == "stopped at its 25 s budget"
     assert (done["tests"], done["passed"], done["not_passed"], done["returncode"]) == (1, 1, [], None)
+
+
+def test_the_tests_section_runs_the_kernels_tests_first_then_every_other_file_that_mentions_cuda(
+    tmp_path: Path,
+) -> None:
+    """On the H200 of 2026-11-28 the section ran out of its budget over the whole suite in name order, before the
+    fused kernels' device tests: those come first now, then the rest, each file once."""
+    files = cuda_test_files()
+    assert files[: len(FIRST_TESTS)] == list(FIRST_TESTS) and len(set(files)) == len(files)
+    for first in FIRST_TESTS:
+        assert "cuda" in (REPO / first).read_text()
+    (tmp_path / "tests" / "deep").mkdir(parents=True)
+    (tmp_path / "tests" / "deep" / "test_b.py").write_text("def test_b_cuda(): pass\n")
+    (tmp_path / "tests" / "test_a.py").write_text("def test_a_cuda(): pass\n")
+    (tmp_path / "tests" / "test_c.py").write_text("def test_c(): pass\n")
+    assert cuda_test_files(tmp_path) == [*FIRST_TESTS, "tests/deep/test_b.py", "tests/test_a.py"]
+
+
+def test_the_tests_section_leaves_out_the_tests_that_train_a_model_first(tmp_path: Path) -> None:
+    """A documented command's test and the command-line fuzz train a model in a subprocess before their CUDA case:
+    not the kernels' check, and minutes of its budget."""
+    for name in ("test_doc_commands", "test_fuzz_cli", "test_kernel"):
+        (tmp_path / f"{name}.py").write_text("def test_case_cuda(): pass\n")
+    done = run_tests_section(120, paths=[str(p) for p in sorted(tmp_path.glob("test_*.py"))])
+    assert (done["tests"], done["passed"]) == (1, 1)
 
 
 def test_a_failed_section_is_recorded_the_rest_run_and_the_check_fails(tmp_path: Path) -> None:

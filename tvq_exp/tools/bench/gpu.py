@@ -20,10 +20,11 @@ the start-up about 7.5 minutes in all):
    and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`). The
    per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
    run stopped at the budget still gives the figures of the rows it flushed;
-3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``: among them the VQ kernels against the plain
-   reference on the device, fp32 within 1e-5 and bf16 within 1e-2 of the reference in fp32, or 1.5 times the plain
-   kernel's own bf16 error where that is larger): the count of each outcome and the ids of the tests that failed,
-   read from pytest's verbose lines as they come, so a run stopped at its budget keeps what finished.
+3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``), the fused kernels' files first, without the two
+   that train a model in a subprocess first (:data:`FIRST_TESTS`, :data:`TEST_SELECTION`). Among them the VQ kernels
+   against the plain reference on the device, fp32 within 1e-5 and bf16 within 1e-2 of the reference in fp32, or 1.5
+   times the plain kernel's own bf16 error where that is larger. The count of each outcome and the ids of the tests
+   that failed, read from pytest's verbose lines as they come, so a run stopped at its budget keeps what finished.
 
 The JSON file is rewritten after each section (and within the attention section after each case), so a run cut
 short keeps what finished. A section that fails records its ``error`` and the next still runs; the command then
@@ -56,6 +57,17 @@ SECTIONS = ("attention", "training", "tests")
 # VQ's fused kernel forward + backward at 8k only, and 150 s of training, 60 of them compiling, gave 18 rows)
 BUDGETS = {"attention": 180.0, "training": 150.0, "tests": 120.0}
 LARGE_MEMORY_GB = 120  # a device this large tries the paper's per-process batch of 16 first
+# the tests section's files, most wanted first: the fused kernels against the plain one on the device, the code
+# search, the cache's running means, the interpreter suite compiled for the device (an H200's 140 s ran out in
+# 2026-11-28's run over the whole suite in name order, and the selection has grown since); then
+# :func:`cuda_test_files`
+FIRST_TESTS = (
+    "tests/attention/test_vq_triton_cuda.py", "tests/quantize/test_fused_nearest.py",
+    "tests/attention/test_vq_cache_triton.py", "tests/attention/test_vq_triton.py",
+)  # fmt: skip
+# the CUDA tests; not those that train a model in a subprocess first (a documented command, the command-line fuzz):
+# minutes of the section's budget for no check of the kernels
+TEST_SELECTION = "cuda and not test_doc_commands and not test_fuzz_cli"
 
 
 def device_info() -> dict[str, Any]:
@@ -76,14 +88,27 @@ def device_info() -> dict[str, Any]:
 VERDICT = re.compile(r"^(\S+\.py::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: |$)")
 
 
+def cuda_test_files(root: Path = REPO) -> list[str]:
+    """The test files the tests section runs, in order: :data:`FIRST_TESTS`, then every other file of ``root``'s
+    ``tests/`` that mentions CUDA, by name (pytest runs files in the order given; a folder would be run in name
+    order)."""
+    rest = sorted(
+        path.relative_to(root).as_posix()
+        for path in (root / "tests").rglob("test_*.py")
+        if "cuda" in path.read_text(encoding="utf-8")
+    )
+    return [*FIRST_TESTS, *(path for path in rest if path not in FIRST_TESTS)]
+
+
 def tests_section(
-    budget_s: float, selection: str = "cuda", paths: Sequence[str] = ("tests",)
+    budget_s: float, selection: str = TEST_SELECTION, paths: Sequence[str] | None = None
 ) -> dict[str, Any]:
-    """``pytest -k SELECTION`` over ``paths`` (the test suite) within ``budget_s``: the count of each outcome and
-    the ids of the tests that failed or errored, read from pytest's verbose lines as they come, so a run stopped at
-    its budget still gives what finished; ``error`` when a test failed or the budget ran out."""
+    """``pytest -k SELECTION`` over ``paths`` (default :func:`cuda_test_files`: the kernels' tests first) within
+    ``budget_s``: the count of each outcome and the ids of the tests that failed or errored, read from pytest's
+    verbose lines as they come, so a run stopped at its budget still gives what finished; ``error`` when a test
+    failed or the budget ran out."""
     command = [sys.executable, "-u", "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-k", selection,
-               "--continue-on-collection-errors", *paths]  # fmt: skip
+               "--continue-on-collection-errors", *(cuda_test_files() if paths is None else paths)]  # fmt: skip
     stopped = None
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=budget_s)
