@@ -5,6 +5,7 @@ order. Rounding the logits to bf16 before the softmax, or ``dO·V^T`` before ``d
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.attention.test_vq import grouped, kernel_inputs
@@ -122,3 +123,30 @@ def test_bf16_values_keep_the_means_for_the_backward_in_bf16_and_their_gradient_
     p = parts.probabilities(0, low["q"].shape[1]).to(do.dtype)
     assert dmu.dtype == torch.float32
     assert torch.equal(dmu, (p[..., -low["mu"].shape[2] :].transpose(-1, -2) @ do).float())
+
+
+@pytest.mark.parametrize("keys", [torch.float32, torch.bfloat16])
+def test_on_cuda_queries_and_keys_of_two_dtypes_are_multiplied_widened(keys: torch.dtype) -> None:
+    """On a GPU the products of bf16 operands run as one cuBLAS call writing fp32, which takes operands of one dtype:
+    bf16 queries against fp32 keys (unit-norm keys are fp32 under CUDA's autocast) are widened, as on a CPU. Traced on
+    fake CUDA tensors: the forward and every gradient of :class:`ChunkParts` take their shapes and dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.device("cuda"):
+        inputs = {k: v.detach().to("cuda") for k, v in kernel_inputs(True, True).items()}
+        low = {
+            k: v.bfloat16() if k in ("q", "vb", "bias_q", "rel", "mu") else v.float()
+            for k, v in inputs.items()
+        }
+        low["kb"], low["codebook"] = (
+            low["kb"].to(keys),
+            low["codebook"].to(keys),
+        )  # the layer casts the codes to the keys
+        grouped_inputs = grouped(low)
+        out = window_cache_attention(grouped_inputs)
+        assert (out.device.type, out.dtype) == ("cuda", torch.bfloat16)
+        q, kb, vb, index = grouped_inputs[:4]
+        parts = ChunkParts(q, kb, vb, index.table(), *grouped_inputs.bias, *grouped_inputs.cache,
+                           grouped_inputs.prev_masked, index.keys())  # fmt: skip
+        grads = parts.backward(torch.ones_like(out), out, chunk=2, want_mu=True)
+    assert [g.dtype for g in grads[:3]] == [torch.bfloat16, keys, torch.bfloat16]

@@ -210,8 +210,9 @@ class _WindowCache(torch.autograd.Function):
 
 def _matmul(a: Tensor, b: Tensor, out: Tensor, add: bool = False) -> None:
     """``out = a @ b`` (``add``: ``out += a @ b``), accumulated and written in ``out``'s dtype: the fp32 product
-    of bf16 operands is never rounded to bf16 (cuBLAS writes it in fp32; on a CPU the operands are widened)."""
-    if a.dtype != out.dtype and a.is_cuda:
+    of bf16 operands is never rounded to bf16 (cuBLAS writes it in fp32; on a CPU, or for operands of two dtypes,
+    such as bf16 queries and fp32 unit-norm keys under autocast, the operands are widened)."""
+    if a.dtype != out.dtype and a.dtype == b.dtype and a.is_cuda:
         flat = (x.reshape(-1, *x.shape[-2:]) for x in (a, b))
         prod = torch.bmm(*flat, out_dtype=out.dtype).view(out.shape)
     else:
