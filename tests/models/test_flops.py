@@ -7,6 +7,7 @@ import csv
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -21,10 +22,11 @@ from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from tests.attention.backends import NAMES, backend_class, build, small_options
+from tests.helpers.config import compose_config
 from tests.helpers.paths import CONF
 from tvq_exp.attention import build_attention
 from tvq_exp.attention.vq import VQAttention
-from tvq_exp.callbacks.throughput import Throughput, precision_dtype
+from tvq_exp.callbacks.throughput import Throughput, precision_dtype, training_dtype
 from tvq_exp.measure.peaks import datasheet_peak_flops, device_peak_flops
 from tvq_exp.measure.timing import matmul_peak_flops
 from tvq_exp.models.blocks import GAUBlock, MHABlock
@@ -209,6 +211,19 @@ def test_precision_dtype() -> None:
     assert precision_dtype("bf16-mixed") == precision_dtype("bf16-true") == torch.bfloat16
     assert precision_dtype("16-mixed") == torch.float16 and precision_dtype("64-true") == torch.float64
     assert precision_dtype("32-true") == precision_dtype(32) == precision_dtype(None) == torch.float32
+
+
+def test_the_matmul_peak_is_measured_in_the_dtype_the_model_computes_in() -> None:
+    """MFU's ceiling: ``trainer=fsdp`` sets ``32-true`` precision (its fp32 master weights) and computes in its
+    ``param_dtype``, bf16: an fp32 ceiling would make its MFU several times too large."""
+    trainer = lambda precision, strategy: SimpleNamespace(precision=precision, strategy=strategy)  # noqa: E731
+    fsdp = compose_config("train", ["trainer=fsdp"]).trainer
+    assert training_dtype(
+        trainer(fsdp.precision, SimpleNamespace(param_dtype=fsdp.strategy.param_dtype))
+    ) == (torch.bfloat16)
+    assert training_dtype(trainer("32-true", SimpleNamespace(param_dtype="fp16"))) == torch.float16
+    assert training_dtype(trainer("bf16-mixed", SimpleNamespace())) == torch.bfloat16
+    assert training_dtype(trainer("32-true", SimpleNamespace())) == torch.float32
 
 
 def test_matmul_peak_is_the_fastest_square_product(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,7 @@ from tvq_exp.measure.peaks import device_peak_flops
 from tvq_exp.measure.timing import matmul_peak_flops, sync
 from tvq_exp.models.decoder import Decoder
 from tvq_exp.models.module import logging_step
+from tvq_exp.models.sharding import DTYPES
 
 
 def batch_tokens(batch: Any) -> int:
@@ -28,6 +29,13 @@ def precision_dtype(precision: str | int | None) -> torch.dtype:
     text = str(precision)
     prefixes = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
     return next((dtype for prefix, dtype in prefixes.items() if text.startswith(prefix)), torch.float32)
+
+
+def training_dtype(trainer: L.Trainer) -> torch.dtype:
+    """The dtype the model's matmuls run in: a sharding strategy's ``param_dtype`` (``trainer=fsdp`` computes in bf16
+    under ``32-true`` precision, which names its fp32 master weights), else the precision's (:func:`precision_dtype`)."""
+    param_dtype = getattr(trainer.strategy, "param_dtype", None)
+    return DTYPES[param_dtype] if param_dtype in DTYPES else precision_dtype(trainer.precision)
 
 
 class Throughput(Callback):
@@ -66,7 +74,7 @@ class Throughput(Callback):
         self._start = None
         if isinstance(model, Decoder) and model.flops(1) is not None:
             self._model = model
-            self._peak_flops = matmul_peak_flops(pl_module.device, precision_dtype(trainer.precision))
+            self._peak_flops = matmul_peak_flops(pl_module.device, training_dtype(trainer))
             self._datasheet_flops = device_peak_flops(pl_module.device)
 
     def on_train_batch_start(

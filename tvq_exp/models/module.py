@@ -319,7 +319,9 @@ class AutoregressiveLitModule(L.LightningModule):
                 for b in accuracy["buckets"] if b["count"]
                 for metric, key in (("acc", "accuracy"), ("bpb", "bpb"))
             }  # fmt: skip
-        self.log_dict(metrics, prog_bar=stage == "val", logger=False, sync_dist=True)
+        # Lightning all-reduces what it is given: on the module's device (NCCL reduces device tensors only)
+        on_device = {k: v.to(self.device) for k, v in metrics.items()}
+        self.log_dict(on_device, prog_bar=stage == "val", logger=False, sync_dist=True)
         for logger in self.loggers:
             logger.log_metrics(
                 {**{k: float(v) for k, v in metrics.items()}, **by_position}, step=self.global_step
