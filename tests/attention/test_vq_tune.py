@@ -56,6 +56,12 @@ def test_the_choice_is_the_fastest_kernel_within_tolerance() -> None:
     # without a profile (a CPU), the layer's time
     records = [rec(64, 10.0, None, 0.0), rec(128, 9.0, None, 0.0)]
     assert tune.best_tiles(records) == {"dq": Tiles(128, 64, 128, 8, 1)}
+    # timed, then failed: its results (no error measured) or its profile
+    unchecked = {k: v for k, v in rec(32, 1.0, None, 0.0).items() if k != "rel_err"} | {
+        "error": "RuntimeError"
+    }
+    unprofiled = rec(16, 1.0, None, 0.0) | {"error": "RuntimeError"}
+    assert tune.best_tiles([*records, unchecked, unprofiled]) == {"dq": Tiles(128, 64, 128, 8, 1)}
 
 
 def test_the_search_leaves_the_shipped_tiles_in_place() -> None:

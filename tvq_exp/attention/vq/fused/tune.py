@@ -158,12 +158,19 @@ def tile_record(kernel: str, t: Tiles, case: Case, want: list[Tensor], reps: int
 
 
 def best_tiles(records: Sequence[dict[str, Any]]) -> dict[str, Tiles]:
-    """Per kernel, the candidate within :data:`TOLERANCE` of the shipped results whose kernel took the least device
-    time (the layer's wall time where the profile has no such kernel: on a CPU). The kernel's own time, since the
-    layer's wall time also holds the work around the kernels, whose spread hides the tiles' differences."""
+    """Per kernel, the candidate within :data:`TOLERANCE` of the shipped results (and without an error) whose kernel
+    took the least device time (the layer's wall time where the profile has no such kernel: on a CPU). The kernel's
+    own time, since the layer's wall time also holds the work around the kernels, whose spread hides the tiles'
+    differences."""
     best: dict[str, tuple[float, Tiles]] = {}
     for r in records:
-        if r.get("section") != "tiles" or "ms" not in r or r["rel_err"] > TOLERANCE:
+        # a candidate that failed after its timing (its results or its profile) has an error and no checked result
+        if (
+            r.get("section") != "tiles"
+            or "ms" not in r
+            or "error" in r
+            or r.get("rel_err", TOLERANCE + 1) > TOLERANCE
+        ):
             continue
         t = Tiles(r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"])
         cost = r["ms"] if r.get("kernel_ms") is None else r["kernel_ms"]
