@@ -164,13 +164,8 @@ def best_tiles(records: Sequence[dict[str, Any]]) -> dict[str, Tiles]:
     differences."""
     best: dict[str, tuple[float, Tiles]] = {}
     for r in records:
-        # a candidate that failed after its timing (its results or its profile) has an error and no checked result
-        if (
-            r.get("section") != "tiles"
-            or "ms" not in r
-            or "error" in r
-            or r.get("rel_err", TOLERANCE + 1) > TOLERANCE
-        ):
+        checked = "error" not in r and r.get("rel_err", TOLERANCE + 1) <= TOLERANCE  # not timed, then failed
+        if r.get("section") != "tiles" or "ms" not in r or not checked:
             continue
         t = Tiles(r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"])
         cost = r["ms"] if r.get("kernel_ms") is None else r["kernel_ms"]
