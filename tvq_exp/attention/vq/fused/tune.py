@@ -164,7 +164,7 @@ def best_tiles(records: Sequence[dict[str, Any]]) -> dict[str, Tiles]:
     differences."""
     best: dict[str, tuple[float, Tiles]] = {}
     for r in records:
-        checked = "error" not in r and r.get("rel_err", TOLERANCE + 1) <= TOLERANCE  # not timed, then failed
+        checked = "error" not in r and r.get("rel_err", TOLERANCE + 1) <= TOLERANCE  # not failed after timing
         if r.get("section") != "tiles" or "ms" not in r or not checked:
             continue
         t = Tiles(r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"])
