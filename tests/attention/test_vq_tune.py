@@ -70,3 +70,28 @@ def test_the_search_leaves_the_shipped_tiles_in_place() -> None:
         assert tune.op.tiles("forward", 16, 16) == Tiles(16, 16, 16)
         assert tune.op.tiles("dq", 16, 16) == shipped("dq", 16, 16)
     assert tune.op.tiles is shipped
+
+
+def test_the_search_leaves_the_comparison_of_lengths_its_share_of_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a clock that moves 100 s per candidate timed: with a 150 s budget, the search's 60% share stops it after
+    # one candidate, and the comparison of lengths still runs (a search that took the whole budget left it none)
+    clock = [0.0]
+    record = tune.tile_record
+
+    def slow_record(*args: object) -> dict:
+        clock[0] += 100.0
+        return record(*args)
+
+    monkeypatch.setattr(tune, "tile_record", slow_record)
+    monkeypatch.setattr(tune, "monotonic", lambda: clock[0])
+    monkeypatch.setitem(tune.CANDIDATES, "forward", ((32, 16, 4, 2),))
+    out = tmp_path / "tune.json"
+    argv = ["--device", "cpu", "--seq-len", "64", "--lengths", "64", "--head-dim", "16", "--tokens", "256",
+            "--reps", "1", "--kernels", "forward", "--budget", "150", "--out", str(out)]  # fmt: skip
+    assert tune.main(argv) == 0
+    records = json.loads(out.read_text())["records"]
+    assert [r.get("error") for r in records if r["section"] == "tiles"] == [None, "skipped: budget"]
+    lengths = [r for r in records if r["section"] == "lengths"]
+    assert len(lengths) == 4 and all("ms" in r for r in lengths), lengths

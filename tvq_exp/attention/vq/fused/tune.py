@@ -8,7 +8,8 @@ The case is the GPU check's ``vq_triton`` attention (:mod:`tvq_exp.tools.bench.g
 timed forward, the three backward kernels forward + backward. Every candidate's output and gradients are compared
 with the shipped configuration's (relative error; a tiling only reorders fp32 sums, so a large error is a defect,
 not rounding). First a profile of the shipped configuration (time per device kernel) at ``--seq-len``; then the
-tile search; then the best tiles of each kernel together against the shipped ones at ``--lengths``.
+tile search, in ``--search-share`` of ``--budget``; then the best tiles of each kernel together against the
+shipped ones at ``--lengths``.
 
 One ``TUNE {json}`` line per record as it is done, the JSON file rewritten after each, a table at the end. On a CPU
 (``--device cpu``, under ``TRITON_INTERPRET=1``) it runs the same steps on small sizes: a check of this tool, not
@@ -20,10 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 import torch
@@ -199,7 +200,7 @@ def kernel_ms(rows: Sequence[dict[str, Any]], kernel: str) -> float | None:
 
 def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Every section in turn; ``save`` gets the report after each record."""
-    device, start = torch.device(args.device), time.monotonic()
+    device, start = torch.device(args.device), monotonic()
     report: dict[str, Any] = {"args": vars(args), "records": []}
 
     def add(record: dict[str, Any]) -> None:
@@ -213,9 +214,9 @@ def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> di
     report["device_ms"] = {mode: sum(r["ms"] for r in rows) for mode, rows in report["profile"].items()}
     save(report)
     kernels = [k for k in KERNEL_NAMES if k in args.kernels.split(",")]
-    for kernel in kernels:
+    for kernel in kernels:  # the search takes its share of the budget, the comparison of lengths the rest
         for t in candidates(kernel, args.head_dim, args.head_dim):
-            if time.monotonic() - start > args.budget:
+            if monotonic() - start > args.budget * args.search_share:
                 add({"section": "tiles", "kernel": kernel, "error": "skipped: budget"})
                 break
             add(
@@ -234,7 +235,7 @@ def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> di
                     "seq_len": seq_len,
                     "mode": "fwdbwd" if train else "fwd",
                 }
-                if time.monotonic() - start > args.budget:
+                if monotonic() - start > args.budget:
                     add(record | {"error": "skipped: budget"})
                     continue
                 with using(tiles):
@@ -275,6 +276,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", default=",".join(KERNEL_NAMES), help="the kernels whose tiles are searched")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--budget", type=float, default=150.0, help="seconds after which the rest is skipped")
+    p.add_argument("--search-share", type=float, default=0.6, help="the search's share of it")
     p.add_argument("--device", default="cuda")
     return p
 
