@@ -4,13 +4,16 @@ PYTEST = $(PY) -m pytest
 # shipped tiny Shakespeare)
 export TVQ_DATA_DIR ?= $(if $(wildcard ../shared/datasets),$(abspath ../shared/datasets))
 TB_HOST ?= localhost
+# the Triton of the GPU machines this project has been lent (with torch 2.11: docs/benchmarks_gpu/*/env.txt), whose
+# compiler builds the kernels there
+DEVICE_TRITON ?= 3.6.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install venv test test-slow test-all test-mutations bench bench-gpu kernel-report train tensorboard lint format clean
+.PHONY: help install venv test test-slow test-all test-mutations bench bench-gpu kernel-report kernel-report-device train tensorboard lint format clean
 
 help: ## list the targets
 	@[ -t 1 ] && on='\033[36m' off='\033[0m' || on= off=; \
-	grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*?## "}; {printf "  %s%-12s%s %s\n", on, $$1, off, $$2}'
+	grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*?## "}; {printf "  %s%-20s%s %s\n", on, $$1, off, $$2}'
 
 install: ## create .venv and install the project (editable) with its dev extras
 	python3 -m venv .venv
@@ -42,6 +45,10 @@ bench-gpu: venv ## the GPU check on one CUDA device into bench/gpu.json (skips i
 
 kernel-report: venv ## compile the fused VQ Triton kernels for sm_90a (no GPU needed): registers, spills, shared memory; fails on spills
 	$(PY) -m tvq_exp.attention.vq.fused.report
+
+kernel-report-device: venv ## kernel-report under the Triton the lent GPUs run (DEVICE_TRITON=3.6.0, installed into .triton/ once)
+	@[ -d .triton/$(DEVICE_TRITON)/triton ] || $(PY) -m pip install -q --no-deps --target .triton/$(DEVICE_TRITON) triton==$(DEVICE_TRITON)
+	PYTHONPATH=.triton/$(DEVICE_TRITON) $(PY) -m tvq_exp.attention.vq.fused.report
 
 train: venv ## train the default model (override with ARGS="model=gau_vq data=gutenberg ...")
 	$(PY) train.py $(ARGS)

@@ -46,3 +46,10 @@ def test_tensorboard_binds_localhost_unless_asked() -> None:
     out = make("-n", "tensorboard")
     assert "--host localhost" in out and "--bind_all" not in out
     assert "--host 0.0.0.0" in make("-n", "tensorboard", TB_HOST="0.0.0.0")
+
+
+def test_the_device_kernel_report_compiles_with_the_device_triton_installed_beside_the_venv() -> None:
+    out = make("-n", "kernel-report-device", "DEVICE_TRITON=3.6.0")
+    assert "--target .triton/3.6.0 triton==3.6.0" in out  # installed once, beside the venv's own Triton
+    assert out.splitlines()[-1].startswith("PYTHONPATH=.triton/3.6.0 ")  # ahead of the venv's on the path
+    assert out.splitlines()[-1].endswith("-m tvq_exp.attention.vq.fused.report")

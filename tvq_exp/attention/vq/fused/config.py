@@ -54,8 +54,8 @@ def tiles(
     if kernel == "forward":
         return Tiles(64 * groups, 32 if bias else 64, bdv, num_warps=4 * groups, num_stages=2)
     # the backward's loads are copied one step ahead (2 stages) where that does not spill: with 1 stage every load
-    # of their loops is synchronous. It spills for dq with the bias's gradient and for the keys' gradient in one pass
-    # over whole tiles (no bias), at 128-wide keys
+    # of their loops is synchronous. It spills for dq with the bias's gradient at 128-wide keys, and for the keys'
+    # gradient in one pass over whole tiles (no bias) at 64-wide keys (Triton 3.6)
     one, wide_keys = dv <= bdv, padded_dim(d_k) > 64
     # dq: one warpgroup where the values fit one chunk (q, dO, dq all held), else dO·vᵀ summed 32 columns at a time
     if kernel == "dq":
@@ -63,9 +63,11 @@ def tiles(
             return Tiles(64, 32, bdv, num_warps=4, num_stages=1 if bias and wide_keys else 2)
         return Tiles(64 * groups, 32, 32, num_warps=4 * groups, num_stages=2)
     # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step for 128-wide keys (64
-    # rows spill)
-    stages = 1 if kernel == "window_key" and one and not bias else 2
-    return Tiles(32 if wide_keys else 64, 64 * groups, bdv, num_warps=4 * groups, num_stages=stages)
+    # rows spill), 16 for their keys' and values' gradients in one pass (32 spill there under Triton 3.6, the lent
+    # GPUs' version: make kernel-report-device)
+    rows = 64 if not wide_keys else 16 if kernel == "window_key" and one else 32
+    stages = 1 if kernel == "window_key" and one and not bias and not wide_keys else 2
+    return Tiles(rows, 64 * groups, bdv, num_warps=4 * groups, num_stages=stages)
 
 
 __all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]

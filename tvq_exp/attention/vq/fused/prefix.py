@@ -31,8 +31,9 @@ from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
 # codes, positions per step and value columns per program, warps, per kernel: on sm_90a no spill, and each product's
 # rows a multiple of 64 per warpgroup (make kernel-report). The forward's product has a row per code (128 on 8 warps:
-# the values are read once per 128 codes); the backward's a row per position (64 on 4 warps)
-GPU_TILES = {"forward": (128, 64, 32, 8), "backward": (64, 64, 32, 4)}
+# the values are read once per 128 codes), 32 positions a step (64 spill fp32 values under Triton 3.6, the lent GPUs'
+# version: make kernel-report-device); the backward's a row per position (64 on 4 warps)
+GPU_TILES = {"forward": (128, 32, 32, 8), "backward": (64, 64, 32, 4)}
 STAGES = 2  # software pipelining of both kernels' block loops, as make kernel-report compiles them
 # the interpreter's: the smallest, so that small tests cross every tile edge
 INTERPRETED_TILES = (16, 16, 16, 4)

@@ -3,7 +3,8 @@ kernel-report``).
 
 Compiles every configuration :mod:`.config` ships (each kernel with the flags that make it largest, at the head
 sizes of :data:`~tvq_exp.attention.vq.fused.config.SHIPPED`, bf16 and fp32 operands) for an H100 (sm_90a) with
-Triton's bundled ``ptxas``: no GPU nor driver is needed. Prints registers, spills, stack, shared memory,
+Triton's bundled ``ptxas``: no GPU nor driver is needed. The first line names the Triton that compiled them:
+the venv's, or the one the lent GPUs run (``make kernel-report-device``; their compiler builds the kernels there). Prints registers, spills, stack, shared memory,
 whether the matrix products use Hopper's ``wgmma`` and how many times the most repeated one is computed
 (:func:`repeats`), one line per configuration; exits 1 when a bf16 configuration spills or repeats a product, or
 any needs more shared memory than an H100 block may have (fp32 configurations, the GPU's correctness path, do
@@ -269,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp32", help="operand dtypes, comma-separated (bf16, fp32)")
     args = parser.parse_args(argv)
     rows = report(dtypes=tuple(args.dtypes.split(",")))
+    import triton  # after the kernels: the version that compiled them (make kernel-report-device: another one)
+
+    print(f"Triton {triton.__version__}, sm_90a\n")
     print(table(rows))
     bad = [r for r in rows if not r.ok]
     if bad:
