@@ -14,7 +14,8 @@ from torch.autograd import DeviceType
 from torch.utils.data import DataLoader
 
 from tests.models.test_flops import tiny_preset
-from tvq_exp.callbacks.device_profile import DeviceProfile, profile_summary
+from tvq_exp.callbacks.device_profile import DeviceProfile
+from tvq_exp.measure.profile import profile_calls, profile_summary
 from tvq_exp.models.module import AutoregressiveLitModule
 
 
@@ -79,6 +80,18 @@ def test_on_a_gpu_each_kernel_counts_once() -> None:
     assert [r["name"] for r in summary["rows"]] == ["forward_kernel", "nvjet_gemm", "Memcpy DtoD"]
     assert summary["calls_per_step"] == pytest.approx(4.0)
     assert sum(r["share"] for r in summary["rows"]) == pytest.approx(1.0)
+
+
+def test_profiled_calls_are_summed_per_call_against_their_wall_clock() -> None:
+    """What the GPU check and the tile search record of one case: each op per call, and how busy the calls kept
+    the device (the CPU's ops here)."""
+    x = torch.randn(256, 256)
+    summary = profile_calls(lambda: torch.relu(x @ x), torch.device("cpu"), calls=3, rows=50)
+    assert summary["steps"] == 3
+    per_call = {r["name"]: r["calls_per_step"] for r in summary["rows"]}
+    assert per_call["aten::mm"] == 1.0 and per_call["aten::relu"] == 1.0
+    assert 0 < summary["ms_per_step"] <= summary["wall_ms_per_step"]
+    assert summary["busy_share"] == pytest.approx(summary["ms_per_step"] / summary["wall_ms_per_step"])
 
 
 def test_a_run_ending_inside_the_window_writes_what_it_profiled(tmp_path: Path) -> None:

@@ -238,6 +238,20 @@ def test_the_attention_section_at_cpu_size_saves_after_each_case_in_their_order(
     assert all(r["error"].startswith("RuntimeError: No viable backend") for r in cudnn)
 
 
+def test_the_cases_asked_for_are_profiled_too_after_their_times() -> None:
+    # what explains a missed target: where one call's time went, by op (kernels on a GPU), against its wall clock
+    section = attention_section(
+        90, lambda partial: None, kernels=("vq_plain",), lengths=(256, 512), head_dim=16, tokens=1024,
+        device="cpu", profiled=("vq_plain:512",),
+    )  # fmt: skip
+    profiled = {(r["seq_len"], r["mode"]): r.get("profile") for r in section["records"]}
+    assert {case for case, profile in profiled.items() if profile} == {(512, "fwdbwd"), (512, "fwd")}
+    for mode in ("fwdbwd", "fwd"):
+        profile = profiled[(512, mode)]
+        assert profile["steps"] == 1 and 0 < profile["ms_per_step"] <= profile["wall_ms_per_step"]
+        assert any(r["name"] in ("aten::bmm", "aten::mm") for r in profile["rows"]), profile["rows"]
+
+
 def test_the_cases_run_kernel_by_kernel_as_chosen_forward_and_backward_first() -> None:
     assert [str(c) for c in plan(("sdpa_flash", "vq_triton"), (8192, 32768))] == [
         "sdpa_flash:8192:fwdbwd", "sdpa_flash:32768:fwdbwd", "sdpa_flash:8192:fwd", "sdpa_flash:32768:fwd",

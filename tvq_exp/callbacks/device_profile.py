@@ -11,10 +11,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from tvq_exp.files import write_text
+from tvq_exp.measure.profile import profile_summary
 from tvq_exp.options import NonNegativeInt, PositiveInt, checked
 
 
@@ -80,41 +80,12 @@ class DeviceProfile(Callback):
         self._profiler.__exit__(None, None, None)
         averages, self._profiler = self._profiler.key_averages(), None
         key = "self_device_time_total" if cuda else "self_cpu_time_total"
-        summary = profile_summary(averages, key, max(steps, 1), self.rows, device_events=cuda)
-        summary["wall_ms_per_step"] = wall_ms / max(steps, 1)
-        summary["busy_share"] = summary["ms_per_step"] / summary["wall_ms_per_step"]
+        summary = profile_summary(
+            averages, key, max(steps, 1), self.rows, device_events=cuda, wall_ms=wall_ms
+        )
         summary["device"] = "cuda" if cuda else "cpu"
         self.dirpath.mkdir(parents=True, exist_ok=True)
         write_text("device-profile.json", self.dirpath, json.dumps(summary, indent=1) + "\n")
         write_text(
             "device-profile.txt", self.dirpath, averages.table(sort_by=key, row_limit=self.rows) + "\n"
         )
-
-
-def profile_summary(
-    averages: Any, key: str, steps: int, rows: int, device_events: bool = False
-) -> dict[str, Any]:
-    """``{"steps", "ms_per_step", "calls_per_step", "rows"}`` of torch.profiler's ``key_averages()`` by the self
-    time ``key`` (µs), per step of ``steps``: every op's self time summed (``ms_per_step``), the ``rows`` largest
-    with their share. ``device_events``: count only the device's own events (kernels, copies, memsets): not the
-    host ops, whose self device time is the time of the kernels they launched, nor the ranges the profiler copies
-    onto the device's timeline (``record_function``: inductor's ``## Call CompiledFxGraph ##`` around each compiled
-    graph, the optimiser's step), whose time is the span of the kernels inside them."""
-    events = [e for e in averages if not device_events or _device_work(e)]
-    timed = [(event.key, getattr(event, key) / 1e3 / steps, event.count / steps) for event in events]
-    timed = sorted((t for t in timed if t[1] > 0), key=lambda t: -t[1])
-    total = sum(ms for _, ms, _ in timed)
-    return {
-        "steps": steps,
-        "ms_per_step": total,
-        "calls_per_step": sum(calls for _, _, calls in timed),
-        "rows": [
-            {"name": name, "ms_per_step": ms, "share": ms / total, "calls_per_step": calls}
-            for name, ms, calls in timed[:rows]
-        ],
-    }
-
-
-def _device_work(event: Any) -> bool:
-    """Whether a profiler row is the device's own work: a device event, not a user annotation's range."""
-    return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)

@@ -22,6 +22,10 @@ after a warm-up, which includes any compilation), ``flops`` and ``tflops_per_s``
 attention ``2·B·H·T²·d`` forward (half of the ``4·B·H·T²·d`` of the full square; FlashAttention's convention) and
 3.5 times that with the backward; VQ its layer's :meth:`~tvq_exp.attention.vq.VQAttention.flops` (the same for
 every kernel). A case that fails (no such kernel, out of memory) prints its error and the next runs.
+
+The cases of :data:`PROFILED` (VQ's fused layer, eager and compiled, at 32k) are also profiled, one call after the
+timed ones: ``profile`` holds where the call's device time went, each kernel once, and how busy the call kept the
+device (:func:`~tvq_exp.measure.profile.profile_calls`): the profile that explains a missed target.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import IO, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from tvq_exp.measure.profile import profile_calls
 from tvq_exp.measure.timing import matmul_peak_flops, sync, time_calls
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,6 +62,11 @@ MODES = ("fwdbwd", "fwd")  # forward + backward first: the targets' figure
 CASE_SECONDS = 90.0
 CONTEXT_LOST = 3  # the worker's exit status after a CUDA error that leaves its device context unusable
 MM_SIZE = 8192  # the ceiling: an 8192³ bf16 matmul
+PROFILED = (
+    "vq_triton:32768",
+    "vq_triton_compiled:32768",
+)  # KERNEL:T whose cases are profiled too, both modes
+PROFILE_ROWS = 25  # the kernels a profile keeps, largest first
 
 
 class Case(NamedTuple):
@@ -163,12 +173,21 @@ def case(
 
 
 def measure(
-    kernel: str, seq_len: int, mode: str, head_dim: int, device: torch.device, reps: int, tokens: int = TOKENS
+    kernel: str,
+    seq_len: int,
+    mode: str,
+    head_dim: int,
+    device: torch.device,
+    reps: int,
+    tokens: int = TOKENS,
+    profiled: bool = False,
 ) -> dict[str, Any]:
-    """One configuration: ``{ms, flops, tflops_per_s}`` or ``{error}``."""
+    """One configuration: ``{ms, flops, tflops_per_s}`` (and ``profile`` where ``profiled``) or ``{error}``."""
+    profile: dict[str, Any] | None = None
     try:
         call, flops = case(kernel, seq_len, mode, head_dim, device, tokens)
         times = time_calls(call, device, reps, budget_s=5.0)
+        profile = _profile(call, device) if profiled else None
     except Exception as err:  # noqa: BLE001 - any failure of one case is recorded, the next case runs
         return {
             "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
@@ -177,7 +196,16 @@ def measure(
         if device.type == "cuda" and not context_lost(device):
             torch.cuda.empty_cache()
     ms = sorted(times)[len(times) // 2]
-    return {"ms": ms, "flops": flops, "tflops_per_s": flops / (ms / 1e3) / 1e12}
+    result = {"ms": ms, "flops": flops, "tflops_per_s": flops / (ms / 1e3) / 1e12}
+    return result if profile is None else result | {"profile": profile}
+
+
+def _profile(call: Callable[[], None], device: torch.device) -> dict[str, Any]:
+    """One more call, profiled; its error instead where the profiler fails (the case's times are kept)."""
+    try:
+        return profile_calls(call, device, rows=PROFILE_ROWS)
+    except Exception as err:  # noqa: BLE001 - a profiler failure must not cost the case its times
+        return {"error": f"{type(err).__name__}: {str(err).strip()[:200]}"}
 
 
 def context_lost(device: torch.device) -> bool:
@@ -198,14 +226,23 @@ def record(c: Case, head_dim: int, tokens: int, **result: Any) -> dict[str, Any]
             "batch_heads": HEADS * max(1, tokens // (c.seq_len * HEADS)), **result}  # fmt: skip
 
 
-def work(cases: Sequence[Case], head_dim: int, device: torch.device, reps: int, tokens: int = TOKENS) -> int:
-    """The worker: ``READY`` once the device is up, then each case's ``CASE {json}`` line as it is done. Returns
-    :data:`CONTEXT_LOST` after a case that left the device unusable (the parent runs the rest in a new worker)."""
+def work(
+    cases: Sequence[Case],
+    head_dim: int,
+    device: torch.device,
+    reps: int,
+    tokens: int = TOKENS,
+    profiled: Sequence[str] = PROFILED,
+) -> int:
+    """The worker: ``READY`` once the device is up, then each case's ``CASE {json}`` line as it is done (the cases
+    whose ``KERNEL:T`` is in ``profiled`` with their profile). Returns :data:`CONTEXT_LOST` after a case that left the
+    device unusable (the parent runs the rest in a new worker)."""
     if device.type == "cuda":
         torch.cuda.init()
     print("READY", flush=True)
     for c in cases:
-        result = measure(c.kernel, c.seq_len, c.mode, head_dim, device, reps, tokens)
+        profile = f"{c.kernel}:{c.seq_len}" in profiled
+        result = measure(c.kernel, c.seq_len, c.mode, head_dim, device, reps, tokens, profile)
         print("CASE " + json.dumps(record(c, head_dim, tokens, **result)), flush=True)
         if "error" in result and context_lost(device):
             return CONTEXT_LOST
@@ -222,11 +259,13 @@ def attention_section(
     tokens: int = TOKENS,
     device: str = "cuda",
     case_s: float = CASE_SECONDS,
+    profiled: Sequence[str] = PROFILED,
 ) -> dict[str, Any]:
     """Every case of :func:`plan` in one worker process within ``budget_s``; ``save`` gets the section after each
     case. A case past ``case_s`` (the worker's start-up not counted) is stopped and the rest of its kernel skipped;
     a worker that ends early (stopped, crashed, or its CUDA context lost) is followed by a new one for what is left;
-    once the budget is spent the remaining cases are skipped."""
+    once the budget is spent the remaining cases are skipped. The cases whose ``KERNEL:T`` is in ``profiled`` are
+    profiled too."""
     deadline = time.monotonic() + budget_s
     ceiling = (
         matmul_peak_flops(torch.device(device), torch.bfloat16, size=MM_SIZE) if device == "cuda" else None
@@ -239,7 +278,8 @@ def attention_section(
         save(_compared(section))
 
     pending = plan(kernels, lengths)
-    options = ["--head-dim", str(head_dim), "--tokens", str(tokens), "--device", device]
+    options = ["--head-dim", str(head_dim), "--tokens", str(tokens), "--device", device,
+               "--profiled", ",".join(profiled)]  # fmt: skip
     while pending and time.monotonic() < deadline:
         pending = _run_worker(pending, options, deadline, case_s, add)
     for c in pending:
@@ -337,12 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--tokens", type=int, default=TOKENS, help="B·H·T of every case")
+    p.add_argument("--profiled", default=",".join(PROFILED), help="KERNEL:T,... whose cases are profiled too")
     args = p.parse_args(argv)
     try:
         cases = [Case.parse(c) for c in args.cases.split(",")]
     except ValueError as err:
         p.error(str(err))
-    return work(cases, args.head_dim, torch.device(args.device), args.reps, args.tokens)
+    profiled = [x for x in args.profiled.split(",") if x]
+    return work(cases, args.head_dim, torch.device(args.device), args.reps, args.tokens, profiled)
 
 
 if __name__ == "__main__":

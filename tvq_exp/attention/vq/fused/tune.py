@@ -32,7 +32,8 @@ from torch import Tensor
 
 from tvq_exp.attention.vq.fused import config, op
 from tvq_exp.attention.vq.fused.config import KERNEL_NAMES, Tiles
-from tvq_exp.measure.timing import sync, time_calls
+from tvq_exp.measure.profile import profile_calls
+from tvq_exp.measure.timing import time_calls
 
 HEADS = 4
 # per kernel, (bm, bn, num_warps, num_stages); bdv stays the shipped one (the values' chunk). Each list starts with
@@ -175,27 +176,17 @@ def best_tiles(records: Sequence[dict[str, Any]]) -> dict[str, Tiles]:
     return {kernel: t for kernel, (_, t) in best.items()}
 
 
-def profile(case: Case, train: bool) -> list[dict[str, Any]]:
+def profile(case: Case, train: bool) -> dict[str, Any]:
     """Time per device kernel of one call (the current tiles), largest first (CPU ops' own time on a CPU): every
-    kernel, so that their sum against the call's wall time says how much of it the device was busy."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
+    kernel, each counted once, so that their sum against the call's wall time says how busy the device was."""
     run = case.call(train)
     run()
-    sync(case.device)
-    cuda = case.device.type == "cuda"
-    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
-        run()
-        sync(case.device)
-    spent = [(e, e.device_time_total if cuda else e.self_cpu_time_total) for e in prof.key_averages()]
-    rows = [{"name": e.key[:90], "calls": e.count, "ms": us / 1e3} for e, us in spent if us > 0]
-    return sorted(rows, key=lambda r: -r["ms"])
+    return profile_calls(run, case.device, rows=1000)
 
 
-def kernel_ms(rows: Sequence[dict[str, Any]], kernel: str) -> float | None:
+def kernel_ms(summary: dict[str, Any], kernel: str) -> float | None:
     """The device time of the fused op's ``kernel`` (its Triton function ``{kernel}_kernel``) in a profile."""
-    return next((r["ms"] for r in rows if r["name"] == f"{kernel}_kernel"), None)
+    return next((r["ms_per_step"] for r in summary["rows"] if r["name"] == f"{kernel}_kernel"), None)
 
 
 def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -211,7 +202,7 @@ def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> di
     case = Case(args.seq_len, args.head_dim, args.tokens, device)
     want = case.results()
     report["profile"] = {mode: profile(case, mode == "fwdbwd") for mode in ("fwd", "fwdbwd")}
-    report["device_ms"] = {mode: sum(r["ms"] for r in rows) for mode, rows in report["profile"].items()}
+    report["device_ms"] = {mode: summary["ms_per_step"] for mode, summary in report["profile"].items()}
     save(report)
     kernels = [k for k in KERNEL_NAMES if k in args.kernels.split(",")]
     for kernel in kernels:  # the search takes its share of the budget, the comparison of lengths the rest
@@ -258,9 +249,13 @@ def table(report: dict[str, Any]) -> str:
         lines.append(f"| {r['section']} | {r.get('kernel', r.get('tiles', ''))} | {r.get('seq_len', '')} | "
                      f"{r.get('mode', '')} | {shape} | {cells[0]} | {cells[1]} | {err} | {own} |")  # fmt: skip
     lines.append(f"best: {report.get('best')}")
-    for mode, rows in report.get("profile", {}).items():
-        top = "; ".join(f"{r['name']} {r['ms']:.3f} ms ×{r['calls']}" for r in rows[:12])
-        lines.append(f"profile {mode} (device busy {report['device_ms'][mode]:.2f} ms in all): {top}")
+    for mode, summary in report.get("profile", {}).items():
+        top = "; ".join(
+            f"{r['name']} {r['ms_per_step']:.3f} ms ×{r['calls_per_step']:g}" for r in summary["rows"][:12]
+        )
+        lines.append(
+            f"profile {mode} (device busy {summary['ms_per_step']:.2f} of {summary['wall_ms_per_step']:.2f} ms): {top}"
+        )
     return "\n".join(lines)
 
 

@@ -1,0 +1,72 @@
+"""Where a call's or a training step's time goes: torch.profiler's rows summed with each kernel counted once
+(:func:`profile_summary`), and one profiled call (:func:`profile_calls`). The training step's profile is
+:class:`~tvq_exp.callbacks.device_profile.DeviceProfile`; the GPU check and the tile search profile single calls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from tvq_exp.measure.timing import sync
+
+
+def profile_summary(
+    averages: Any, key: str, steps: int, rows: int, device_events: bool = False, wall_ms: float | None = None
+) -> dict[str, Any]:
+    """``{"steps", "ms_per_step", "calls_per_step", "rows"}`` of torch.profiler's ``key_averages()`` by the self
+    time ``key`` (µs), per step of ``steps``: every op's self time summed (``ms_per_step``), the ``rows`` largest
+    with their share. ``device_events``: count only the device's own events (kernels, copies, memsets): not the
+    host ops, whose self device time is the time of the kernels they launched, nor the ranges the profiler copies
+    onto the device's timeline (``record_function``: inductor's ``## Call CompiledFxGraph ##`` around each compiled
+    graph, the optimiser's step), whose time is the span of the kernels inside them. ``wall_ms``: the steps' wall
+    clock, which adds ``wall_ms_per_step`` and ``busy_share`` (``ms_per_step`` over it: below 1, the device waited
+    for the host)."""
+    events = [e for e in averages if not device_events or device_work(e)]
+    timed = [(event.key, getattr(event, key) / 1e3 / steps, event.count / steps) for event in events]
+    timed = sorted((t for t in timed if t[1] > 0), key=lambda t: -t[1])
+    total = sum(ms for _, ms, _ in timed)
+    summary = {
+        "steps": steps,
+        "ms_per_step": total,
+        "calls_per_step": sum(calls for _, _, calls in timed),
+        "rows": [
+            {"name": name, "ms_per_step": ms, "share": ms / total, "calls_per_step": calls}
+            for name, ms, calls in timed[:rows]
+        ],
+    }
+    if wall_ms is not None:
+        summary["wall_ms_per_step"] = wall_ms / steps
+        summary["busy_share"] = total / summary["wall_ms_per_step"]
+    return summary
+
+
+def device_work(event: Any) -> bool:
+    """Whether a profiler row is the device's own work: a device event, not a user annotation's range."""
+    return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
+
+
+def profile_calls(
+    fn: Callable[[], object], device: torch.device, calls: int = 1, rows: int = 20
+) -> dict[str, Any]:
+    """:func:`profile_summary` of ``calls`` calls of ``fn`` (warmed up by the caller; each call counts as a step):
+    on CUDA the device's own events by their self device time, elsewhere the ops' self CPU time; its wall clock
+    with ``device`` synchronised at both ends, the profiler's overhead included."""
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    sync(device)
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync(device)
+        wall_ms = (time.perf_counter() - started) * 1e3
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return profile_summary(prof.key_averages(), key, calls, rows, device_events=cuda, wall_ms=wall_ms)
+
+
+__all__ = ["device_work", "profile_calls", "profile_summary"]
