@@ -4,11 +4,11 @@ kernel-report``).
 Compiles every configuration :mod:`.config` ships (each kernel with the flags that make it largest, at the head
 sizes of :data:`~tvq_exp.attention.vq.fused.config.SHIPPED`, bf16 and fp32 operands) for an H100 (sm_90a) with
 Triton's bundled ``ptxas``: no GPU nor driver is needed. The first line names the Triton that compiled them:
-the venv's, or the one the lent GPUs run (``make kernel-report-device``; their compiler builds the kernels there). Prints registers, spills, stack, shared memory,
-whether the matrix products use Hopper's ``wgmma`` and how many times the most repeated one is computed
-(:func:`repeats`), one line per configuration; exits 1 when a bf16 configuration spills or repeats a product, or
-any needs more shared memory than an H100 block may have (fp32 configurations, the GPU's correctness path, do
-spill: see :attr:`Row.gated`).
+the venv's, or the one the lent GPUs run (``make kernel-report-device``; their compiler builds the kernels there).
+Prints registers, spills, stack, shared memory, whether the matrix products use Hopper's ``wgmma`` and how many
+times the most repeated one is computed (:func:`repeats`), one line per configuration; exits 1 when a bf16
+configuration spills or repeats a product, or any needs more shared memory than an H100 block may have (fp32
+configurations, the GPU's correctness path, do spill: see :attr:`Row.gated`).
 """
 
 from __future__ import annotations
