@@ -9,8 +9,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests.helpers.paths import REPO
 from tvq_exp.tools.bench.gpu import (
@@ -18,6 +20,7 @@ from tvq_exp.tools.bench.gpu import (
     FIRST_TESTS,
     batch_sizes,
     cuda_test_files,
+    device_info,
     jobs,
     parser,
     run_sections,
@@ -236,6 +239,20 @@ def test_the_attention_section_at_cpu_size_saves_after_each_case_in_their_order(
         -2:
     ]  # a case that fails (no cuDNN kernel on a CPU): its error, and the next runs
     assert all(r["error"].startswith("RuntimeError: No viable backend") for r in cudnn)
+
+
+def test_the_device_record_names_the_triton_that_compiled_the_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the lent GPUs' Triton (3.6) allocates registers otherwise than the venv's: a figure is read with its compiler
+    import triton
+
+    props = SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30, major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    info = device_info()
+    assert (
+        info["triton"] == triton.__version__ and info["name"] == "NVIDIA H200" and info["capability"] == "9.0"
+    )
 
 
 def test_the_cases_asked_for_are_profiled_too_after_their_times() -> None:

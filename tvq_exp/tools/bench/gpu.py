@@ -80,10 +80,20 @@ def device_info() -> dict[str, Any]:
         "memory_gb": round(props.total_memory / 2**30, 1),
         "capability": f"{props.major}.{props.minor}",
         "torch": torch.__version__,
+        "triton": _triton_version(),  # the compiler of the fused kernels there (make kernel-report-device)
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+
+
+def _triton_version() -> str | None:
+    """Triton's version, None where it is missing."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 # a verbose pytest line: the test's id, then its outcome (an id may hold spaces: parameters)
