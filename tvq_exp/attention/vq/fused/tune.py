@@ -38,9 +38,9 @@ from tvq_exp.measure.timing import time_calls
 HEADS = 4
 # per kernel, (bm, bn, num_warps, num_stages); bdv stays the shipped one (the values' chunk). Each list starts with
 # the tiles shipped before the compile report counted repeated products (64 rows on 8 warps, where both warpgroups
-# compute the same scores: config.tiles), and holds the backward's tiles shipped at d_k 128 before the Triton 3.6
-# compile with 1 and 2 stages (1: no load is copied ahead) and the window keys' 16-row step shipped since (2 stages),
-# to be timed against the shipped ones
+# compute the same scores: config.tiles), and holds the backward's tiles shipped at d_k 128 until the tiles were
+# settled for Triton 3.6 (fifteenth session), with 1 and 2 stages (1: no load is copied ahead), and the window keys'
+# 16-row step shipped since, to be timed against the shipped ones
 CANDIDATES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "forward": ((64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
                 (128, 128, 8, 2)),
