@@ -383,6 +383,27 @@ def test_running_code_means_equal_the_plain_recurrence_and_its_gradient() -> Non
     assert torch.equal(counts[:, -1].sum(-1), n0.sum(-1) + valid.sum())
 
 
+def test_the_cache_means_of_the_items_take_their_gradient_in_one_pass() -> None:
+    """Item ``r`` reads the cache's prefix entry ``r - 1`` (items 0 and 1 both entry 0): the join of those entries
+    (in the values' dtype) is one copy forward, and its gradient one pass back to the prefix. A join of two slices
+    took the gradient of each slice, every one the whole prefix's size, then their sum. Counted by output size under
+    a dispatch mode."""
+    from tests.helpers.ops import OpLog
+
+    b, t, h, d, block, s = 2, 40, 2, 8, 8, 4
+    layer = build("vq", d_k=d, d_v=d, heads=h, codebook_size=s, block_len=block, use_cache=True)
+    leaves = [torch.randn(b, t, h, d, requires_grad=True) for _ in range(3)]
+    out = layer(*(x.transpose(1, 2) for x in leaves))[0]
+    with OpLog() as log:
+        out.sum().backward()
+    prefix = (
+        b * h * (t // block + 1) * s * d
+    )  # the running means' entries: one per block, and the carried one
+    assert not log.named("aten.slice_backward")
+    assert [op.name for op in log.launches() if op.numel == prefix and op.name != "aten.new_empty"] == []
+    assert leaves[2].grad.abs().sum() > 0  # the values' gradient passed through the means
+
+
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_the_layer_copies_keys_and_values_once_on_their_way_to_the_kernels(use_cache: bool) -> None:
     """Queries, keys and values as a model's projections give them (``(B, T, H, d)`` seen as ``(B, H, T, d)``): the

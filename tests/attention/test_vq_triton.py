@@ -150,8 +150,9 @@ CASES = {
     # every key and code tile, value chunk and head whole (d_k 16 unpadded): the forward and dq load without masks
     # (the kernels' EVEN), with and without the bias
     "even tiles, bias": Case(block=32, rows=32, g=2, items=2, n=1, d_k=16, d_v=32, s=32, m=8),
-    "even tiles, whole tiles, rows from 8": Case(bias=False, block=32, rows=24, g=2, items=3, n=1, d_k=16, d_v=32,
-                                                 s=32),  # fmt: skip
+    "even tiles, whole tiles, rows from 8": Case(
+        bias=False, block=32, rows=24, g=2, items=3, n=1, d_k=16, d_v=32, s=32
+    ),  # fmt: skip
 }
 
 
@@ -173,6 +174,51 @@ def test_triton_equals_plain_and_naive_fp32(case: Case, device: str) -> None:
             assert want[key].abs().sum() > 0, key  # every input really receives a gradient
     if not case.prev_grad:  # the previous block of item i is key block i: only the last block gets none
         assert grads["kb"][:, 0].abs().sum() == 0 and grads["kb"][:, 1:].abs().sum() > 0
+
+
+SHORT_WINDOW_CASES = (
+    "bias+cache, 2 heads",
+    "no gradient to the previous block",
+    "whole tiles, 2 heads, rows from 8",
+)
+
+
+@pytest.mark.parametrize("name", SHORT_WINDOW_CASES)
+def test_triton_takes_the_key_blocks_without_item_0s_masked_previous_block(name: str) -> None:
+    """With ``prev_masked``, ``kb`` and ``vb`` may leave out item 0's previous block (the layer then joins no zero
+    block in front): the output and every gradient equal, bit for bit, those of the call given that block (random
+    here: the kernels never read it), and the blocks given take the same gradients."""
+    case = CASES[name]
+    torch.manual_seed(0)
+    inputs = make_inputs(case)
+    short = inputs | {k: inputs[k][:, 1:].detach().requires_grad_() for k in ("kb", "vb")}
+    fused = lambda x: fused_window_cache_attention(x, prev_grad=case.prev_grad)
+    out, g, grads = outputs_and_grads(fused, inputs, case)
+    got_out, _, got = outputs_and_grads(fused, short, case, g)
+    assert torch.equal(got_out, out)
+    for key, want in grads.items():
+        assert torch.equal(got[key], want[:, 1:] if key in ("kb", "vb") else want), key
+        assert got[key].abs().sum() > 0, key
+
+
+def test_triton_refuses_key_blocks_that_do_not_fit_the_window_in_one_line() -> None:
+    case = Case(
+        cache=False
+    )  # 3 items of a two-block window: 4 blocks, or 3 with item 0's masked block left out
+    inputs = grouped(make_inputs(case), case)
+    two = inputs._replace(kb=inputs.kb[:, 2:], vb=inputs.vb[:, 2:])
+    with pytest.raises(
+        ValueError, match=r"2 key and 2 value blocks for 3 items of a 2-block window; allowed: 4 or 3$"
+    ):
+        fused_window_cache_attention(two)
+    three = inputs._replace(kb=inputs.kb[:, 1:], vb=inputs.vb[:, 1:], prev_masked=False)
+    with pytest.raises(
+        ValueError, match=r"allowed: 4 \(without prev_masked, item 0's previous block must be given\)"
+    ):
+        fused_window_cache_attention(three)
+    uneven = inputs._replace(vb=inputs.vb[:, 1:])
+    with pytest.raises(ValueError, match="4 key and 3 value blocks"):
+        fused_window_cache_attention(uneven)
 
 
 # the tiles the GPU runs (config.tiles' bf16 configurations), on shapes that cross their edges: 128-row and 128-key
@@ -287,6 +333,28 @@ def test_layer_triton_equals_plain(opts: dict) -> None:
         assert (got_g is None) == (want_g is None)
         if want_g is not None and want_g.abs().sum() > 0:
             assert rel_err(got_g, want_g) <= TOL
+
+
+@pytest.mark.parametrize(("kernel", "joins"), [("triton", 0), ("plain", 2)])
+def test_one_key_heads_window_reaches_the_fused_kernels_without_a_copy(kernel: str, joins: int) -> None:
+    """A single key head's keys and values (the GAU, MQA), as a model's projections give them, are already the
+    kernels' layout. The fused kernels read item 0's window without a block in front, so the layer hands them views;
+    the others take a masked zero block joined in front: one copy of the window's keys and one of its values."""
+    from collections import Counter
+
+    from tests.helpers.ops import OpLog
+
+    b, t, d, block = 2, 32, 8, 8
+    layer = build("vq", d_k=d, d_v=d, heads=1, codebook_size=4, block_len=block, kernel=kernel)
+    q, k, v = (torch.randn(b, t, 1, d, requires_grad=True).transpose(1, 2) for _ in range(3))
+    with OpLog() as log:
+        layer(q, k, v)
+    assert layer.last_kernel == kernel
+    window = b * (t // block + 1) * block * d
+    copies = Counter(
+        op.numel for op in log.named("aten.clone", "aten.constant_pad_nd", "aten.cat", "aten.copy_")
+    )
+    assert copies[window] == joins and copies[b * t * d] == 0
 
 
 def test_layer_triton_streams_a_continued_segment_as_one_call() -> None:

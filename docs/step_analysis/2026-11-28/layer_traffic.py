@@ -1,11 +1,13 @@
 """The bytes each op of the VQ layer reads and writes, forward and backward, at the GPU check's attention shape
-(bf16, head dim 128, ``S = L = 512``, 4 heads, ``B·H·T`` = 512k tokens; ``T`` the first argument, 32768 by default),
+(bf16, head dim 128, ``S = L = 512``, 4 heads, ``B·H·T`` = 512k tokens; ``T`` the first argument, 32768 by default;
+the heads the second, where one is the GAU's and MQA's layout),
 ``kernel=triton`` with the GPU's fused code search: counted on fake tensors (no memory, no GPU), each custom op (the
 fused kernels) by its arguments and results. What the eager layer moves around its kernels, op by op; each op
 outside the custom ops is one or more kernel launches on a GPU.
 
 Run from the repository root: ``TRITON_INTERPRET=1 .venv/bin/python docs/step_analysis/2026-11-28/layer_traffic.py``
-(seconds; the interpreter only lets ``kernel=triton`` be built on a CPU: no kernel runs).
+(seconds; the interpreter only lets ``kernel=triton`` be built on a CPU: no kernel runs). Since 2026-11-29 an op that
+overwrites its first argument (``copy_``, ``fill_``) counts it as written only, not also as read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tvq_exp.quantize.codebook as codebook_module
 from tvq_exp.attention import build_attention
 
 HEADS, D, TOKENS = 4, 128, 512 * 1024
+OVERWRITE = ("aten::copy_", "aten::fill_", "aten::zero_")  # their first argument is written, not read
 FREE = ("aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "prim::device", "aten::new_zeros",
         "aten::new_empty_strided", "aten::new_empty", "aten::zeros", "aten::empty", "aten::arange", "aten::scalar_tensor")  # fmt: skip
 
@@ -52,23 +55,23 @@ class Traffic(TorchDispatchMode):
         size = lambda xs: sum(touched(t) for t in xs if isinstance(t, torch.Tensor))  # noqa: E731
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         first = f"{str(results[0].dtype).removeprefix('torch.')}{tuple(results[0].shape)}" if results else ""
-        self.rows.append(
-            (str(func.overloadpacket), size(tree_flatten((args, kwargs))[0]), size(results), first)
-        )
+        read = tree_flatten((args[1:] if func._schema.name in OVERWRITE else args, kwargs))[0]
+        self.rows.append((str(func.overloadpacket), size(read), size(results), first))
         return out
 
 
 def main() -> None:
     seq_len = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
-    batch = max(1, TOKENS // (seq_len * HEADS))
+    heads = int(sys.argv[2]) if len(sys.argv) > 2 else HEADS
+    batch = max(1, TOKENS // (seq_len * heads))
     # the GPU's search (a CUDA-only custom op: its fake kernel runs on fake CPU tensors)
     codebook_module.nearest_code = lambda x, c: torch.ops.tvq.nearest_code(x.detach(), c.detach())
     with FakeTensorMode(allow_non_fake_inputs=True):
         layer = build_attention(
-            "vq", d_k=D, d_v=D, heads=HEADS, codebook_size=512, block_len=512, kernel="triton"
+            "vq", d_k=D, d_v=D, heads=heads, codebook_size=512, block_len=512, kernel="triton"
         )
         leaves = [
-            torch.randn(batch, seq_len, HEADS, D, dtype=torch.bfloat16).requires_grad_() for _ in range(3)
+            torch.randn(batch, seq_len, heads, D, dtype=torch.bfloat16).requires_grad_() for _ in range(3)
         ]
         traffic = Traffic()
         with traffic:
@@ -76,7 +79,7 @@ def main() -> None:
                 out = layer(*(x.transpose(1, 2) for x in leaves))[0]
             forward = len(traffic.rows)
             out.backward(torch.ones_like(out))
-    print(f"B={batch} H={HEADS} T={seq_len} d={D}, bf16: MiB read + written per op")
+    print(f"B={batch} H={heads} T={seq_len} d={D}, bf16: MiB read + written per op")
     for phase, rows in (("forward", traffic.rows[:forward]), ("backward", traffic.rows[forward:])):
         kernels = [r for r in rows if r[0].startswith("tvq.")]
         glue = [r for r in rows if not r[0].startswith("tvq.")]

@@ -115,7 +115,9 @@ class WindowInputs(NamedTuple):
     Fields:
         q: content queries ``(N, I, R, d_k)``; ``R = G·Lq`` rows (``G`` heads of ``Lq`` positions).
         kb, vb: key / value blocks ``(N, I + 1, L, d)``: item ``i`` sees blocks ``i`` and ``i + 1``;
-            or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``.
+            or ``(N, I, L, d)``, a one-block window: item ``i`` sees block ``i``. The fused kernels
+            (:func:`~tvq_exp.attention.vq.fused.op.fused_window_cache_attention`) also take ``(N, I, L, d)`` for a
+            two-block window with ``prev_masked``: item ``i`` sees blocks ``i - 1`` and ``i``.
         index: the table column of each of the ``W = 2L`` (or ``L``) window keys of the ``Lq`` rows
             (:class:`WindowIndex`; the same for every head and item).
         bias: the XL bias (:class:`WindowBias`), or None.

@@ -337,14 +337,7 @@ class VQAttention(BlockedAttention):
         acc = accumulation_dtype(q.dtype)
 
         qc = q if self.bias is None else self.bias.content_query(q)
-        blocks = slice(max(first - 1, 0), last + 1)
-        kw, vw = kb[:, :, blocks], vb[:, :, blocks]
         lone = first == 0 and layout.items == 1  # a sequence's first block: a one-block window
-        # no block before the first: a masked zero block, joined in front (the one copy; the join's gradient is a
-        # view of the window's, where a pad's is another copy)
-        if first == 0 and not lone:
-            kw, vw = (torch.cat([torch.zeros_like(x[:, :, :1]), x], dim=2) for x in (kw, vw))
-        kw, vw = kw.flatten(0, 1), vw.flatten(0, 1)
         span = None if self.use_cache else self.window_len  # without the cache: a sliding window over 0..M
         max_distance = None if self.bias is None else self.bias.max_distance
         index = WindowIndex.of_block(L, layout.offset, layout.rows, lone, max_distance, span)
@@ -357,12 +350,19 @@ class VQAttention(BlockedAttention):
             bias = WindowBias(layout.to_grouped_items(self.bias.position_query(q), hk), rel)
         if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
             cache_n = _cache_entries(prefix[0], first, last).flatten(0, 1)
-            # in the values' dtype, as every kernel's products take the means: cast before the join, half its bytes
-            cache_mu = _cache_entries(prefix[1].to(vw.dtype), first, last).flatten(0, 1)
+            # in the values' dtype, as every kernel's products take the means: cast in the join, half its bytes
+            cache_mu = _cache_entries(prefix[1], first, last, vb.dtype).flatten(0, 1)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            cache = CodeCache(self._cache_keys(b, key_means, first, last, kw.dtype), log_n, cache_mu)
+            cache = CodeCache(self._cache_keys(b, key_means, first, last, kb.dtype), log_n, cache_mu)
         per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
-        self.last_kernel = self.window_kernel(q, kw, vw, per_item)
+        self.last_kernel = self.window_kernel(q, kb, vb, per_item)
+        blocks = slice(max(first - 1, 0), last + 1)
+        kw, vw = kb[:, :, blocks], vb[:, :, blocks]
+        # no block before the first: the fused kernels read none; the others take a masked zero block, joined in
+        # front (the one copy; the join's gradient is a view of the window's, where a pad's is another copy)
+        if first == 0 and not lone and self.last_kernel != "triton":
+            kw, vw = (torch.cat([torch.zeros_like(x[:, :, :1]), x], dim=2) for x in (kw, vw))
+        kw, vw = kw.flatten(0, 1), vw.flatten(0, 1)
         attend = fused_window_cache_attention if self.last_kernel == "triton" else window_cache_attention
         if self.last_kernel == "flex":  # imported here: torch's flex module is slow to import
             from tvq_exp.attention.vq.flex import flex_window_cache_attention
@@ -381,16 +381,17 @@ class VQAttention(BlockedAttention):
         fused = self.kernel == "triton" or (self.kernel == "auto" and values.is_cuda)
         return "triton" if fused and why_not(values, self.codebook_size) is None else "plain"
 
-    def window_kernel(self, q: Tensor, kw: Tensor, vw: Tensor, per_item: bool) -> str:
+    def window_kernel(self, q: Tensor, k: Tensor, v: Tensor, per_item: bool) -> str:
         """The kernel of one window + cache call (``triton``, ``flex`` or ``plain``) by the layer's ``kernel``, for
-        queries ``q``, window keys ``kw`` and values ``vw`` (``per_item``: a per-item codebook, which flex does not
-        read). On CUDA ``auto`` takes the fused kernels (:func:`wants_triton`) or the plain one, never flex: the
-        values the fused kernels leave (wider than two chunks: the GAU's 1536) are the plain kernel's GEMMs' best
-        case, and compiled flex is untried at such widths on a GPU."""
-        if wants_triton(self.kernel, q, vw.shape[-1]):
+        queries ``q`` and the keys ``k`` and values ``v`` of its windows (their head dims and gradients count, not
+        their layout; ``per_item``: a per-item codebook, which flex does not read). On CUDA ``auto`` takes the fused
+        kernels (:func:`wants_triton`) or the plain one, never flex: the values the fused kernels leave (wider than
+        two chunks: the GAU's 1536) are the plain kernel's GEMMs' best case, and compiled flex is untried at such
+        widths on a GPU."""
+        if wants_triton(self.kernel, q, v.shape[-1]):
             return "triton"
         options = FlexSupport(False, "kernel=auto on CUDA") if q.device.type == "cuda" else FlexSupport(True)
-        return "flex" if not per_item and wants_flex(self.kernel, self, q, kw, vw, options) else "plain"
+        return "flex" if not per_item and wants_flex(self.kernel, self, q, k, v, options) else "plain"
 
     def _cache_keys(
         self, batch: int, key_means: Tensor | None, first: int, last: int, dtype: torch.dtype
@@ -399,9 +400,7 @@ class VQAttention(BlockedAttention):
         (official); with ``cache_code_grad`` (training) per item, taking the cache scores' gradient; with
         ``cache_key_grad`` ``C + m - sg(m)``, ``m`` the running key means (the same scores, a gradient to the
         cached keys); with ``cache_keys="mean"`` the running means ``m`` of the raw keys themselves."""
-        entries = (
-            None if key_means is None else _cache_entries(key_means, first, last).flatten(0, 1).to(dtype)
-        )
+        entries = None if key_means is None else _cache_entries(key_means, first, last, dtype).flatten(0, 1)
         if self.mean_keys:
             return entries
         codebook = self.quantizer.codebook.to(dtype)
@@ -485,8 +484,32 @@ def _code_means(codes: Tensor, keys: Tensor, valid: Tensor, n0: Tensor, mean0: T
     return means[1].unflatten(0, codes.shape[:2])
 
 
-def _cache_entries(prefix: Tensor, first: int, last: int) -> Tensor:
-    """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2."""
+def _cache_entries(prefix: Tensor, first: int, last: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2, in ``dtype`` (default
+    the prefix's)."""
     if first > 0:
-        return prefix[:, :, first - 1 : last]
-    return torch.cat([prefix[:, :, :1], prefix[:, :, :last]], dim=2)
+        return prefix[:, :, first - 1 : last].to(dtype or prefix.dtype)
+    return _FirstEntryTwice.apply(prefix, last, dtype or prefix.dtype)
+
+
+class _FirstEntryTwice(torch.autograd.Function):
+    """Entries ``0, 0, 1, .., last - 1`` of a prefix ``(B, Hk, E, ...)`` along dim 2 (``E > last``), cast to ``dtype``:
+    one copy forward and one backward. A join of two slices after a cast took two copies of the entries forward and
+    three backward (two slices' gradients, each the whole prefix's size, their sum, and the cast's)."""
+
+    @staticmethod
+    def forward(ctx, prefix: Tensor, last: int, dtype: torch.dtype) -> Tensor:  # noqa: ANN001
+        ctx.shape, ctx.dtype, ctx.last = prefix.shape, prefix.dtype, last
+        out = prefix.new_empty(*prefix.shape[:2], last + 1, *prefix.shape[3:], dtype=dtype)
+        out[:, :, :1] = prefix[:, :, :1]
+        out[:, :, 1:] = prefix[:, :, :last]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        last = ctx.last
+        d = grad.new_empty(ctx.shape, dtype=ctx.dtype)
+        d[:, :, :last] = grad[:, :, 1:]
+        d[:, :, last:] = 0  # entries no block reads
+        d[:, :, 0].add_(grad[:, :, 0])
+        return d, None, None

@@ -9,8 +9,8 @@ interpreted on the CPU).
 
 Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r`` a query row of the item
 (``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
-``j`` of item ``i`` is row ``i·L + j`` of the key blocks, as blocks ``i`` and ``i + 1`` are contiguous), ``c`` a
-code. Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
+``j`` of item ``i`` is row ``(i - shift)·L + j`` of the key blocks, as its blocks are contiguous; ``shift`` is 1
+where the key blocks leave out item 0's masked previous block, which no kernel reads, else 0), ``c`` a code. Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
 ``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are ``d = FIRST + p - j`` apart
 (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <= SPAN``, and its term is
 the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number of XL-bias distances
@@ -189,7 +189,7 @@ def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    NPB, TPB,
+    shift, NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr,
     PREC: tl.constexpr,
@@ -208,7 +208,7 @@ def forward_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
     acc = tl.full([BM, BDV], 0.0, tl.float32)
-    key0 = (n * IB + i) * L  # window key j is key row key0 + j
+    key0 = (n * IB + i - shift) * L  # window key j is key row key0 + j
     lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     # the masked tiles before the whole ones, the whole ones without a mask, the masked ones after (WHOLE), else
     # every tile masked
@@ -284,7 +284,7 @@ def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, k
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ddl_ptr,
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    NPB, TPB,
+    shift, NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
     WHOLE: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
@@ -306,7 +306,7 @@ def dq_kernel(
     )
     do = do.to(DOT)
     dq = tl.full([BM, DK], 0.0, tl.float32)
-    key0 = (n * IB + i) * L
+    key0 = (n * IB + i - shift) * L
     lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     a, b = hi, hi  # as the forward: masked, whole, masked
     if WHOLE:
@@ -415,16 +415,16 @@ def _window_key_rows(
 @triton.jit
 def window_key_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    ITEMS, IB, R, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, prev_grad, blocks,
+    ITEMS, IB, R, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, shift, prev_grad, blocks,
     TPB, NDVG,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(TPB·NDVG, ITEMS + blocks - 1, N)``: the gradient of ``BN`` keys of key block ``b`` (and of their values,
-    chunk ``dc``) from the (at most two) items that see the block: item ``b`` (block ``b`` is its previous block,
-    window half 0; not without ``prev_grad``) and item ``b - 1`` (its own block, half 1). Every key block is
-    written by its programs only: no atomics."""
+    """Grid ``(TPB·NDVG, IB, N)`` (``IB = ITEMS + blocks - 1 - shift``): the gradient of ``BN`` keys of key block ``b``
+    (and of their values, chunk ``dc``) from the (at most two) items that see the block: item ``b + shift`` (block
+    ``b`` is its previous block, window half 0; not without ``prev_grad``) and item ``b + shift - 1`` (its own block,
+    half 1). Every key block is written by its programs only: no atomics."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     z, b, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t, dc = z // NDVG, z % NDVG
@@ -440,7 +440,7 @@ def window_key_kernel(
     dk_acc = tl.full([BN, DK], 0.0, tl.float32)
     dv_acc = tl.full([BN, BDV], 0.0, tl.float32)
     for h in range(0, blocks):
-        it = b - h
+        it = b + shift - h
         use = (it >= 0) & (it < ITEMS)
         use = use & ((h > 0) | (blocks == 1) | (prev_grad != 0)) & ((h > 0) | (it > 0) | (prev_masked == 0))
         if use:

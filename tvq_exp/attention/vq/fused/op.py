@@ -43,6 +43,9 @@ LOG2E = 1.4426950408889634  # the kernels' scores are in base 2
 
 def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -> Tensor:
     """:func:`~tvq_exp.attention.vq.kernel.window_cache_attention` in Triton (shapes there): ``(N, I, R, d_v)``.
+    With ``prev_masked`` and a two-block window, ``kb`` and ``vb`` may also leave out item 0's masked previous block
+    (``(N, I, L, d)``): the kernels never read it, and the layer then joins no zero block in front (a copy of the
+    window's keys and values).
 
     Raises ValueError (one line) where it cannot run (:func:`unsupported`). The checks and the distance logits'
     matmul are plain torch; the kernels run in the custom op ``tvq::window_cache_forward`` (its gradient
@@ -58,6 +61,7 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
             f"window_cache_attention kernel=triton: tensors of {max(largest, rows_out)} elements; the kernels' "
             f"offsets are int32 (< {MAX_ELEMENTS}): split the batch"
         )
+    _check_blocks(q, kb, vb, index, prev_masked)
     if index.max_distance != (None if bias is None else bias.rel.shape[-2] - 1):
         raise ValueError(
             f"window_cache_attention kernel=triton: index {index} does not fit the bias's distances"
@@ -78,6 +82,19 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
     return out
 
 
+def _check_blocks(q: Tensor, kb: Tensor, vb: Tensor, index: WindowIndex, prev_masked: bool) -> None:
+    """Raise ValueError (one line) unless ``kb`` and ``vb`` hold the blocks the items' windows read: ``I + blocks -
+    1``, or ``I`` where item 0's masked previous block is left out."""
+    items, blocks, ib = q.shape[1], index.width // kb.shape[2], kb.shape[1]
+    allowed = [items + blocks - 1] + ([items] if prev_masked and blocks == 2 else [])
+    if ib not in allowed or vb.shape[1] != ib:
+        raise ValueError(
+            f"window_cache_attention kernel=triton: {ib} key and {vb.shape[1]} value blocks for {items} items of a "
+            f"{blocks}-block window; allowed: {' or '.join(map(str, allowed))}"
+            + ("" if prev_masked else " (without prev_masked, item 0's previous block must be given)")
+        )
+
+
 def window_arguments(index: WindowIndex) -> list[int]:
     """The custom ops' ``window``: ``[first, rows, width, span]`` of ``index``, ``span`` past every distance when
     there is no sliding window (the bias columns come from the distance logits' width)."""
@@ -93,8 +110,9 @@ class _Layout:
         self.interpret = q.device.type == "cpu"
         self.n, self.items, self.rows, self.d_k = q.shape
         self.ib, self.block, self.d_v = kb.shape[1], kb.shape[2], vb.shape[-1]
-        self.blocks = self.ib - self.items + 1
         self.first, self.lq, self.width, self.span = window
+        self.blocks = self.width // self.block  # window blocks: 2, or 1 for a lone first block
+        self.shift = self.items + self.blocks - 1 - self.ib  # 1: kb leaves out item 0's masked previous block
         self.g = self.rows // self.lq
         self.m1 = 0 if dl is None else dl.shape[-1]
         self.s = 0 if codebook is None else codebook.shape[-2]
@@ -163,7 +181,7 @@ def window_cache_forward(
     kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
         q, kb, vb, _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32), _or(mu, dummy), out, lse,
         lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
-        *lay.code_strides, lay.prev_masked, npb, tpb,
+        *lay.code_strides, lay.prev_masked, lay.shift, npb, tpb,
         BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
         WHOLE=lay.whole(t), EVEN=lay.even(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps,
         num_stages=t.num_stages,
@@ -205,7 +223,7 @@ def window_cache_backward(
         kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
             q, kb, vb, *common, do, lse, delta, dq, _or(ddl, lse),
             lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
-            *lay.code_strides, lay.prev_masked, npb, tpb,
+            *lay.code_strides, lay.prev_masked, lay.shift, npb, tpb,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
             BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, WHOLE=lay.whole(t), EVEN=lay.even(t),
             DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
@@ -288,7 +306,7 @@ def _window_key_grads(lay: _Layout, q: Tensor, kb: Tensor, vb: Tensor, dl: Tenso
         kernels(lay.interpret).window_key_kernel[(tpb * chunks, lay.ib, lay.n)](
             q, kb, vb, _or(dl, q), do, lse, delta, _or(dkb, q), _or(dvb, q),
             lay.items, lay.ib, lay.rows, lay.g, lay.lq, lay.block, lay.first, lay.span, lay.m1, lay.d_k, lay.d_v,
-            lay.prev_masked, int(prev_grad), lay.blocks, tpb, chunks,
+            lay.prev_masked, lay.shift, int(prev_grad), lay.blocks, tpb, chunks,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, ONE_CHUNK=t.bdv >= lay.d_v, DO_DK=do_k, DO_DV=do_v,
             HAS_BIAS=dl is not None, WHOLE=lay.whole(t), EVEN=lay.even(t, rows=True), DOT=lay.dot, PREC=lay.prec,
             num_warps=t.num_warps, num_stages=t.num_stages,
