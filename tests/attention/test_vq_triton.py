@@ -357,6 +357,28 @@ def test_one_key_heads_window_reaches_the_fused_kernels_without_a_copy(kernel: s
     assert copies[window] == joins and copies[b * t * d] == 0
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_several_heads_queries_keys_and_values_reach_the_fused_kernels_copied_once(use_cache: bool) -> None:
+    """Several heads' queries, keys and values, as a model's projections give them (``(B, T, H, d)`` seen as ``(B, H,
+    T, d)``), are copied once each into the kernels' layout: the values' copy serves the cache's means and the
+    window alike."""
+    from collections import Counter
+
+    from tests.helpers.ops import OpLog
+
+    b, t, h, d, block = 2, 32, 2, 8, 8
+    layer = build(
+        "vq", d_k=d, d_v=d, heads=h, codebook_size=4, block_len=block, kernel="triton", use_cache=use_cache
+    )
+    q, k, v = (torch.randn(b, t, h, d, requires_grad=True).transpose(1, 2) for _ in range(3))
+    with OpLog() as log:
+        layer(q, k, v)
+    full = b * h * t * d
+    names = ("aten.clone", "aten.constant_pad_nd", "aten.cat", "aten.copy_")
+    copies = Counter((op.name, op.numel) for op in log.named(*names) if op.numel >= full)
+    assert copies == {("aten.clone", full): 3}
+
+
 def test_layer_triton_streams_a_continued_segment_as_one_call() -> None:
     _, fused = make_pair()
     q, k, v = (x.detach() for x in qkv(15))

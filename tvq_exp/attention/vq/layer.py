@@ -270,7 +270,9 @@ class VQAttention(BlockedAttention):
             None  # without the cache there are no running code means (nor a cache in the state)
         )
         if self.use_cache:
-            # (B·Hk, R, L, d_v): the values' one copy for the means
+            # the values' one copy (none with one key head): (B·Hk, R, L, d_v) for the means, and a view of it the
+            # fused kernels' window
+            vb = vb.contiguous()
             vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)
             means = fused_running_code_means if self.means_kernel(vals) == "triton" else running_code_means
             n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
