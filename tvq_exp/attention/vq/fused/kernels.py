@@ -10,7 +10,8 @@ interpreted on the CPU).
 Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r`` a query row of the item
 (``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
 ``j`` of item ``i`` is row ``(i - shift)·L + j`` of the key blocks, as its blocks are contiguous; ``shift`` is 1
-where the key blocks leave out item 0's masked previous block, which no kernel reads, else 0), ``c`` a code. Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
+where the key blocks leave out item 0's masked previous block, which no kernel reads, else 0), ``c`` a code.
+Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
 ``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are ``d = FIRST + p - j`` apart
 (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <= SPAN``, and its term is
 the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number of XL-bias distances
