@@ -237,6 +237,11 @@ GPU_TILE_CASES = {
     "no bias, sliding window": Case(
         bias=False, cache=False, block=128, rows=128, g=1, items=3, n=1, d_k=64, d_v=64, span=70
     ),
+    # blocks and a codebook of whole 128-key tiles: the forward steps 128 keys, dq 64; two row blocks, so the second
+    # sees its block's first tile whole
+    "no bias, 128-key tiles, two row blocks": Case(
+        bias=False, block=256, rows=256, g=1, items=2, n=1, d_k=64, d_v=64, s=128
+    ),
 }
 
 
@@ -250,8 +255,8 @@ def test_the_gpu_tiles_equal_plain_and_naive_under_the_interpreter(
     shipped = config.tiles
 
     def gpu_tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False,
-                  bias: bool = False) -> Tiles:  # fmt: skip
-        return shipped(kernel, d_k, d_v, bias=bias)
+                  bias: bool = False, block: int = 0, codes: int = 0) -> Tiles:  # fmt: skip
+        return shipped(kernel, d_k, d_v, bias=bias, block=block, codes=codes)
 
     monkeypatch.setattr(op, "tiles", gpu_tiles)
     torch.manual_seed(0)
@@ -584,3 +589,50 @@ def test_shipped_tiles_give_every_warpgroup_64_rows_of_each_product(
         t = tiles(kernel, *heads, fp32=fp32, bias=bias)
         rows = t.bm if kernel in ("forward", "dq") else t.bn
         assert rows == 64 * t.num_warps // 4, (kernel, heads, t)
+
+
+@pytest.mark.parametrize(
+    ("d_k", "fp32", "bias", "block", "codes", "forward", "dq"),
+    [
+        (128, False, False, 512, 512, 128, 64),  # the paper's and the GPU check's S = L = 512
+        (128, False, False, 512, 0, 128, 64),  # no cache
+        (64, False, False, 256, 128, 128, 64),
+        (96, False, False, 128, 128, 128, 64),  # keys padded to 128
+        (128, False, False, 320, 512, 64, 64),  # blocks of 2.5 forward tiles: it would compute masked keys
+        (128, False, False, 512, 320, 64, 64),  # a codebook of 2.5 forward tiles
+        (128, False, False, 96, 512, 64, 32),  # blocks of 1.5 dq tiles
+        (128, False, False, 0, 512, 64, 32),  # the block not known
+        (128, True, False, 512, 512, 64, 32),  # fp32 operands: wide tiles would overflow shared memory
+        (256, False, False, 512, 512, 64, 32),  # wider keys
+        (128, False, True, 512, 512, 32, 32),  # the XL bias: its gather and its gradient's scatter
+    ],
+)
+def test_the_forward_and_dq_step_wide_key_tiles_where_the_blocks_and_the_codebook_hold_them(
+    d_k: int, fp32: bool, bias: bool, block: int, codes: int, forward: int, dq: int
+) -> None:
+    """The forward steps 128 keys and ``dq`` 64 (fewer instructions per key, ``dO·vᵀ`` under the shared memory's
+    rate: docs/benchmarks.md) only where every tile of the window and the cache is whole, without the XL bias, for
+    bf16 keys at most 128 wide; else their narrow tiles."""
+    got = {
+        k: tiles(k, d_k, 128, fp32=fp32, bias=bias, block=block, codes=codes).bn for k in ("forward", "dq")
+    }
+    assert got == {"forward": forward, "dq": dq}
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_the_op_sizes_its_key_tiles_by_the_calls_block_and_codebook(
+    cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every kernel's tiles are asked with the call's keys per block and codebook size (0 without a cache), so the
+    wide key tiles are taken only where they are whole."""
+    shipped, seen = config.tiles, {}
+
+    def spy(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False, bias: bool = False,
+            block: int = 0, codes: int = 0) -> Tiles:  # fmt: skip
+        seen[kernel] = (block, codes)
+        return shipped(kernel, d_k, d_v, interpret, fp32, bias, block, codes)
+
+    monkeypatch.setattr(op, "tiles", spy)
+    case = Case(bias=False, cache=cache, block=8, rows=8, items=2, n=1, s=12)
+    outputs_and_grads(fused_window_cache_attention, make_inputs(case), case)
+    assert seen == {kernel: (8, 12 if cache else 0) for kernel in KERNEL_NAMES if cache or kernel != "code"}

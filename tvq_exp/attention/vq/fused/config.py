@@ -18,6 +18,9 @@ H100_SHARED_BYTES = 232_448  # the most shared memory one block may take on sm_9
 # (d_k, d_v) the GPU path is sized for: the GPU check's attention heads (128, 128), wider values (d_v 256), the paper's
 # GAU (d_v 1536) and small heads
 SHIPPED = ((128, 128), (128, 256), (128, 1536), (64, 64))
+# (wide, narrow) keys a step of the forward and of dq in one value chunk: wide where the blocks and the codebook hold
+# whole tiles of them (keys_a_step)
+WIDE_KEYS = {"forward": (128, 64), "dq": (64, 32)}
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,22 @@ class Tiles:
 
 
 def tiles(
-    kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False, bias: bool = False
+    kernel: str,
+    d_k: int,
+    d_v: int,
+    interpret: bool = False,
+    fp32: bool = False,
+    bias: bool = False,
+    block: int = 0,
+    codes: int = 0,
 ) -> Tiles:
     """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
-    (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the XL bias is on, which sets the forward's key
-    tile and some of the backward's stages). Under the interpreter the smallest tiles (its cost grows with the
-    padding, not with the tile count on these test sizes), values in chunks of 16: a test with ``d_v > 16`` runs the
-    chunked paths the GAU's ``d_v = 1536`` takes on a GPU.
+    (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the XL bias is on, which sets the forward's and
+    ``dq``'s key tiles and some of the backward's stages; ``block``, ``codes``: the call's keys per block ``L`` and
+    codebook size ``S``, 0 for no cache, which set the forward's and ``dq``'s key tiles: :func:`keys_a_step`). Under
+    the interpreter the smallest tiles (its cost grows with the padding, not with the tile count on these test
+    sizes), values in chunks of 16: a test with ``d_v > 16`` runs the chunked paths the GAU's ``d_v = 1536`` takes on
+    a GPU.
 
     On the GPU, every product's rows are a multiple of 64 per warpgroup (four warps): a Hopper product (``wgmma``)
     is 64 rows per warpgroup, and a score tile that feeds the next product is laid out with all warps along its
@@ -50,9 +62,10 @@ def tiles(
     if interpret:
         return Tiles(MIN_TILE, MIN_TILE, MIN_TILE)
     bdv, groups = min(dv, 128), 1 if fp32 else 2  # warpgroups along the products' rows
-    # the forward: FlashAttention's layout, one warpgroup per 64 rows; 32 keys a step with the bias's gather
+    # the forward: FlashAttention's layout, one warpgroup per 64 rows
     if kernel == "forward":
-        return Tiles(64 * groups, 32 if bias else 64, bdv, num_warps=4 * groups, num_stages=2)
+        keys = keys_a_step(kernel, d_k, fp32, bias, block, codes)
+        return Tiles(64 * groups, keys, bdv, num_warps=4 * groups, num_stages=2)
     # the backward's loads are copied one step ahead (2 stages) where that does not spill: with 1 stage every load
     # of their loops is synchronous. It spills for dq with the bias's gradient at 128-wide keys, and for the keys'
     # gradient in one pass over whole tiles (no bias) at 64-wide keys (Triton 3.6)
@@ -60,14 +73,41 @@ def tiles(
     # dq: one warpgroup where the values fit one chunk (q, dO, dq all held), else dO·vᵀ summed 32 columns at a time
     if kernel == "dq":
         if one:
-            return Tiles(64, 32, bdv, num_warps=4, num_stages=1 if bias and wide_keys else 2)
+            keys = keys_a_step(kernel, d_k, fp32, bias, block, codes)
+            return Tiles(64, keys, bdv, num_warps=4, num_stages=1 if bias and wide_keys else 2)
         return Tiles(64 * groups, 32, 32, num_warps=4 * groups, num_stages=2)
     # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step for 128-wide keys (64
-    # rows spill), 16 for their keys' and values' gradients in one pass (32 spill there under Triton 3.6, the lent
-    # GPUs' version: make kernel-report-device)
-    rows = 64 if not wide_keys else 16 if kernel == "window_key" and one else 32
+    # rows spill), 16 for their keys' and values' gradients in one pass without the bias (32 spill there under
+    # Triton 3.6, the lent GPUs' version: make kernel-report-device). Fewer rows a step read shared memory faster:
+    # at 16, a step's products read 192 bytes per tensor-core cycle, at 32 128 (docs/benchmarks.md)
+    rows = 64 if not wide_keys else 16 if kernel == "window_key" and one and not bias else 32
     stages = 1 if kernel == "window_key" and one and not bias and not wide_keys else 2
     return Tiles(rows, 64 * groups, bdv, num_warps=4 * groups, num_stages=stages)
 
 
-__all__ = ["H100_SHARED_BYTES", "KERNEL_NAMES", "SHIPPED", "Tiles", "padded_dim", "tiles"]
+def keys_a_step(kernel: str, d_k: int, fp32: bool, bias: bool, block: int, codes: int) -> int:
+    """The keys (and codes) a step of the forward or of ``dq`` in one value chunk: 32 with the XL bias (its gather
+    and its gradient's scatter need the registers); else the wide tile of :data:`WIDE_KEYS` for bf16/fp16 operands,
+    keys at most 128 wide, and blocks and a codebook of whole tiles of it (``block``, ``codes``; ``codes`` 0: no
+    cache), else the narrow one (fp32 operands' wide tiles would overflow a block's shared memory; a block of part
+    of a tile would compute masked keys). The wide tiles take a fifth to a quarter fewer instructions per item in
+    the compiled loops (the accumulator's rescaling, the row maxima's exchanges and the loop's own work are per
+    tile), and ``dq``'s products read a fifth less shared memory per multiply-add, without spills under Triton 3.6 or
+    3.8 (docs/benchmarks.md, "The forward's and dq's wider key tiles")."""
+    if bias:
+        return 32
+    wide, narrow = WIDE_KEYS[kernel]
+    fits = block > 0 and block % wide == 0 and codes % wide == 0
+    return wide if fits and not fp32 and padded_dim(d_k) <= 128 else narrow
+
+
+__all__ = [
+    "H100_SHARED_BYTES",
+    "KERNEL_NAMES",
+    "SHIPPED",
+    "WIDE_KEYS",
+    "Tiles",
+    "keys_a_step",
+    "padded_dim",
+    "tiles",
+]

@@ -35,6 +35,8 @@ DTYPES = {"bf16": "bf16", "fp32": "fp32"}
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
 # sizes of the shipped shapes; pointers are 16-byte aligned): this is what lets the tile loads be 16-byte vectors
 DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item_stride"}
+# the keys per block and the codebook size the configurations are chosen for (the paper's S = L)
+BLOCK = CODES = 512
 # a Hopper layout (``#mma = #ttg.nvidia_mma<{versionMajor = 3, ... warpsPerCTA = [wm, wn], ... instrShape = [16, n,
 # 16]}>``) and a product into one (``ttng.warp_group_dot ... -> tensor<MxNxf32, #mma>``), in Triton's TTGIR
 HOPPER_LAYOUT = re.compile(
@@ -136,7 +138,9 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     )  # first: it imports Triton in the compiled mode
     import triton.language as tl
 
-    t = tiles(kernel, d_k, d_v, fp32=dtype == "fp32", bias=bool(flags.get("HAS_BIAS")))
+    t = tiles(
+        kernel, d_k, d_v, fp32=dtype == "fp32", bias=bool(flags.get("HAS_BIAS")), block=BLOCK, codes=CODES
+    )
     dot = tl.float32 if dtype == "fp32" else tl.bfloat16
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
              "PREC": "tf32x3" if dtype == "fp32" else "tf32", **flags}  # fmt: skip

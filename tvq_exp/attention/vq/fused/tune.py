@@ -40,12 +40,13 @@ HEADS = 4
 # the tiles shipped before the compile report counted repeated products (64 rows on 8 warps, where both warpgroups
 # compute the same scores: config.tiles), and holds the backward's tiles shipped at d_k 128 until the tiles were
 # settled for Triton 3.6 (fifteenth session), with 1 and 2 stages (1: no load is copied ahead), and the window keys'
-# 16-row step shipped since, to be timed against the shipped ones
+# 16-row step shipped since, and the forward's 64-key step shipped until the seventeenth session (128 keys since), to
+# be timed against the shipped ones
 CANDIDATES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "forward": ((64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 64, 8, 2),
                 (128, 128, 8, 2)),
-    "dq": ((64, 32, 8, 1), (64, 64, 8, 1), (64, 32, 4, 1), (64, 32, 4, 2), (64, 64, 4, 1), (128, 32, 8, 1),
-           (128, 32, 8, 2), (128, 64, 8, 1)),
+    "dq": ((64, 32, 8, 1), (64, 64, 8, 1), (64, 32, 4, 1), (64, 32, 4, 2), (64, 64, 4, 1), (64, 64, 4, 2),
+           (128, 32, 8, 1), (128, 32, 8, 2), (128, 64, 8, 1)),
     "window_key": ((32, 64, 8, 1), (64, 64, 8, 1), (32, 128, 8, 1), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 1),
                    (64, 128, 8, 1)),
     "code": ((64, 64, 8, 1), (32, 128, 8, 1), (32, 128, 8, 2), (32, 64, 4, 1), (64, 128, 8, 1), (128, 128, 8, 1)),
@@ -58,10 +59,8 @@ def using(chosen: dict[str, Tiles]) -> Iterator[None]:
     """The fused op takes ``chosen[kernel]`` for the kernels named there, the shipped tiles elsewhere."""
     shipped = op.tiles
 
-    def pick(
-        kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False, bias: bool = False
-    ) -> Tiles:
-        return chosen.get(kernel) or shipped(kernel, d_k, d_v, interpret, fp32, bias)
+    def pick(kernel: str, *args: Any, **kwargs: Any) -> Tiles:  # config.tiles' arguments
+        return chosen.get(kernel) or shipped(kernel, *args, **kwargs)
 
     op.tiles = pick
     try:
@@ -70,9 +69,10 @@ def using(chosen: dict[str, Tiles]) -> Iterator[None]:
         op.tiles = shipped
 
 
-def candidates(kernel: str, d_k: int, d_v: int) -> list[Tiles]:
-    """The shipped tiles of ``kernel`` first, then the other shapes of :data:`CANDIDATES`."""
-    base = config.tiles(kernel, d_k, d_v)
+def candidates(kernel: str, d_k: int, d_v: int, block: int) -> list[Tiles]:
+    """The shipped tiles of ``kernel`` for blocks of ``block`` keys and as many codes first, then the other shapes of
+    :data:`CANDIDATES`."""
+    base = config.tiles(kernel, d_k, d_v, block=block, codes=block)
     out = [base]
     for bm, bn, warps, stages in CANDIDATES[kernel]:
         t = Tiles(bm, bn, base.bdv, warps, stages)
@@ -92,7 +92,7 @@ class Case:
         # bf16 on the GPU; fp32 under the interpreter (its bf16 dots and casts are not Triton's)
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         batch = max(1, tokens // (seq_len * HEADS))
-        block = min(512, seq_len)
+        self.block = block = min(512, seq_len)  # keys per block and codes
         gen = torch.Generator(device="cpu").manual_seed(0)
         shape = (batch, seq_len, HEADS, head_dim)
         self.leaves = [
@@ -207,7 +207,7 @@ def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> di
     save(report)
     kernels = [k for k in KERNEL_NAMES if k in args.kernels.split(",")]
     for kernel in kernels:  # the search takes its share of the budget, the comparison of lengths the rest
-        for t in candidates(kernel, args.head_dim, args.head_dim):
+        for t in candidates(kernel, args.head_dim, args.head_dim, case.block):
             if monotonic() - start > args.budget * args.search_share:
                 add({"section": "tiles", "kernel": kernel, "error": "skipped: budget"})
                 break
