@@ -28,7 +28,9 @@ def compile_with(
     """``(Row, compiled)`` of ``kernel`` with ``flags`` at heads ``d_k, d_v``, bf16, tiles from ``tiles(kernel, d_k, d_v,
     fp32=..., bias=...)`` (``stages``: that many pipeline stages instead)."""
 
-    def pick(k: str, a: int, b: int, fp32: bool = False, bias: bool = False) -> Tiles:
+    def pick(k: str, a: int, b: int, fp32: bool = False, bias: bool = False, **sizes: int) -> Tiles:
+        # the tiles of before the seventeenth session, which took no block or codebook size (so the scripts here
+        # reproduce their logs: the forward's 64 keys, dq's 32)
         t = tiles(k, a, b, fp32=fp32, bias=bias)
         return t if stages is None else dataclasses.replace(t, num_stages=stages)
 

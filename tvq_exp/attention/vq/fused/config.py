@@ -46,11 +46,11 @@ def tiles(
 ) -> Tiles:
     """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
     (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the XL bias is on, which sets the forward's and
-    ``dq``'s key tiles and some of the backward's stages; ``block``, ``codes``: the call's keys per block ``L`` and
-    codebook size ``S``, 0 for no cache, which set the forward's and ``dq``'s key tiles: :func:`keys_a_step`). Under
-    the interpreter the smallest tiles (its cost grows with the padding, not with the tile count on these test
-    sizes), values in chunks of 16: a test with ``d_v > 16`` runs the chunked paths the GAU's ``d_v = 1536`` takes on
-    a GPU.
+    ``dq``'s key tiles and some of the backward's stages; ``block``, ``codes``: the call's keys per block ``L`` (0:
+    not known) and codebook size ``S`` (0: no cache), which set the forward's and ``dq``'s key tiles:
+    :func:`keys_a_step`). Under the interpreter the smallest tiles (its cost grows with the padding, not with the tile
+    count on these test sizes), values in chunks of 16: a test with ``d_v > 16`` runs the chunked paths the GAU's
+    ``d_v = 1536`` takes on a GPU.
 
     On the GPU, every product's rows are a multiple of 64 per warpgroup (four warps): a Hopper product (``wgmma``)
     is 64 rows per warpgroup, and a score tile that feeds the next product is laid out with all warps along its
