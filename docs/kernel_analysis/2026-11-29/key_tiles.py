@@ -62,8 +62,9 @@ def _grab(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: objec
     return _row(kernel, d_k, d_v, dtype, t, compiled)
 
 
-def loops(cubin: bytes) -> list[int]:
-    """SASS instructions per thread of each basic block that issues ``HGMMA``, in code order."""
+def loops(cubin: bytes) -> list[tuple[int, int]]:
+    """SASS instructions per thread of each basic block that issues ``HGMMA``, in code order, and how many of them
+    are ``FMUL`` (in the forward and ``dq``, mostly the accumulator's rescaling)."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -73,7 +74,7 @@ def loops(cubin: bytes) -> list[int]:
     for block in re.split(r"\n(?=\.L_x_\d+:)", sass):
         ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
         if any(op.startswith("HGMMA") for op in ops):
-            sizes.append(len(ops))
+            sizes.append((len(ops), sum(op.split(".")[0] == "FMUL" for op in ops)))
     return sizes
 
 
@@ -125,13 +126,14 @@ def main() -> None:
             report.tiles = lambda *_, t=t, **__: t
             r = report.compile_one(kernel, flags, 128, 128, "bf16")
             compiled = _captured["compiled"]
-            sizes = loops(compiled.asm["cubin"])
+            sizes, fmuls = zip(*loops(compiled.asm["cubin"]), strict=True)
             keys = kernel in ("forward", "dq")  # a step's unit: a key, or (the gradients') a row
             whole = keys and len(sizes) == 4
-            per_item = f"; {item_work(kernel, t, sizes)}" if whole else ""
+            per_item = f"; {item_work(kernel, t, list(sizes))}" if whole else ""
             print(f"{kernel} {name:11s} {bm}x{bn} w{warps} s{t.num_stages}{' (shipped)' if t == base else ''}: "
                   f"regs {r.registers} spills {r.spill_bytes} B smem {r.shared_bytes} B; loops per "
-                  f"{'key' if keys else 'row'} {[round(s / (bn if keys else bm), 2) for s in sizes]}{per_item}; "
+                  f"{'key' if keys else 'row'} {[round(s / (bn if keys else bm), 2) for s in sizes]} (per loop body {list(sizes)}, of them FMUL "
+                  f"{list(fmuls)}){per_item}; "
                   f"{'; '.join(shared_rates(compiled.asm['ttgir']))}", flush=True)  # fmt: skip
 
 
