@@ -8,6 +8,7 @@ products is a fast one."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -153,6 +154,11 @@ CASES = {
     "even tiles, whole tiles, rows from 8": Case(
         bias=False, block=32, rows=24, g=2, items=3, n=1, d_k=16, d_v=32, s=32
     ),  # fmt: skip
+    # and through tensor descriptors (the kernels' TMA, as the cases above without the bias): values in dq's one chunk,
+    # a per-item codebook over two sequences (the code rows' offsets)
+    "even tiles, whole tiles, per-item codebook": Case(
+        bias=False, block=32, rows=32, g=1, items=2, n=2, d_k=16, d_v=16, s=32, per_item_codes=True
+    ),
 }
 
 
@@ -180,6 +186,7 @@ SHORT_WINDOW_CASES = (
     "bias+cache, 2 heads",
     "no gradient to the previous block",
     "whole tiles, 2 heads, rows from 8",
+    "even tiles, whole tiles, per-item codebook",  # through tensor descriptors
 )
 
 
@@ -267,6 +274,88 @@ def test_the_gpu_tiles_equal_plain_and_naive_under_the_interpreter(
         assert rel_err(out, want_out) <= TOL, name
         for key, got in grads.items():
             assert rel_err(got, want[key]) <= TOL, (name, key)
+
+
+DESCRIPTOR_CASES = ("even tiles, whole tiles, rows from 8", "even tiles, whole tiles, per-item codebook")
+
+
+def count_descriptors(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], list[int]]]:
+    """The (shape, block shape) of every tensor descriptor the op makes from here on."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    made, real = [], TensorDescriptor.from_tensor
+
+    def spy(x: torch.Tensor, block_shape: list[int], *args: object, **kwargs: object) -> TensorDescriptor:
+        made.append((tuple(x.shape), list(block_shape)))
+        return real(x, block_shape, *args, **kwargs)
+
+    monkeypatch.setattr(TensorDescriptor, "from_tensor", staticmethod(spy))
+    return made
+
+
+def count_descriptor_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tiles the interpreted kernels load through tensor descriptors from here on (one counter)."""
+    from triton.runtime import interpreter
+
+    builder, loads = interpreter.interpreter_builder, [0]
+    real = builder.create_descriptor_load
+
+    def spy(*args: object, **kwargs: object) -> object:
+        loads[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(builder, "create_descriptor_load", spy)
+    return loads
+
+
+@pytest.mark.parametrize("name", DESCRIPTOR_CASES)
+def test_whole_tiles_load_through_tensor_descriptors_equal_to_their_pointers_bit_for_bit(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every tile is whole and there is no XL bias, the forward and ``dq`` load their key, value, code and mean
+    tiles through tensor descriptors (the GPU's bulk copies): the flat rows of each, a key tile's rows at a time. The
+    output and every gradient equal, bit for bit, those of the same kernels loading by pointers."""
+    case = CASES[name]
+    torch.manual_seed(0)
+    inputs = make_inputs(case)
+    made, loads = count_descriptors(monkeypatch), count_descriptor_loads(monkeypatch)
+    with torch.no_grad():
+        fused_window_cache_attention(grouped(inputs, case))
+    forward_loads = loads[0]
+    out, g, grads = outputs_and_grads(fused_window_cache_attention, inputs, case)
+    assert 0 < forward_loads < loads[0] - forward_loads  # the forward loads through them, and so does dq
+    rows = lambda x: (x.numel() // x.shape[-1], x.shape[-1])  # noqa: E731
+    flat = [rows(inputs[k]) for k in ("kb", "vb", "codebook", "mu")]
+    assert [shape for shape, _ in made] == flat * 3  # the forward's (twice), then dq's
+    assert all(block[0] == tiles("forward", 16, 16, interpret=True).bn for _, block in made)
+    shipped = config.tiles
+    no_descriptors = lambda *a, **k: dataclasses.replace(shipped(*a, **k), tma=False)  # noqa: E731
+    monkeypatch.setattr(op, "tiles", no_descriptors)
+    made.clear()
+    want_out, _, want = outputs_and_grads(fused_window_cache_attention, inputs, case, g)
+    assert made == []
+    assert torch.equal(out, want_out)
+    for key, got in grads.items():
+        assert torch.equal(got, want[key]), key
+
+
+def test_a_tensor_that_a_descriptor_cannot_start_at_loads_by_pointers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key tensor whose first element is not 16-byte aligned (a view into its storage) makes no descriptors (their
+    base must be): the kernels load by pointers, and equal the plain kernel."""
+    case = CASES[DESCRIPTOR_CASES[0]]
+    torch.manual_seed(0)
+    inputs = make_inputs(case)
+    shifted = torch.empty(inputs["kb"].numel() + 1)[1:].view_as(inputs["kb"])
+    inputs["kb"] = shifted.copy_(inputs["kb"].detach()).requires_grad_()
+    made = count_descriptors(monkeypatch)
+    out, g, grads = outputs_and_grads(fused_window_cache_attention, inputs, case)
+    assert made == []
+    want_out, _, want = outputs_and_grads(window_cache_attention, inputs, case, g)
+    assert rel_err(out, want_out) <= TOL
+    for key, got in grads.items():
+        assert rel_err(got, want[key]) <= TOL, key
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -617,6 +706,34 @@ def test_the_forward_and_dq_step_wide_key_tiles_where_the_blocks_and_the_codeboo
         k: tiles(k, d_k, 128, fp32=fp32, bias=bias, block=block, codes=codes).bn for k in ("forward", "dq")
     }
     assert got == {"forward": forward, "dq": dq}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "d_v", "fp32", "bias", "block", "interpret", "tma"),
+    [
+        ("forward", 128, False, False, 512, False, True),  # the wide key tiles
+        ("dq", 128, False, False, 512, False, True),
+        ("forward", 1536, False, False, 512, False, True),  # in value chunks
+        ("dq", 1536, False, False, 512, False, False),  # dq's chunked tiles are narrow
+        ("forward", 128, False, False, 320, False, False),  # narrow tiles (blocks of 2.5 wide ones)
+        ("dq", 128, True, False, 512, False, False),  # fp32: narrow tiles
+        ("forward", 128, False, True, 512, False, False),  # the XL bias
+        ("dq", 128, False, True, 512, False, False),
+        ("window_key", 128, False, False, 512, False, False),
+        ("code", 128, False, False, 512, False, False),
+        ("forward", 128, False, False, 0, True, True),  # the interpreter: every forward and dq tile
+        ("dq", 128, False, True, 0, True, True),
+        ("window_key", 128, False, False, 0, True, False),
+    ],
+)
+def test_the_forward_and_dq_load_through_tensor_descriptors_with_wide_key_tiles_and_no_bias(
+    kernel: str, d_v: int, fp32: bool, bias: bool, block: int, interpret: bool, tma: bool
+) -> None:
+    """On the GPU, the forward's and dq's wide key tiles, never taken with the XL bias (where the compiled loops take
+    fewer instructions and registers through descriptors: docs/benchmarks.md); under the interpreter every forward and
+    dq tile, so that the tests load both ways (the op takes descriptors only where every tile is whole)."""
+    t = tiles(kernel, 128, d_v, interpret, fp32, bias, block, block)
+    assert t.tma is tma
 
 
 @pytest.mark.parametrize("cache", [False, True])

@@ -1,8 +1,8 @@
 """On a CUDA device (``make bench-gpu``'s tests section, ``pytest -k cuda``): VQ's fused kernel
 (``VQAttention(kernel="triton")``) equals the plain kernel, forward and every gradient (relative error of each
 tensor), over what the plain kernel covers: the XL bias, the cache on and off, a carried state, grouped key/value
-heads, T not a multiple of L, ``grad_through_cache`` and ``cache_key_grad``, and values wider than one chunk (the
-chunked paths the GAU's ``d_v = 1536`` takes).
+heads, T not a multiple of L, ``grad_through_cache`` and ``cache_key_grad``, values wider than one chunk (the
+chunked paths the GAU's ``d_v = 1536`` takes), and tiles loaded through tensor descriptors.
 
 - fp32: within 1e-5 of the plain kernel in fp32.
 - bf16: the reference is the plain kernel in fp32 on the same (bf16-valued) inputs. The fused kernel's error from
@@ -36,6 +36,9 @@ CASES = {
     "no_grad_through_cache": {"grad_through_cache": False},
     "cache_key_grad": {"cache_key_grad": True},
     "wide_values": {"window_bias": True, "d_v": 320},  # 2 forward chunks, 3 backward (as the GAU's 1536)
+    # no bias, blocks and a codebook of whole 128-key tiles: in bf16 the forward and dq take their wide tiles and
+    # load them through tensor descriptors (the tensor-memory accelerator)
+    "descriptors": {"codebook_size": 128},
 }
 
 

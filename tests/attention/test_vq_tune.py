@@ -29,10 +29,13 @@ def test_every_tiling_computes_what_the_shipped_one_does_and_the_report_holds_ea
     assert tune.main(argv) == 0
     report = json.loads(out.read_text())
     tiles_run = [r for r in report["records"] if r["section"] == "tiles"]
-    # the shipped GPU tiles come first, for the case's blocks of 64 keys and 64 codes (dq's wide key tiles)
+    # the shipped GPU tiles come first, for the case's blocks of 64 keys and 64 codes (dq's wide key tiles, through
+    # tensor descriptors: then the same tiles by pointers)
     forward, dq = (tiles(kernel, 16, 16, block=64, codes=64) for kernel in ("forward", "dq"))
-    assert [(r["kernel"], r["bm"], r["bn"]) for r in tiles_run] == [
-        ("forward", forward.bm, forward.bn), ("forward", 32, 16), ("dq", dq.bm, dq.bn), ("dq", 16, 32)
+    assert not forward.tma and dq.tma
+    assert [(r["kernel"], r["bm"], r["bn"], r["tma"]) for r in tiles_run] == [
+        ("forward", forward.bm, forward.bn, False), ("forward", 32, 16, False),
+        ("dq", dq.bm, dq.bn, True), ("dq", dq.bm, dq.bn, False), ("dq", 16, 32, False),
     ]  # fmt: skip
     # fp32 under the interpreter: a tiling only reorders sums (the shipped one compared with itself: exactly;
     # an alias of .grad, accumulated by the later calls, would show here as an error of order 1)

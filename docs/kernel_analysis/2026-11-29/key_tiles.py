@@ -2,6 +2,9 @@
 whichever Triton is first on the path: registers, spills, shared memory, SASS instructions per key (per row, in the
 gradients) in each loop body, and the shared-memory bytes each product reads per tensor-core cycle.
 
+Every tile loads by pointers, as the kernels did when its logs were written (since the eighteenth session the shipped
+wide key tiles load through tensor descriptors: ``descriptor_loads.py``).
+
 Run from the repository root, once with the venv's Triton and once with the lent GPUs' (3.6.0, as ``make
 kernel-report-device`` installs it):
 
@@ -119,6 +122,7 @@ def main() -> None:
             continue
         bias = bool(flags["HAS_BIAS"])
         base = tiles(kernel, 128, 128, bias=bias, block=report.BLOCK, codes=report.CODES)
+        base = dataclasses.replace(base, tma=False)  # by pointers, as its logs
         shapes = [(base.bm, base.bn, base.num_warps)]
         shapes += [shape for shape in CANDIDATES[kernel] if shape not in shapes]
         for bm, bn, warps in shapes:

@@ -20,7 +20,9 @@ the tiles to visit come from the same arithmetic. Without the bias, and with who
 every row of a row block sees (every key of a key tile, in the keys' gradient) run in loops of their own with no
 mask computed: most of the window, and a fifth to a third fewer instructions per tile in the compiled code
 (docs/benchmarks.md). Where every tile a kernel's loops load is whole (``EVEN``: key and code tiles in the forward and
-``dq``, row blocks in the keys' and codes' gradients; value chunks whole, ``d_k`` unpadded) they load without masks.
+``dq``, row blocks in the keys' and codes' gradients; value chunks whole, ``d_k`` unpadded) they load without masks;
+where the forward's and ``dq``'s are also whole tiles without the bias, through tensor descriptors (``TMA``:
+:func:`_tile`; on the GPU the tensor-memory accelerator's bulk copies).
 Every dot takes ``DOT`` operands (fp32 under the interpreter or for fp32 inputs,
 else bf16/fp16) and accumulates in fp32.
 """
@@ -62,6 +64,16 @@ def _load_vector(ptr, ok, other, EVEN: tl.constexpr):
     if EVEN:
         return tl.load(ptr)
     return tl.load(ptr, mask=ok, other=other)
+
+
+@triton.jit
+def _tile(desc, row0, col0, ptr, rows_ok, cols_ok, EVEN: tl.constexpr, TMA: tl.constexpr):
+    """A tile of consecutive rows from ``row0``, columns from ``col0``: through its tensor descriptor ``desc`` (the
+    tensor-memory accelerator's bulk copy on the GPU; ``TMA``: the tile is whole) or by its pointers ``ptr``
+    (:func:`_load`; the pointers are not computed where ``TMA``)."""
+    if TMA:
+        return desc.load([row0, col0])
+    return _load(ptr, rows_ok, cols_ok, EVEN)
 
 
 @triton.jit
@@ -170,33 +182,37 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok, dvo, dv_ok,
-                  L, TPB, FIRST, SPAN, M1, dk, dv, BN: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr,
-                  EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """The forward's online-softmax step over window tile ``wt`` (tile ``t`` of block half ``h``)."""
+def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p, p_ok, dko, dk_ok, dv0,
+                  dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  MASKED: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr,
+                  PREC: tl.constexpr):  # fmt: skip
+    """The forward's online-softmax step over window tile ``wt`` (tile ``t`` of block half ``h``; value columns
+    ``dvo``, from ``dv0``)."""
     h, t = wt // TPB, wt % TPB
     jl = t * BN + tl.arange(0, BN)
     j_ok = jl < L
     j = h * L + jl
-    k = _load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN)
+    k0 = key0 + h * L + t * BN  # the tile's first key row
+    k = _tile(k_desc, k0, 0, k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN, TMA)
     s = _window_scores(
         q, k.to(DOT), dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC
     )
-    v = _load(v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], j_ok, dv_ok, EVEN)
+    v = _tile(v_desc, k0, dv0, v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], j_ok, dv_ok, EVEN, TMA)
     return _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
 
 
 @triton.jit
 def forward_kernel(
-    q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr, k_desc, v_desc, c_desc, mu_desc,
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     shift, NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
-    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr,
-    PREC: tl.constexpr,
+    HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
-    writes ``out`` and (chunk 0) the rows' ``lse``."""
+    writes ``out`` and (chunk 0) the rows' ``lse``. ``TMA``: the key, value, code and mean tiles come through their
+    descriptors (``k_desc``, ``v_desc``, ``c_desc``, ``mu_desc``: the flat rows of ``k_ptr``, ... ; else None)."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ndv = (dv + BDV - 1) // BDV
@@ -219,18 +235,22 @@ def forward_kernel(
     for run in tl.static_range(3 if WHOLE else 1):
         start, stop = _run_bounds(run, lo, a, b, hi)
         for wt in range(start, stop):
-            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, dl_ptr, key0, row, p, p_ok, dko, dk_ok,
-                                          dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, run != 1, EVEN,
-                                          DOT, PREC)  # fmt: skip
+            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p,
+                                          p_ok, dko, dk_ok, dc * BDV, dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN,
+                                          HAS_BIAS, run != 1, EVEN, TMA, DOT, PREC)  # fmt: skip
     if HAS_CACHE:
+        # the item's codebook: from element code0, row code0 / dk
+        code0 = n * code_seq_stride + i * code_item_stride
+        code_row0 = code0 // dk
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
             c_ok = c < S
-            code = _load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :], c_ok,
-                         dk_ok, EVEN)  # fmt: skip
+            code = _tile(c_desc, code_row0 + c0, 0, c_ptr + code0 + c[:, None] * dk + dko[None, :], c_ok, dk_ok, EVEN,
+                         TMA)  # fmt: skip
             log_n = _load_vector(ln_ptr + item * S + c, c_ok, float("-inf"), EVEN)
             s = tl.dot(q, tl.trans(code.to(DOT)), input_precision=PREC) + log_n[None, :]  # both in base 2
-            mu = _load(mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], c_ok, dv_ok, EVEN)
+            mu = _tile(mu_desc, item * S + c0, dc * BDV, mu_ptr + (item * S + c)[:, None] * dv + dvo[None, :], c_ok,
+                       dv_ok, EVEN, TMA)  # fmt: skip
             m_i, l_i, acc = _online_step(m_i, l_i, acc, s, mu.to(DOT), DOT, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -240,13 +260,16 @@ def forward_kernel(
 
 
 @triton.jit
-def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
+def _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, key_row0, key_row, key_ok, dv,
         BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr, EVEN: tl.constexpr,
-        DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """``dO·v^T (BM, BN)`` over all of ``d_v``: with the loaded ``do`` (one chunk) or chunk by chunk."""
+        TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """``dO·v^T (BM, BN)`` over all of ``d_v`` (values ``key_row``, the first ``key_row0``): with the loaded ``do``
+    (one chunk; the values through ``v_desc`` where ``TMA``) or chunk by chunk."""
     if ONE_CHUNK:
         dvo = tl.arange(0, BDV)
-        v = _load(v_ptr + key_row[:, None] * dv + dvo[None, :], key_ok, dvo < dv, EVEN)
+        v = _tile(
+            v_desc, key_row0, 0, v_ptr + key_row[:, None] * dv + dvo[None, :], key_ok, dvo < dv, EVEN, TMA
+        )
         return tl.dot(do, tl.trans(v.to(DOT)), input_precision=PREC)
     dp = tl.full([BM, BN], 0.0, tl.float32)
     for d0 in range(0, dv, BDV):
@@ -261,19 +284,21 @@ def _dp(do, do_ptr, v_ptr, row, p_ok, key_row, key_ok, dv,
 
 
 @triton.jit
-def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko, dk_ok,
-             L, TPB, FIRST, SPAN, M1, dk, dv, BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr,
+def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok,
+             dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr,
              HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, MASKED: tl.constexpr,
-             EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+             EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """``dq`` plus window tile ``wt``'s part, and that tile's distance-logit gradients written."""
     h, t = wt // TPB, wt % TPB
     jl = t * BN + tl.arange(0, BN)
     j_ok = jl < L
     j = h * L + jl
-    k = _load(k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN).to(DOT)
+    k0 = key0 + h * L + t * BN  # the tile's first key row
+    k = _tile(k_desc, k0, 0, k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN, TMA).to(DOT)
     s = _window_scores(q, k, dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC)
     pr = tl.exp2(s - lse[:, None])
-    dp = _dp(do, do_ptr, v_ptr, row, p_ok, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, EVEN, DOT, PREC)
+    dp = _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, k0, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, EVEN, TMA, DOT,
+             PREC)  # fmt: skip
     ds = pr * (dp - delta[:, None])
     if BIAS_GRAD:  # the visible keys inside the bias window: recomputed, not held over the products
         dist, seen = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
@@ -284,14 +309,16 @@ def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, k
 @triton.jit
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ddl_ptr,
+    k_desc, v_desc, c_desc, mu_desc,
     ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
     shift, NPB, TPB,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
-    WHOLE: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    WHOLE: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
-    logits (``ddl``, each column written by the one key at that distance: no atomics)."""
+    logits (``ddl``, each column written by the one key at that distance: no atomics). ``TMA``: as the forward's (the
+    values and means through theirs in one chunk only)."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     item = n * ITEMS + i
@@ -315,21 +342,22 @@ def dq_kernel(
     for run in tl.static_range(3 if WHOLE else 1):
         start, stop = _run_bounds(run, lo, a, b, hi)
         for wt in range(start, stop):
-            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok, dko,
-                          dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, run != 1,
-                          EVEN, DOT, PREC)  # fmt: skip
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0, row,
+                          p, p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD,
+                          ONE_CHUNK, run != 1, EVEN, TMA, DOT, PREC)  # fmt: skip
     if HAS_CACHE:
+        code0 = n * code_seq_stride + i * code_item_stride  # as the forward's
+        code_row0 = code0 // dk
         for c0 in range(0, S, BN):
             c = c0 + tl.arange(0, BN)
             c_ok = c < S
-            code = _load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :], c_ok,
-                         dk_ok, EVEN).to(DOT)  # fmt: skip
+            code = _tile(c_desc, code_row0 + c0, 0, c_ptr + code0 + c[:, None] * dk + dko[None, :], c_ok, dk_ok, EVEN,
+                         TMA).to(DOT)  # fmt: skip
             log_n = _load_vector(ln_ptr + item * S + c, c_ok, float("-inf"), EVEN)
             s = tl.dot(q, tl.trans(code), input_precision=PREC) + log_n[None, :]
             pr = tl.exp2(s - lse[:, None])
-            dp = _dp(
-                do, do_ptr, mu_ptr, row, p_ok, item * S + c, c_ok, dv, BM, BN, BDV, ONE_CHUNK, EVEN, DOT, PREC
-            )
+            dp = _dp(do, do_ptr, mu_ptr, mu_desc, row, p_ok, item * S + c0, item * S + c, c_ok, dv, BM, BN, BDV,
+                     ONE_CHUNK, EVEN, TMA, DOT, PREC)  # fmt: skip
             ds = pr * (dp - delta[:, None])
             dq += tl.dot(ds.to(DOT), code, input_precision=PREC)
     tl.store(dq_ptr + row[:, None] * dk + dko[None, :], dq.to(dq_ptr.dtype.element_ty),

@@ -9,7 +9,8 @@ reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-a
 - **forward** (one program per ``BM`` rows of one head of one item, values ``BDV`` wide): an online softmax
   over the window's key tiles, then the cache's code tiles, in fp32; writes the output and the rows'
   log-sum-exp. Key tiles no row of the program can see (the causal mask, a sliding window, item 0's missing
-  previous block) are skipped. Which keys a row sees and which bias column they read come from their distance
+  previous block) are skipped. Where every tile is whole (no XL bias), the forward and ``dq`` load their key,
+  value, code and mean tiles through tensor descriptors of the tensors' flat rows (:meth:`_Layout.descriptors`). Which keys a row sees and which bias column they read come from their distance
   (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`), computed in the kernels: no table is read per tile.
 - **backward** (recomputes the probabilities from the log-sum-exp; no atomics, so deterministic):
   ``dq`` and the distance logits' gradient per row block; the keys' and values' gradient per key tile of each
@@ -146,6 +147,24 @@ class _Layout:
         whole = self.lq % t.bm == 0 if rows else self.block % t.bn == 0 and self.s % t.bn == 0
         return whole and self.d_v % t.bdv == 0 and self.d_k == self.dk_pad
 
+    def descriptors(self, t: Tiles, kb: Tensor, vb: Tensor, codebook: Tensor | None,
+                    mu: Tensor | None) -> list[object] | None:  # fmt: skip
+        """The tensor descriptors of the key, value, code and mean tiles (the kernels' ``k_desc, v_desc, c_desc,
+        mu_desc``; None for an absent cache) where the forward or ``dq`` loads its tiles through them: ``t.tma``,
+        every tile whole (:meth:`whole`, :meth:`even`: a descriptor's copy has no mask), and every tensor in the keys'
+        dtype with a 16-byte aligned start (a descriptor's base); else None (their pointers)."""
+        present = [x for x in (kb, vb, codebook, mu) if x is not None]
+        if not (t.tma and self.whole(t) and self.even(t)):
+            return None
+        if any(x.dtype != kb.dtype or x.data_ptr() % 16 for x in present):
+            return None
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        def rows(x: Tensor | None, cols: int) -> object:
+            return None if x is None else TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [t.bn, cols])
+
+        return [rows(kb, self.dk_pad), rows(vb, t.bdv), rows(codebook, self.dk_pad), rows(mu, t.bdv)]
+
     def tile_counts(self, t: Tiles) -> tuple[int, int, int]:
         """``NPB`` row blocks per head, ``NWT`` window tiles, ``TPB`` tiles per key block."""
         tpb = cdiv(self.block, t.bn)
@@ -178,13 +197,14 @@ def window_cache_forward(
     npb, _, tpb = lay.tile_counts(t)
     ndv = cdiv(lay.d_v, t.bdv)
     dummy, fp32 = q, lse  # stand-ins for absent inputs: the distance logits and log counts are fp32
+    descriptors = lay.descriptors(t, kb, vb, codebook, mu)
     kernels(lay.interpret).forward_kernel[(lay.g * npb, lay.items, lay.n * ndv)](
         q, kb, vb, _or(dl, fp32), _or(codebook, dummy), _or(log_n, fp32), _or(mu, dummy), out, lse,
-        lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
+        *(descriptors or [None] * 4), lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
         *lay.code_strides, lay.prev_masked, lay.shift, npb, tpb,
         BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
-        WHOLE=lay.whole(t), EVEN=lay.even(t), DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps,
-        num_stages=t.num_stages,
+        WHOLE=lay.whole(t), EVEN=lay.even(t), TMA=descriptors is not None, DOT=lay.dot, PREC=lay.prec,
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
     return out, lse
 
@@ -220,13 +240,15 @@ def window_cache_backward(
         ddl = torch.zeros_like(dl) if want_dl else None
         t = lay.tiles("dq")
         npb, _, tpb = lay.tile_counts(t)
+        descriptors = lay.descriptors(t, kb, vb, codebook, mu)
         kernels(lay.interpret).dq_kernel[(lay.g * npb, lay.items, lay.n)](
-            q, kb, vb, *common, do, lse, delta, dq, _or(ddl, lse),
+            q, kb, vb, *common, do, lse, delta, dq, _or(ddl, lse), *(descriptors or [None] * 4),
             lay.items, lay.ib, lay.rows, *lay.geometry, lay.s, lay.m1, lay.d_k, lay.d_v,
             *lay.code_strides, lay.prev_masked, lay.shift, npb, tpb,
             BM=t.bm, BN=t.bn, DK=lay.dk_pad, BDV=t.bdv, HAS_CACHE=codebook is not None, HAS_BIAS=dl is not None,
             BIAS_GRAD=ddl is not None, ONE_CHUNK=t.bdv >= lay.d_v, WHOLE=lay.whole(t), EVEN=lay.even(t),
-            DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps, num_stages=t.num_stages,
+            TMA=descriptors is not None, DOT=lay.dot, PREC=lay.prec, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )  # fmt: skip
     dkb = torch.empty_like(kb) if want_k else None
     dvb = torch.empty_like(vb) if want_v else None

@@ -32,6 +32,8 @@ POINTERS = {
     "lse_ptr": "fp32", "delta_ptr": "fp32", "ddl_ptr": "fp32", "dmu_ptr": "T",
 }  # fmt: skip
 DTYPES = {"bf16": "bf16", "fp32": "fp32"}
+# the forward's and dq's tensor descriptors (None where their tiles load by pointers)
+DESCRIPTORS = ("k_desc", "v_desc", "c_desc", "mu_desc")
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
 # sizes of the shipped shapes; pointers are 16-byte aligned): this is what lets the tile loads be 16-byte vectors
 DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item_stride"}
@@ -142,10 +144,17 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
         kernel, d_k, d_v, fp32=dtype == "fp32", bias=bool(flags.get("HAS_BIAS")), block=BLOCK, codes=CODES
     )
     dot = tl.float32 if dtype == "fp32" else tl.bfloat16
+    tma = t.tma and bool(flags.get("WHOLE")) and bool(flags.get("EVEN"))  # as the op's descriptors
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
-             "PREC": "tf32x3" if dtype == "fp32" else "tf32", **flags}  # fmt: skip
+             "PREC": "tf32x3" if dtype == "fp32" else "tf32", "TMA": tma, **flags}  # fmt: skip
     const = {k: v for k, v in const.items() if k in fn.arg_names}
     pointers = {name: "*" + (DTYPES[dtype] if kind == "T" else kind) for name, kind in POINTERS.items()}
+    descriptors = [name for name in DESCRIPTORS if name in fn.arg_names]
+    if tma:  # the tiles' rows: keys and codes DK wide, values and means BDV
+        cols = {"k_desc": padded_dim(d_k), "c_desc": padded_dim(d_k), "v_desc": t.bdv, "mu_desc": t.bdv}
+        pointers |= {name: f"tensordesc<{DTYPES[dtype]}[{t.bn}, {cols[name]}]>" for name in descriptors}
+    else:
+        const |= dict.fromkeys(descriptors)
     compiled = _compile(fn, pointers, const, DIVISIBLE, t)
     return _row(kernel, d_k, d_v, dtype, t, compiled)
 
@@ -153,8 +162,8 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
 def _compile(
     fn: object, pointers: dict[str, str], const: dict[str, object], divisible: set[str], t: Tiles
 ) -> object:
-    """Compile a Triton kernel for sm_90a: ``pointers`` its pointer arguments' types, ``const`` its constexprs, the
-    other arguments i32 (``divisible`` ones multiples of 16)."""
+    """Compile a Triton kernel for sm_90a: ``pointers`` its pointer (and tensor-descriptor) arguments' types,
+    ``const`` its constexprs, the other arguments i32 (``divisible`` ones multiples of 16)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -167,7 +176,7 @@ def _compile(
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, name in enumerate(names)
-        if name in pointers or name in divisible
+        if pointers.get(name, "").startswith("*") or name in divisible
     }
     src = ASTSource(fn, signature, constexprs=const, attrs=attrs)
     with triton.knobs.runtime.scope():

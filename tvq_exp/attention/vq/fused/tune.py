@@ -19,6 +19,7 @@ a measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -70,12 +71,13 @@ def using(chosen: dict[str, Tiles]) -> Iterator[None]:
 
 
 def candidates(kernel: str, d_k: int, d_v: int, block: int) -> list[Tiles]:
-    """The shipped tiles of ``kernel`` for blocks of ``block`` keys and as many codes first, then the other shapes of
-    :data:`CANDIDATES`."""
+    """The shipped tiles of ``kernel`` for blocks of ``block`` keys and as many codes first (then, where they load
+    through tensor descriptors, the same tiles by pointers), then the other shapes of :data:`CANDIDATES` (through
+    descriptors where :func:`~.config.loads_by_descriptor` takes their keys)."""
     base = config.tiles(kernel, d_k, d_v, block=block, codes=block)
-    out = [base]
+    out = list(dict.fromkeys([base, dataclasses.replace(base, tma=False)]))
     for bm, bn, warps, stages in CANDIDATES[kernel]:
-        t = Tiles(bm, bn, base.bdv, warps, stages)
+        t = Tiles(bm, bn, base.bdv, warps, stages, base.tma and config.loads_by_descriptor(kernel, bn))
         if t not in out:
             out.append(t)
     return out
@@ -145,8 +147,8 @@ def timed(case: Case, train: bool, reps: int) -> dict[str, float]:
 
 def tile_record(kernel: str, t: Tiles, case: Case, want: list[Tensor], reps: int) -> dict[str, Any]:
     """One candidate of one kernel: its time and its error against the shipped configuration."""
-    record: dict[str, Any] = {"kernel": kernel, "bm": t.bm, "bn": t.bn, "bdv": t.bdv, "num_warps": t.num_warps,
-                              "num_stages": t.num_stages, "mode": "fwd" if kernel == "forward" else "fwdbwd"}  # fmt: skip
+    record: dict[str, Any] = {"kernel": kernel, **dataclasses.asdict(t),
+                              "mode": "fwd" if kernel == "forward" else "fwdbwd"}  # fmt: skip
     try:
         with using({kernel: t}):
             record |= timed(case, kernel != "forward", reps)
@@ -170,7 +172,7 @@ def best_tiles(records: Sequence[dict[str, Any]]) -> dict[str, Tiles]:
         checked = "error" not in r and r.get("rel_err", TOLERANCE + 1) <= TOLERANCE  # not failed after timing
         if r.get("section") != "tiles" or "ms" not in r or not checked:
             continue
-        t = Tiles(r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"])
+        t = Tiles(r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"], r.get("tma", False))
         cost = r["ms"] if r.get("kernel_ms") is None else r["kernel_ms"]
         if r["kernel"] not in best or cost < best[r["kernel"]][0]:
             best[r["kernel"]] = (cost, t)
