@@ -709,30 +709,33 @@ def test_the_forward_and_dq_step_wide_key_tiles_where_the_blocks_and_the_codeboo
 
 
 @pytest.mark.parametrize(
-    ("kernel", "d_v", "fp32", "bias", "block", "interpret", "tma"),
+    ("kernel", "d_k", "d_v", "fp32", "bias", "block", "interpret", "tma"),
     [
-        ("forward", 128, False, False, 512, False, True),  # the wide key tiles
-        ("dq", 128, False, False, 512, False, True),
-        ("forward", 1536, False, False, 512, False, True),  # in value chunks
-        ("dq", 1536, False, False, 512, False, False),  # dq's chunked tiles are narrow
-        ("forward", 128, False, False, 320, False, False),  # narrow tiles (blocks of 2.5 wide ones)
-        ("dq", 128, True, False, 512, False, False),  # fp32: narrow tiles
-        ("forward", 128, False, True, 512, False, False),  # the XL bias
-        ("dq", 128, False, True, 512, False, False),
-        ("window_key", 128, False, False, 512, False, False),
-        ("code", 128, False, False, 512, False, False),
-        ("forward", 128, False, False, 0, True, True),  # the interpreter: every forward and dq tile
-        ("dq", 128, False, True, 0, True, True),
-        ("window_key", 128, False, False, 0, True, False),
+        ("forward", 128, 128, False, False, 512, False, True),  # the wide key tiles
+        ("dq", 128, 128, False, False, 512, False, True),
+        ("forward", 64, 64, False, False, 512, False, True),
+        ("dq", 64, 64, False, False, 512, False, False),  # dq's 64-wide keys: more instructions through them
+        ("forward", 128, 1536, False, False, 512, False, True),  # in value chunks
+        ("dq", 128, 1536, False, False, 512, False, False),  # dq's chunked tiles are narrow
+        ("forward", 128, 128, False, False, 320, False, False),  # narrow tiles (blocks of 2.5 wide ones)
+        ("dq", 128, 128, True, False, 512, False, False),  # fp32: narrow tiles
+        ("forward", 128, 128, False, True, 512, False, False),  # the XL bias
+        ("dq", 128, 128, False, True, 512, False, False),
+        ("window_key", 128, 128, False, False, 512, False, False),
+        ("code", 128, 128, False, False, 512, False, False),
+        ("forward", 128, 128, False, False, 0, True, True),  # the interpreter: every forward and dq tile
+        ("dq", 64, 64, False, True, 0, True, True),
+        ("window_key", 128, 128, False, False, 0, True, False),
     ],
 )
 def test_the_forward_and_dq_load_through_tensor_descriptors_with_wide_key_tiles_and_no_bias(
-    kernel: str, d_v: int, fp32: bool, bias: bool, block: int, interpret: bool, tma: bool
+    kernel: str, d_k: int, d_v: int, fp32: bool, bias: bool, block: int, interpret: bool, tma: bool
 ) -> None:
-    """On the GPU, the forward's and dq's wide key tiles, never taken with the XL bias (where the compiled loops take
-    fewer instructions and registers through descriptors: docs/benchmarks.md); under the interpreter every forward and
-    dq tile, so that the tests load both ways (the op takes descriptors only where every tile is whole)."""
-    t = tiles(kernel, 128, d_v, interpret, fp32, bias, block, block)
+    """On the GPU, the forward's and dq's wide key tiles, never taken with the XL bias, and dq's for keys wider than 64
+    (where the compiled loops take fewer instructions and registers through descriptors: docs/benchmarks.md); under the
+    interpreter every forward and dq tile, so that the tests load both ways (the op takes descriptors only where every
+    tile is whole)."""
+    t = tiles(kernel, d_k, d_v, interpret, fp32, bias, block, block)
     assert t.tma is tma
 
 

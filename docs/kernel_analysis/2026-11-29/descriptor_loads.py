@@ -10,7 +10,8 @@ kernel-report-device`` installs it):
     PYTHONPATH=.triton/3.6.0 .venv/bin/python docs/kernel_analysis/2026-11-29/descriptor_loads.py \
         > docs/kernel_analysis/2026-11-29/descriptor_loads_3.6.log
 
-bf16, d_k = d_v = 128 (the GPU check's heads), S = L = 512, the cache on; the shipped tiles of each variant. A loop is
+bf16, d_k = d_v = 128 (the GPU check's heads), then 64 (the small heads), S = L = 512, the cache on; the shipped
+tiles of each variant. A loop is
 the code from a label to the last branch back to it that issues ``HGMMA`` (``key_tiles.py`` counted basic blocks that
 issue it, which a descriptor's wait splits); the waits' spin loops, placed after the function's last ``EXIT`` with
 their branches back into the loops, are not loops here. The forward's and dq's loops without the bias: the masked run before the whole tiles, the whole run, the
@@ -82,13 +83,13 @@ def ptxas(ptx: str) -> tuple[int, int]:
     return int(re.search(r"Used (\d+) registers", log)[1]), spills
 
 
-def fused(kernel: str, flags: dict[str, object], tma: bool) -> str:
-    t = tiles(kernel, 128, 128, bias=bool(flags["HAS_BIAS"]), block=report.BLOCK, codes=report.CODES)
+def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
+    t = tiles(kernel, d, d, bias=bool(flags["HAS_BIAS"]), block=report.BLOCK, codes=report.CODES)
     fn = getattr(kernels(interpret=False), f"{kernel}_kernel")
     const = {
         "BM": t.bm,
         "BN": t.bn,
-        "DK": 128,
+        "DK": d,
         "BDV": t.bdv,
         "DOT": tl.bfloat16,
         "PREC": "tf32",
@@ -98,7 +99,7 @@ def fused(kernel: str, flags: dict[str, object], tma: bool) -> str:
     const = {k: v for k, v in const.items() if k in fn.arg_names}
     pointers = {name: "*" + ("bf16" if kind == "T" else kind) for name, kind in report.POINTERS.items()}
     if tma:
-        cols = {"k_desc": 128, "c_desc": 128, "v_desc": t.bdv, "mu_desc": t.bdv}
+        cols = {"k_desc": d, "c_desc": d, "v_desc": t.bdv, "mu_desc": t.bdv}
         pointers |= {name: f"tensordesc<bf16[{t.bn}, {cols[name]}]>" for name in report.DESCRIPTORS}
     else:
         const |= dict.fromkeys(report.DESCRIPTORS)
@@ -107,6 +108,8 @@ def fused(kernel: str, flags: dict[str, object], tma: bool) -> str:
     shipped = " (shipped)" if tma == (t.tma and bool(flags.get("WHOLE"))) else ""
     sizes = loops(sass(c.asm["cubin"]))
     per_item = f"; {key_tiles.item_work(kernel, t, sizes)}" if len(sizes) == 4 else ""
+    if d != 128:  # item_work's issue cycles per tensor-core cycle count d 128's multiply-adds
+        per_item = per_item.split(",")[0]
     return (f"{t.bm}x{t.bn}x{t.bdv} w{t.num_warps} s{t.num_stages} {'descriptors' if tma else 'pointers   '}{shipped}: "
             f"regs {regs} spills {spills} B smem {c.metadata.shared} B; loops {sizes}{per_item}")  # fmt: skip
 
@@ -153,11 +156,13 @@ def warp_specialised(ws: bool, warps: int) -> str:
 
 
 def main() -> None:
-    print(f"Triton {triton.__version__}, sm_90a, bf16, d_k = d_v = 128, S = L = 512")
-    for kernel, name, flags in report.variants(128, 128, False):
-        if kernel in ("forward", "dq"):
-            for tma in (True, False):
-                print(f"{kernel:7s} {name:11s} {fused(kernel, flags, tma)}", flush=True)
+    print(f"Triton {triton.__version__}, sm_90a, bf16, S = L = 512")
+    for d in (128, 64):
+        print(f"d_k = d_v = {d}")
+        for kernel, name, flags in report.variants(d, d, False):
+            if kernel in ("forward", "dq"):
+                for tma in (True, False):
+                    print(f"{kernel:7s} {name:11s} {fused(kernel, flags, tma, d)}", flush=True)
     print(
         "Automatic warp specialisation of a FlashAttention loop (128 x 128 tiles through descriptors, 2 stages):"
     )

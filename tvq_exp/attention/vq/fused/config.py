@@ -72,7 +72,7 @@ def tiles(
     # the forward: FlashAttention's layout, one warpgroup per 64 rows
     if kernel == "forward":
         keys = keys_a_step(kernel, d_k, fp32, bias, block, codes)
-        tma = loads_by_descriptor(kernel, keys)
+        tma = loads_by_descriptor(kernel, keys, d_k)
         return Tiles(64 * groups, keys, bdv, num_warps=4 * groups, num_stages=2, tma=tma)
     # the backward's loads are copied one step ahead (2 stages) where that does not spill: with 1 stage every load
     # of their loops is synchronous. It spills for dq with the bias's gradient at 128-wide keys, and for the keys'
@@ -82,7 +82,7 @@ def tiles(
     if kernel == "dq":
         if one:
             keys = keys_a_step(kernel, d_k, fp32, bias, block, codes)
-            stages, tma = 1 if bias and wide_keys else 2, loads_by_descriptor(kernel, keys)
+            stages, tma = 1 if bias and wide_keys else 2, loads_by_descriptor(kernel, keys, d_k)
             return Tiles(64, keys, bdv, num_warps=4, num_stages=stages, tma=tma)
         return Tiles(64 * groups, 32, 32, num_warps=4 * groups, num_stages=2)
     # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step for 128-wide keys (64
@@ -110,14 +110,15 @@ def keys_a_step(kernel: str, d_k: int, fp32: bool, bias: bool, block: int, codes
     return wide if fits and not fp32 and padded_dim(d_k) <= 128 else narrow
 
 
-def loads_by_descriptor(kernel: str, keys: int) -> bool:
-    """Whether the forward's or ``dq``'s (in one value chunk) tiles of ``keys`` keys load through tensor descriptors on
-    the GPU: the wide key tiles (:func:`keys_a_step`: never with the XL bias). Compiled for sm_90a (Triton 3.6 and
-    3.8), their loops take 5% (the forward) and 16% (``dq``) fewer instructions per tile and 20 to 40 fewer registers
-    than by pointers: one thread issues a tile's bulk copy, where every thread computed its addresses and issued its
-    share of the copies. The bias's 32-key tiles take more instructions through them, and ``dq``'s spill under 3.8
+def loads_by_descriptor(kernel: str, keys: int, d_k: int) -> bool:
+    """Whether the forward's or ``dq``'s (in one value chunk) tiles of ``keys`` keys ``d_k`` wide load through tensor
+    descriptors on the GPU: the wide key tiles (:func:`keys_a_step`: never with the XL bias), for ``dq`` of keys wider
+    than 64. Compiled for sm_90a (Triton 3.6 and 3.8) at d 128, one item's loops take 4-5% (the forward) and 16%
+    (``dq``) fewer instructions than by pointers, with 20 to 40 fewer registers: one thread issues a tile's bulk copy,
+    where every thread computed its addresses and issued its share of the copies. At d 64 the forward's take 2-4% fewer,
+    ``dq``'s 3-4% more. The bias's 32-key tiles take more instructions through them, and ``dq``'s spill under 3.8
     (docs/benchmarks.md, "Key tiles through the tensor-memory accelerator")."""
-    return keys == WIDE_KEYS[kernel][0]
+    return keys == WIDE_KEYS[kernel][0] and (kernel == "forward" or padded_dim(d_k) > 64)
 
 
 __all__ = [

@@ -77,7 +77,7 @@ def candidates(kernel: str, d_k: int, d_v: int, block: int) -> list[Tiles]:
     base = config.tiles(kernel, d_k, d_v, block=block, codes=block)
     out = list(dict.fromkeys([base, dataclasses.replace(base, tma=False)]))
     for bm, bn, warps, stages in CANDIDATES[kernel]:
-        t = Tiles(bm, bn, base.bdv, warps, stages, base.tma and config.loads_by_descriptor(kernel, bn))
+        t = Tiles(bm, bn, base.bdv, warps, stages, base.tma and config.loads_by_descriptor(kernel, bn, d_k))
         if t not in out:
             out.append(t)
     return out
