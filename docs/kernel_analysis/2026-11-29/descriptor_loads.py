@@ -16,7 +16,7 @@ the code from a label to the last branch back to it that issues ``HGMMA`` (``key
 issue it, which a descriptor's wait splits); the waits' spin loops, placed after the function's last ``EXIT`` with
 their branches back into the loops, are not loops here. The forward's and dq's loops without the bias: the masked run before the whole tiles, the whole run, the
 masked run after, the cache; with the whole tiles' four loops, the warp instructions of one item's 512 rows of one
-head and their issue cycles per tensor-core cycle (``key_tiles.item_work``).
+head and their issue cycles per tensor-core cycle (``key_tiles.item_work``), and the whole run's opcodes.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def sass(cubin: bytes) -> str:
         return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
-def loops(text: str) -> list[int]:
-    """SASS instructions of each loop that issues ``HGMMA``, in code order."""
+def loops(text: str) -> list[collections.Counter]:
+    """The SASS opcodes (counted) of each loop that issues ``HGMMA``, in code order."""
     at, ops = {}, []
     for line in text.splitlines():
         label = re.match(r"\s*(\.L_x_\d+):", line)
@@ -67,7 +67,8 @@ def loops(text: str) -> list[int]:
         if target and target[1] in at and at[target[1]] <= k:
             ends[target[1]] = k
     spans = sorted((at[label], end) for label, end in ends.items())
-    return [b - a + 1 for a, b in spans if any(o.startswith("HGMMA") for o, _ in ops[a : b + 1])]
+    bodies = [[o.split(".")[0] for o, _ in ops[a : b + 1]] for a, b in spans]
+    return [collections.Counter(body) for body in bodies if "HGMMA" in body]
 
 
 def ptxas(ptx: str) -> tuple[int, int]:
@@ -106,12 +107,14 @@ def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
     c = report._compile(fn, pointers, const, report.DIVISIBLE, t)
     regs, spills = ptxas(c.asm["ptx"])
     shipped = " (shipped)" if tma == (t.tma and bool(flags.get("WHOLE"))) else ""
-    sizes = loops(sass(c.asm["cubin"]))
+    bodies = loops(sass(c.asm["cubin"]))
+    sizes = [sum(body.values()) for body in bodies]
     per_item = f"; {key_tiles.item_work(kernel, t, sizes)}" if len(sizes) == 4 else ""
     if d != 128:  # item_work's issue cycles per tensor-core cycle count d 128's multiply-adds
         per_item = per_item.split(",")[0]
+    whole = f"\n    whole loop by opcode: {dict(bodies[1].most_common(12))}" if len(sizes) == 4 else ""
     return (f"{t.bm}x{t.bn}x{t.bdv} w{t.num_warps} s{t.num_stages} {'descriptors' if tma else 'pointers   '}{shipped}: "
-            f"regs {regs} spills {spills} B smem {c.metadata.shared} B; loops {sizes}{per_item}")  # fmt: skip
+            f"regs {regs} spills {spills} B smem {c.metadata.shared} B; loops {sizes}{per_item}{whole}")  # fmt: skip
 
 
 @triton.jit
@@ -149,8 +152,9 @@ def warp_specialised(ws: bool, warps: int) -> str:
         return f"warp_specialize={ws} w{warps}: fails to compile ({type(err).__name__})"
     text = sass(c.asm["cubin"])
     ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", text))
+    sizes = [sum(body.values()) for body in loops(text)]
     return (
-        f"warp_specialize={ws} w{warps}: regs {ptxas(c.asm['ptx'])[0]}, loops {loops(text)}, setmaxnreg "
+        f"warp_specialize={ws} w{warps}: regs {ptxas(c.asm['ptx'])[0]}, loops {sizes}, setmaxnreg "
         f"(USETMAXREG) {ops['USETMAXREG']}, SASS instructions {sum(ops.values())}"
     )
 
