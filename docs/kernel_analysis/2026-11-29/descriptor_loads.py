@@ -34,7 +34,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tvq_exp.attention.vq.fused import report
-from tvq_exp.attention.vq.fused.config import tiles
+from tvq_exp.attention.vq.fused.config import Tiles, tiles
 from tvq_exp.attention.vq.fused.support import kernels
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -71,19 +71,6 @@ def loops(text: str) -> list[collections.Counter]:
     return [collections.Counter(body) for body in bodies if "HGMMA" in body]
 
 
-def ptxas(ptx: str) -> tuple[int, int]:
-    """Registers and spilled bytes (stores + loads) from ``ptxas -v``."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(tmp, "k.ptx"), "w") as f:
-            f.write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", f.name + ".o"],
-                             capture_output=True, text=True, check=True).stderr  # fmt: skip
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return int(re.search(r"Used (\d+) registers", log)[1]), spills
-
-
 def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
     t = tiles(kernel, d, d, bias=bool(flags["HAS_BIAS"]), block=report.BLOCK, codes=report.CODES)
     fn = getattr(kernels(interpret=False), f"{kernel}_kernel")
@@ -105,7 +92,7 @@ def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
     else:
         const |= dict.fromkeys(report.DESCRIPTORS)
     c = report._compile(fn, pointers, const, report.DIVISIBLE, t)
-    regs, spills = ptxas(c.asm["ptx"])
+    row = report._row(kernel, d, d, "bf16", t, c)  # ptxas -v: registers, spills
     shipped = " (shipped)" if tma == (t.tma and bool(flags.get("WHOLE"))) else ""
     bodies = loops(sass(c.asm["cubin"]))
     sizes = [sum(body.values()) for body in bodies]
@@ -114,7 +101,7 @@ def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
         per_item = per_item.split(",")[0]
     whole = f"\n    whole loop by opcode: {dict(bodies[1].most_common(12))}" if len(sizes) == 4 else ""
     return (f"{t.bm}x{t.bn}x{t.bdv} w{t.num_warps} s{t.num_stages} {'descriptors' if tma else 'pointers   '}{shipped}: "
-            f"regs {regs} spills {spills} B smem {c.metadata.shared} B; loops {sizes}{per_item}{whole}")  # fmt: skip
+            f"regs {row.registers} spills {row.spill_bytes} B smem {row.shared_bytes} B; loops {sizes}{per_item}{whole}")  # fmt: skip
 
 
 @triton.jit
@@ -153,9 +140,10 @@ def warp_specialised(ws: bool, warps: int) -> str:
     text = sass(c.asm["cubin"])
     ops = collections.Counter(re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)", text))
     sizes = [sum(body.values()) for body in loops(text)]
+    regs = report._row("probe", 128, 128, "bf16", Tiles(128, 128, 128, warps), c).registers
     return (
-        f"warp_specialize={ws} w{warps}: regs {ptxas(c.asm['ptx'])[0]}, loops {sizes}, setmaxnreg "
-        f"(USETMAXREG) {ops['USETMAXREG']}, SASS instructions {sum(ops.values())}"
+        f"warp_specialize={ws} w{warps}: regs {regs}, loops {sizes}, setmaxnreg (USETMAXREG) {ops['USETMAXREG']}, "
+        f"SASS instructions {sum(ops.values())}"
     )
 
 

@@ -2,9 +2,9 @@
 
 One :class:`Tiles` per kernel: ``bm`` query rows by ``bn`` keys (or codes) per step, values ``bdv`` wide per
 program (``d_v`` in chunks when wider: the GAU's ``d_v = 1536``), ``num_warps`` and ``num_stages`` (Triton's
-software pipelining), and whether the key tiles may load through tensor descriptors (``tma``). :func:`tiles` picks them from the head sizes; :data:`SHIPPED` lists the head sizes whose
-configurations ``make kernel-report`` compiles for sm_90a (no register spills allowed, shared memory within
-an H100's 227 KB per block).
+software pipelining), and whether the tiles may load through tensor descriptors (``tma``). :func:`tiles` picks
+them from the head sizes; :data:`SHIPPED` lists the head sizes whose configurations ``make kernel-report``
+compiles for sm_90a (no register spills allowed, shared memory within an H100's 227 KB per block).
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ reference is :func:`tvq_exp.attention.vq.naive.window_cache_attention`), flash-a
 - **forward** (one program per ``BM`` rows of one head of one item, values ``BDV`` wide): an online softmax
   over the window's key tiles, then the cache's code tiles, in fp32; writes the output and the rows'
   log-sum-exp. Key tiles no row of the program can see (the causal mask, a sliding window, item 0's missing
-  previous block) are skipped. Where every tile is whole (no XL bias), the forward and ``dq`` load their key,
-  value, code and mean tiles through tensor descriptors of the tensors' flat rows (:meth:`_Layout.descriptors`). Which keys a row sees and which bias column they read come from their distance
+  previous block) are skipped. Which keys a row sees and which bias column they read come from their distance
   (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`), computed in the kernels: no table is read per tile.
+  Where every tile is whole (no XL bias), the forward and ``dq`` load their key, value, code and mean tiles
+  through tensor descriptors of the tensors' flat rows (:meth:`_Layout.descriptors`).
 - **backward** (recomputes the probabilities from the log-sum-exp; no atomics, so deterministic):
   ``dq`` and the distance logits' gradient per row block; the keys' and values' gradient per key tile of each
   key block, looping over the two items that see the block; the codes' means (and a per-item codebook)
@@ -153,9 +154,9 @@ class _Layout:
         mu_desc``; None for an absent cache) where the forward or ``dq`` loads its tiles through them: ``t.tma``,
         every tile whole (:meth:`whole`, :meth:`even`: a descriptor's copy has no mask), and every tensor in the keys'
         dtype with a 16-byte aligned start (a descriptor's base); else None (their pointers)."""
-        present = [x for x in (kb, vb, codebook, mu) if x is not None]
         if not (t.tma and self.whole(t) and self.even(t)):
             return None
+        present = [x for x in (kb, vb, codebook, mu) if x is not None]
         if any(x.dtype != kb.dtype or x.data_ptr() % 16 for x in present):
             return None
         from triton.tools.tensor_descriptor import TensorDescriptor
