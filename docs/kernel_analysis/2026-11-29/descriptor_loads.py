@@ -16,12 +16,14 @@ the code from a label to the last branch back to it that issues ``HGMMA`` (``key
 issue it, which a descriptor's wait splits); the waits' spin loops, placed after the function's last ``EXIT`` with
 their branches back into the loops, are not loops here. The forward's and dq's loops without the bias: the masked run before the whole tiles, the whole run, the
 masked run after, the cache; with the whole tiles' four loops, the warp instructions of one item's 512 rows of one
-head and their issue cycles per tensor-core cycle (``key_tiles.item_work``), and the whole run's opcodes.
+head and their issue cycles per tensor-core cycle (``key_tiles.item_work``), and the whole run's opcodes. Then the
+forward and dq through descriptors with a third pipeline stage (the tile search's candidates).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import re
 import subprocess
@@ -71,8 +73,11 @@ def loops(text: str) -> list[collections.Counter]:
     return [collections.Counter(body) for body in bodies if "HGMMA" in body]
 
 
-def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
+def fused(kernel: str, flags: dict[str, object], tma: bool, d: int, stages: int = 0) -> str:
+    """One variant compiled, through descriptors or by pointers (``stages``: that many pipeline stages, else the
+    shipped ones)."""
     t = tiles(kernel, d, d, bias=bool(flags["HAS_BIAS"]), block=report.BLOCK, codes=report.CODES)
+    t = dataclasses.replace(t, num_stages=stages or t.num_stages)
     fn = getattr(kernels(interpret=False), f"{kernel}_kernel")
     const = {
         "BM": t.bm,
@@ -93,7 +98,7 @@ def fused(kernel: str, flags: dict[str, object], tma: bool, d: int) -> str:
         const |= dict.fromkeys(report.DESCRIPTORS)
     c = report._compile(fn, pointers, const, report.DIVISIBLE, t)
     row = report._row(kernel, d, d, "bf16", t, c)  # ptxas -v: registers, spills
-    shipped = " (shipped)" if tma == (t.tma and bool(flags.get("WHOLE"))) else ""
+    shipped = " (shipped)" if tma == (t.tma and bool(flags.get("WHOLE"))) and not stages else ""
     bodies = loops(sass(c.asm["cubin"]))
     sizes = [sum(body.values()) for body in bodies]
     per_item = f"; {key_tiles.item_work(kernel, t, sizes)}" if len(sizes) == 4 else ""
@@ -155,6 +160,10 @@ def main() -> None:
             if kernel in ("forward", "dq"):
                 for tma in (True, False):
                     print(f"{kernel:7s} {name:11s} {fused(kernel, flags, tma, d)}", flush=True)
+    print("A third stage through descriptors, d 128 (the tile search's candidates):")
+    for kernel, name, flags in report.variants(128, 128, False):
+        if kernel in ("forward", "dq") and flags["WHOLE"]:
+            print(f"{kernel:7s} {name:11s} {fused(kernel, flags, True, 128, stages=3)}", flush=True)
     print(
         "Automatic warp specialisation of a FlashAttention loop (128 x 128 tiles through descriptors, 2 stages):"
     )
