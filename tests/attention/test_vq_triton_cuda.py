@@ -36,9 +36,9 @@ CASES = {
     "no_grad_through_cache": {"grad_through_cache": False},
     "cache_key_grad": {"cache_key_grad": True},
     "wide_values": {"window_bias": True, "d_v": 320},  # 2 forward chunks, 3 backward (as the GAU's 1536)
-    # no bias, blocks and a codebook of whole 128-key tiles: in bf16 the forward and dq take their wide tiles and
-    # load them through tensor descriptors (the tensor-memory accelerator)
-    "descriptors": {"codebook_size": 128},
+    # no bias, d 128, blocks and a codebook of whole 128-key tiles: in bf16 the forward and dq take their wide tiles
+    # and load them through tensor descriptors (the tensor-memory accelerator; dq only for keys wider than 64)
+    "descriptors": {"codebook_size": 128, "d_k": 128, "d_v": 128},
 }
 
 
@@ -75,14 +75,24 @@ def run_fp32(layer: Any, q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> tuple
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_fused_kernel_equals_plain_on_cuda(case: str, dtype: torch.dtype) -> None:
+def test_the_fused_kernel_equals_plain_on_cuda(
+    case: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    made, real = [], TensorDescriptor.from_tensor  # the key-tile rows of every tensor descriptor the op makes
+    monkeypatch.setattr(
+        TensorDescriptor,
+        "from_tensor",
+        staticmethod(lambda x, block, *a: made.append(block[0]) or real(x, block, *a)),
+    )
     options = dict(CASES[case])
     t = options.pop("t", 640)
     torch.manual_seed(0)
     plain, fused = pair(options, dtype)
-    kv = options.get("kv_heads", 2)
-    q = torch.randn(2, 2, t, 64, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
-    k = torch.randn(2, kv, t, 64, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
+    kv, d_k = options.get("kv_heads", 2), options.get("d_k", 64)
+    q = torch.randn(2, 2, t, d_k, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
+    k = torch.randn(2, kv, t, d_k, device="cuda", dtype=dtype).mul(0.35).requires_grad_()
     d_v = options.get("d_v", 64)
     v = torch.randn(2, kv, t, d_v, device="cuda", dtype=dtype).requires_grad_()
     grad = torch.randn(2, 2, t, d_v, device="cuda", dtype=dtype)
@@ -91,6 +101,8 @@ def test_the_fused_kernel_equals_plain_on_cuda(case: str, dtype: torch.dtype) ->
         *got, fused_state = run(fused, q, k, v, grad)
         assert fused.last_kernel == "triton"
         assert len(got) == len(want)
+    # through descriptors: the forward's 128-key tiles and dq's 64, in bf16 only (fp32 takes narrow tiles)
+    assert set(made) == ({128, 64} if case == "descriptors" and dtype == torch.bfloat16 else set()), made
     if dtype == torch.float32:
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert relative_error(g, w) <= TOLERANCE[dtype], (case, i)

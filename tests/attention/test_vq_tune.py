@@ -3,6 +3,7 @@ a check of the tool (its comparison, its choice), not a measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -52,13 +53,15 @@ def test_the_search_times_the_tiles_through_descriptors_against_the_same_tiles_b
     kernel: str,
 ) -> None:
     """At the check's heads (d 128, blocks and codebook of 512) the shipped forward and dq load through tensor
-    descriptors: the search's second candidate is the same tiles by pointers; the other shapes load as the op would
-    load them (through descriptors only at the wide key tiles)."""
+    descriptors: the search's second candidate is the same tiles by pointers, its third the same tiles with a third
+    stage (before the budget may stop the search); the other shapes load as the op would load them (through
+    descriptors only at the wide key tiles)."""
     shipped, *others = tune.candidates(kernel, 128, 128, 512)
     assert shipped == tiles(kernel, 128, 128, block=512, codes=512) and shipped.tma
     assert others[0] == Tiles(
         shipped.bm, shipped.bn, shipped.bdv, shipped.num_warps, shipped.num_stages, tma=False
     )
+    assert others[1] == dataclasses.replace(shipped, num_stages=3)
     assert all(t.tma == (t.bn == shipped.bn) for t in others[1:])
     assert len(set(others)) == len(others) and shipped not in others
 
