@@ -709,6 +709,35 @@ def test_the_forward_and_dq_step_wide_key_tiles_where_the_blocks_and_the_codeboo
 
 
 @pytest.mark.parametrize(
+    ("kernel", "d_k", "d_v", "fp32", "bias", "rows"),
+    [
+        (
+            "code",
+            128,
+            128,
+            False,
+            False,
+            64,
+        ),  # the codes: 64 rows a step, without spills under Triton 3.6 and 3.8
+        ("code", 128, 1536, False, False, 64),  # in value chunks, and the codes apart
+        ("code", 128, 128, True, False, 32),  # fp32: 64 rows would take 257 KB of shared memory, over 227
+        ("code", 64, 64, False, False, 64),
+        ("window_key", 128, 128, False, False, 16),  # in one pass without the bias: 32 rows spill under 3.6
+        ("window_key", 128, 128, False, True, 32),  # the bias's one masked loop: 32 rows fit
+        ("window_key", 128, 1536, False, False, 32),  # the values' chunks: 64 rows spill under 3.6
+        ("window_key", 64, 64, False, False, 64),  # keys 64 wide: 64 rows fit
+    ],
+)
+def test_the_gradients_of_keys_and_codes_step_the_most_rows_that_compile_without_spills(
+    kernel: str, d_k: int, d_v: int, fp32: bool, bias: bool, rows: int
+) -> None:
+    """The keys' and codes' gradients step as many query rows as compile for sm_90a without spills under both
+    Tritons (``make kernel-report``, ``make kernel-report-device``) and within a block's shared memory: more rows a
+    step, fewer instructions per row, and products that read less shared memory (docs/benchmarks.md)."""
+    assert tiles(kernel, d_k, d_v, fp32=fp32, bias=bias, block=512, codes=512).bm == rows
+
+
+@pytest.mark.parametrize(
     ("kernel", "d_k", "d_v", "fp32", "bias", "block", "interpret", "tma"),
     [
         ("forward", 128, 128, False, False, 512, False, True),  # the wide key tiles

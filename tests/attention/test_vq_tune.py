@@ -66,6 +66,18 @@ def test_the_search_times_the_tiles_through_descriptors_against_the_same_tiles_b
     assert len(set(others)) == len(others) and shipped not in others
 
 
+@pytest.mark.parametrize(("kernel", "rows"), [("window_key", 16), ("code", 64)])
+def test_the_search_times_the_gradients_at_32_rows_right_after_their_shipped_rows(
+    kernel: str, rows: int
+) -> None:
+    """The keys' gradient (16 rows shipped: 32 spill outside its loops under Triton 3.6 only) and the codes' (64 rows
+    shipped since the nineteenth session, 32 before) are timed at 32 rows next, before the budget may stop the
+    search."""
+    shipped, *others = tune.candidates(kernel, 128, 128, 512)
+    assert shipped == tiles(kernel, 128, 128, block=512, codes=512) and shipped.bm == rows
+    assert others[0] == dataclasses.replace(shipped, bm=32)
+
+
 def test_the_choice_is_the_fastest_kernel_within_tolerance() -> None:
     def rec(bm: int, ms: float, kernel_ms: float | None, err: float) -> dict:
         return {"section": "tiles", "kernel": "dq", "bm": bm, "bn": 64, "bdv": 128, "num_warps": 8,

@@ -85,11 +85,14 @@ def tiles(
             stages, tma = 1 if bias and wide_keys else 2, loads_by_descriptor(kernel, keys, d_k)
             return Tiles(64, keys, bdv, num_warps=4, num_stages=stages, tma=tma)
         return Tiles(64 * groups, 32, 32, num_warps=4 * groups, num_stages=2)
-    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64; 32 rows a step for 128-wide keys (64
-    # rows spill), 16 for their keys' and values' gradients in one pass without the bias (32 spill there under
-    # Triton 3.6, the lent GPUs' version: make kernel-report-device). Fewer rows a step read shared memory faster:
-    # at 16, a step's products read 192 bytes per tensor-core cycle, at 32 128 (docs/benchmarks.md)
-    rows = 64 if not wide_keys else 16 if kernel == "window_key" and one and not bias else 32
+    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64, the keys (codes) held in registers; 64
+    # rows a step for keys at most 64 wide and for bf16 codes (fp32's overflow shared memory); for 128-wide keys 32
+    # (64 spill), and 16 in one pass without the bias (32 spill there under Triton 3.6, the lent GPUs' version: make
+    # kernel-report-device). More rows a step, fewer instructions per row and products that read less shared
+    # memory: at 16 rows 128 bytes per tensor-core cycle, at 32 96, at 64 80 (docs/benchmarks.md)
+    rows = 16 if kernel == "window_key" and one and not bias else 32
+    if not wide_keys or (kernel == "code" and not fp32):
+        rows = 64
     stages = 1 if kernel == "window_key" and one and not bias and not wide_keys else 2
     return Tiles(rows, 64 * groups, bdv, num_warps=4 * groups, num_stages=stages)
 

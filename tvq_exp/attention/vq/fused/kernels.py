@@ -86,10 +86,16 @@ def _row_block(pb, item, NPB, Lq, R, BM: tl.constexpr):
 
 
 @triton.jit
+def _base2(x, DOT: tl.constexpr):
+    """``x·log2 e`` as ``DOT``: one side of a product scaled, its scores come out in base 2."""
+    return (x.to(tl.float32) * LOG2E).to(DOT)
+
+
+@triton.jit
 def _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT: tl.constexpr):
     """The rows' queries ``(BM, DK)`` scaled by ``log2 e`` (base-2 scores straight from the product), as ``DOT``."""
     q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
-    return (q.to(tl.float32) * LOG2E).to(DOT)
+    return _base2(q, DOT)
 
 
 @triton.jit
@@ -384,14 +390,15 @@ def _key_tile_grads(
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_TERM: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr,
     PREC: tl.constexpr,
 ):  # fmt: skip
-    """Add the gradients that ``BM`` query rows give ``BN`` keys ``k`` (``DOT``) and their values (chunk ``dv0``,
+    """Add the gradients that ``BM`` query rows give ``BN`` keys ``k`` (``DOT``, scaled by ``log2 e``: the scores come
+    out in base 2, and the rows' queries go to both their products as loaded) and their values (chunk ``dv0``,
     ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``;
     the scores' additive ``term_t`` (base 2) where ``HAS_TERM``. ``EVEN``: the rows are whole (and the heads
     unpadded): their loads take no mask."""
     dko = tl.arange(0, DK)
     q = _load(q_ptr + row[:, None] * dk + dko[None, :], p_ok, dko < dk, EVEN).to(DOT)
     lse = _load_vector(lse_ptr + row, p_ok, float("inf"), EVEN)
-    s_t = tl.dot(k, tl.trans((q.to(tl.float32) * LOG2E).to(DOT)), input_precision=PREC)
+    s_t = tl.dot(k, tl.trans(q), input_precision=PREC)  # k in base 2: q goes to the product as it was loaded
     if HAS_TERM:
         s_t += term_t
     p_t = tl.exp2(s_t - lse[None, :])
@@ -417,6 +424,16 @@ def _key_tile_grads(
         ds_t = p_t * (dp_t - delta[None, :])
         dk_acc += tl.dot(ds_t.to(DOT), q, input_precision=PREC)
     return dk_acc, dv_acc
+
+
+@triton.jit
+def _store_tile(ptr, row0, rows, acc, cols, cols_ok, width, BN: tl.constexpr):
+    """Store a gradient tile ``acc (BN, len(cols))`` at rows ``row0 ..`` (its first ``rows`` of them) of a tensor
+    ``width`` wide. Its addresses are made here from ``row0``: kept from before the loops, they took registers the
+    whole kernel long (the compiled keys' gradient spilled them under Triton 3.6)."""
+    r = tl.arange(0, BN)
+    tl.store(ptr + row0 * width + r[:, None] * width + cols[None, :], acc.to(ptr.dtype.element_ty),
+             mask=(r < rows)[:, None] & cols_ok[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -463,7 +480,7 @@ def window_key_kernel(
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv
     k = tl.load(k_ptr + key_row[:, None] * dk + dko[None, :], mask=k_ok[:, None] & dk_ok[None, :], other=0.0)
-    k = k.to(DOT)
+    k = _base2(k, DOT)  # once here, where scaling each step's rows took a copy of them through registers
     v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=k_ok[:, None] & dv_ok[None, :], other=0.0)
     v = v.to(DOT)
     dk_acc = tl.full([BN, DK], 0.0, tl.float32)
@@ -497,12 +514,11 @@ def window_key_kernel(
                             delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
                             ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, run != 1, EVEN, DOT, PREC,
                         )  # fmt: skip
+    tile_row0 = (n * IB + b) * L + t * BN
     if DO_DK:
-        tl.store(dk_ptr + key_row[:, None] * dk + dko[None, :], dk_acc.to(dk_ptr.dtype.element_ty),
-                 mask=k_ok[:, None] & dk_ok[None, :])  # fmt: skip
+        _store_tile(dk_ptr, tile_row0, L - t * BN, dk_acc, dko, dk_ok, dk, BN)
     if DO_DV:
-        tl.store(dv_ptr + key_row[:, None] * dv + dvo[None, :], dv_acc.to(dv_ptr.dtype.element_ty),
-                 mask=k_ok[:, None] & dv_ok[None, :])  # fmt: skip
+        _store_tile(dv_ptr, tile_row0, L - t * BN, dv_acc, dvo, dv_ok, dv, BN)
 
 
 @triton.jit
@@ -524,7 +540,8 @@ def code_kernel(
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv
     code = tl.load(c_ptr + n * code_seq_stride + i * code_item_stride + c[:, None] * dk + dko[None, :],
-                   mask=c_ok[:, None] & dk_ok[None, :], other=0.0).to(DOT)  # fmt: skip
+                   mask=c_ok[:, None] & dk_ok[None, :], other=0.0)  # fmt: skip
+    code = _base2(code, DOT)  # the codes' scores in base 2, as the keys'
     mu = tl.load(mu_ptr + mu_row[:, None] * dv + dvo[None, :], mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
     mu = mu.to(DOT)
     log_n = tl.load(ln_ptr + mu_row, mask=c_ok, other=float("-inf"))
@@ -537,9 +554,8 @@ def code_kernel(
             dc_acc, dmu_acc, code, mu, mu_row, c_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, mu_ptr,
             row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, True, EVEN, DOT, PREC,
         )  # fmt: skip
+    tile_row0 = item * S + ct * BN
     if DO_DK:
-        tl.store(dc_ptr + (item * S + c)[:, None] * dk + dko[None, :], dc_acc.to(dc_ptr.dtype.element_ty),
-                 mask=c_ok[:, None] & dk_ok[None, :])  # fmt: skip
+        _store_tile(dc_ptr, tile_row0, S - ct * BN, dc_acc, dko, dk_ok, dk, BN)
     if DO_DV:
-        tl.store(dmu_ptr + mu_row[:, None] * dv + dvo[None, :], dmu_acc.to(dmu_ptr.dtype.element_ty),
-                 mask=c_ok[:, None] & dv_ok[None, :])  # fmt: skip
+        _store_tile(dmu_ptr, tile_row0, S - ct * BN, dmu_acc, dvo, dv_ok, dv, BN)
