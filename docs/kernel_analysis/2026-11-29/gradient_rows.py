@@ -1,0 +1,75 @@
+"""The keys' and codes' gradients (``window_key_kernel``, ``code_kernel``) at 16, 32 and 64 query rows a step, 1 and 2
+pipeline stages, compiled for sm_90a by whichever Triton and tree are first on the path: registers, spills, shared
+memory, SASS instructions per thread and row in each loop body (``key_tiles.py``'s count), and which of each product's
+operands the tensor cores read from shared memory, with the bytes all the products read per tensor-core cycle
+(``key_tiles.py``'s model: ``128x128(smem)·128x16``: the program's keys from shared memory, ``(regs)`` from
+registers). ``*`` marks the shipped tiles.
+
+Heads d 128 with values 128 (one pass), 256 (the values' chunks and the keys apart: the paper GAU's ``d_v = 1536``
+takes the same tiles) and d 64; bf16, S = L = 512, each kernel's variants as ``make kernel-report`` compiles them.
+
+Run from the repository root, once with the venv's Triton and once with the lent GPUs' (3.6.0, as ``make
+kernel-report-device`` installs it):
+
+    .venv/bin/python docs/kernel_analysis/2026-11-29/gradient_rows.py > docs/kernel_analysis/2026-11-29/gradient_rows_3.8.log
+    PYTHONPATH=.triton/3.6.0 .venv/bin/python docs/kernel_analysis/2026-11-29/gradient_rows.py \\
+        > docs/kernel_analysis/2026-11-29/gradient_rows_3.6.log
+
+The ``_before`` logs are the same script on the session's base (91bfb74: the keys scaled per step's rows, the
+codes' 32 rows), its tree first on the path: ``git worktree add /tmp/base 91bfb74``, then from ``/tmp/base`` the
+same commands with ``PYTHONPATH=/tmp/base`` (and ``.triton/3.6.0`` of this checkout before it for 3.6), the script
+and the logs named from this checkout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import key_tiles  # noqa: E402 - this folder's script: its compile hook, SASS loop count and shared-memory model
+import triton  # noqa: E402
+
+from tvq_exp.attention.vq.fused import report  # noqa: E402
+from tvq_exp.attention.vq.fused.config import tiles  # noqa: E402
+
+HEADS = ((128, 128), (128, 256), (64, 64))
+ROWS = (16, 32, 64)
+STAGES = (1, 2)
+
+
+def main() -> None:
+    report._row = key_tiles._grab
+    here = os.path.dirname(report.__file__)
+    tree = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True, text=True
+    )
+    print(
+        f"Triton {triton.__version__}, sm_90a, bf16, S = L = 512; the kernels of tree {tree.stdout.strip()}"
+    )
+    for d_k, d_v in HEADS:
+        for kernel, name, flags in report.variants(d_k, d_v, False):
+            if kernel not in ("window_key", "code"):
+                continue
+            base = tiles(
+                kernel, d_k, d_v, bias=bool(flags["HAS_BIAS"]), block=report.BLOCK, codes=report.CODES
+            )
+            for bm in ROWS:
+                for stages in STAGES:
+                    t = dataclasses.replace(base, bm=bm, num_stages=stages)
+                    report.tiles = lambda *_, t=t, **__: t
+                    r = report.compile_one(kernel, flags, d_k, d_v, "bf16")
+                    compiled = key_tiles._captured["compiled"]
+                    sizes = [size for size, _ in key_tiles.loops(compiled.asm["cubin"])]
+                    mark = "*" if (bm, stages) == (base.bm, base.num_stages) else " "
+                    print(f"{mark} d {d_k}/{d_v} {kernel} {name:12s} {bm}x{t.bn} w{t.num_warps} s{stages}: regs "
+                          f"{r.registers} spills {r.spill_bytes} B smem {r.shared_bytes} B; per row "
+                          f"{[round(s / bm, 2) for s in sizes]}; "
+                          f"{'; '.join(key_tiles.shared_rates(compiled.asm['ttgir']))}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
