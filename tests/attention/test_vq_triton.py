@@ -711,20 +711,13 @@ def test_the_forward_and_dq_step_wide_key_tiles_where_the_blocks_and_the_codeboo
 @pytest.mark.parametrize(
     ("kernel", "d_k", "d_v", "fp32", "bias", "rows"),
     [
-        (
-            "code",
-            128,
-            128,
-            False,
-            False,
-            64,
-        ),  # the codes: 64 rows a step, without spills under Triton 3.6 and 3.8
+        ("code", 128, 128, False, False, 64),  # 64 rows, no spills under Triton 3.6 or 3.8
         ("code", 128, 1536, False, False, 64),  # in value chunks, and the codes apart
         ("code", 128, 128, True, False, 32),  # fp32: 64 rows would take 257 KB of shared memory, over 227
         ("code", 64, 64, False, False, 64),
-        ("window_key", 128, 128, False, False, 16),  # in one pass without the bias: 32 rows spill under 3.6
-        ("window_key", 128, 128, False, True, 32),  # the bias's one masked loop: 32 rows fit
-        ("window_key", 128, 1536, False, False, 32),  # the values' chunks: 64 rows spill under 3.6
+        ("window_key", 128, 128, False, False, 32),  # keys and values in one pass: 64 rows spill
+        ("window_key", 128, 128, False, True, 32),
+        ("window_key", 128, 1536, False, False, 64),  # the values' chunks and the keys apart: 64 rows fit
         ("window_key", 64, 64, False, False, 64),  # keys 64 wide: 64 rows fit
     ],
 )

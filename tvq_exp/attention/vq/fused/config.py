@@ -75,8 +75,7 @@ def tiles(
         tma = loads_by_descriptor(kernel, keys, d_k)
         return Tiles(64 * groups, keys, bdv, num_warps=4 * groups, num_stages=2, tma=tma)
     # the backward's loads are copied one step ahead (2 stages) where that does not spill: with 1 stage every load
-    # of their loops is synchronous. It spills for dq with the bias's gradient at 128-wide keys, and for the keys'
-    # gradient in one pass over whole tiles (no bias) at 64-wide keys (Triton 3.6)
+    # of their loops is synchronous. It spills for dq with the bias's gradient at 128-wide keys
     one, wide_keys = dv <= bdv, padded_dim(d_k) > 64
     # dq: one warpgroup where the values fit one chunk (q, dO, dq all held), else dO·vᵀ summed 32 columns at a time
     if kernel == "dq":
@@ -85,16 +84,12 @@ def tiles(
             stages, tma = 1 if bias and wide_keys else 2, loads_by_descriptor(kernel, keys, d_k)
             return Tiles(64, keys, bdv, num_warps=4, num_stages=stages, tma=tma)
         return Tiles(64 * groups, 32, 32, num_warps=4 * groups, num_stages=2)
-    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64, the keys (codes) held in registers; 64
-    # rows a step for keys at most 64 wide and for bf16 codes (fp32's overflow shared memory); for 128-wide keys 32
-    # (64 spill), and 16 in one pass without the bias (32 spill there under Triton 3.6, the lent GPUs' version: make
-    # kernel-report-device). More rows a step, fewer instructions per row and products that read less shared
-    # memory: at 16 rows 128 bytes per tensor-core cycle, at 32 96, at 64 80 (docs/benchmarks.md)
-    rows = 16 if kernel == "window_key" and one and not bias else 32
-    if not wide_keys or (kernel == "code" and not fp32):
-        rows = 64
-    stages = 1 if kernel == "window_key" and one and not bias and not wide_keys else 2
-    return Tiles(rows, 64 * groups, bdv, num_warps=4 * groups, num_stages=stages)
+    # window_key, code: 128 keys (or codes) per program, one warpgroup per 64, the keys (codes) held in registers, 2
+    # stages; 64 rows a step, but 32 for the keys' and values' gradients in one pass of 128-wide keys (64 spill) and
+    # for fp32 operands of 128-wide keys (64 overflow shared memory). More rows a step, fewer instructions per row and
+    # products that read less shared memory: at 32 rows 96 bytes per tensor-core cycle, at 64 80 (docs/benchmarks.md)
+    rows = 32 if wide_keys and (fp32 or (kernel == "window_key" and one)) else 64
+    return Tiles(rows, 64 * groups, bdv, num_warps=4 * groups, num_stages=2)
 
 
 def keys_a_step(kernel: str, d_k: int, fp32: bool, bias: bool, block: int, codes: int) -> int:

@@ -505,14 +505,25 @@ def window_key_kernel(
                 j_last = j_first + tl.minimum(BN, L - t * BN) - 1
                 a = tl.minimum(tl.maximum((tl.maximum(j_last - FIRST, 0) + BM - 1) // BM, p_lo // BM), pp_hi)
                 c = tl.minimum(tl.maximum(tl.maximum(j_first + SPAN - FIRST + 1, 0) // BM, a), pp_hi)
-            for g in range(0, G):  # the row blocks of each head that see this tile: masked, whole, masked
-                for run in tl.static_range(3 if WHOLE else 1):
-                    start, stop = _run_bounds(run, p_lo // BM, a, c, pp_hi)
-                    for pp in range(start, stop):
+            # the row blocks of each head that see this tile: the masked ones (before and after the whole ones) in one
+            # loop, then the whole ones (two loops, not three: the keys' gradient compiles at 32 rows a step without
+            # spills under Triton 3.6, where the third loop's state spilled)
+            lo = p_lo // BM
+            before = a - lo
+            for g in range(0, G):
+                for i in range(0, before + pp_hi - c):
+                    pp = tl.where(i < before, lo + i, c + i - before)
+                    dk_acc, dv_acc = _window_key_rows(
+                        dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
+                        delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
+                        ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, EVEN, DOT, PREC,
+                    )  # fmt: skip
+                if WHOLE:
+                    for pp in range(a, c):
                         dk_acc, dv_acc = _window_key_rows(
                             dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
                             delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, run != 1, EVEN, DOT, PREC,
+                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, False, EVEN, DOT, PREC,
                         )  # fmt: skip
     tile_row0 = (n * IB + b) * L + t * BN
     if DO_DK:
