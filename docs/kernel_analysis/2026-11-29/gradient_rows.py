@@ -3,7 +3,8 @@ pipeline stages, compiled for sm_90a by whichever Triton and tree are first on t
 memory, SASS instructions per thread and row in each loop body (``key_tiles.py``'s count), and which of each product's
 operands the tensor cores read from shared memory, with the bytes all the products read per tensor-core cycle
 (``key_tiles.py``'s model: ``128x128(smem)·128x16``: the program's keys from shared memory, ``(regs)`` from
-registers). ``*`` marks the shipped tiles.
+registers). ``*`` marks the shipped tiles. For the keys' gradient in one pass without the bias, the instructions per
+thread over one key tile's rows in the check's case (:data:`MASKED_ROWS`, :data:`WHOLE_ROWS`).
 
 Heads d 128 with values 128 (one pass), 256 (the values' chunks and the keys apart: the paper GAU's ``d_v = 1536``
 takes the same tiles) and d 64; bf16, S = L = 512, each kernel's variants as ``make kernel-report`` compiles them.
@@ -37,6 +38,10 @@ from tvq_exp.attention.vq.fused import report  # noqa: E402
 from tvq_exp.attention.vq.fused.config import tiles  # noqa: E402
 
 HEADS = ((128, 128), (128, 256), (64, 64))
+# the check's case (S = L = 512, no XL bias, no sliding window): a tile of 128 keys is seen by the 128 rows of its
+# diagonal band (masked: its first loop) and, on average over the block's four tiles, by 704 rows that see all of it
+# (the whole loop: 192 of its own item's later rows, all 512 of the next item's)
+MASKED_ROWS, WHOLE_ROWS = 128, 704
 ROWS = (16, 32, 64)
 STAGES = (1, 2)
 
@@ -65,9 +70,14 @@ def main() -> None:
                     compiled = key_tiles._captured["compiled"]
                     sizes = [size for size, _ in key_tiles.loops(compiled.asm["cubin"])]
                     mark = "*" if (bm, stages) == (base.bm, base.num_stages) else " "
+                    tile = ""
+                    if (
+                        kernel == "window_key" and name == "dk+dv+whole"
+                    ):  # the loops: masked first, whole second
+                        tile = f"; per key tile {round(MASKED_ROWS * sizes[0] / bm + WHOLE_ROWS * sizes[1] / bm)}"
                     print(f"{mark} d {d_k}/{d_v} {kernel} {name:12s} {bm}x{t.bn} w{t.num_warps} s{stages}: regs "
                           f"{r.registers} spills {r.spill_bytes} B smem {r.shared_bytes} B; per row "
-                          f"{[round(s / bm, 2) for s in sizes]}; "
+                          f"{[round(s / bm, 2) for s in sizes]}{tile}; "
                           f"{'; '.join(key_tiles.shared_rates(compiled.asm['ttgir']))}", flush=True)  # fmt: skip
 
 
