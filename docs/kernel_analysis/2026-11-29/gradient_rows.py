@@ -48,13 +48,15 @@ STAGES = (1, 2)
 
 def main() -> None:
     report._row = key_tiles._grab
-    here = os.path.dirname(report.__file__)
-    tree = subprocess.run(
-        ["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True, text=True
+    here = os.path.dirname(
+        report.__file__
+    )  # the tree's commit, "+changes" where its kernels' folder differs from it
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
+    changes = subprocess.run(
+        ["git", "status", "--porcelain", "--", "."], cwd=here, capture_output=True, text=True
     )
-    print(
-        f"Triton {triton.__version__}, sm_90a, bf16, S = L = 512; the kernels of tree {tree.stdout.strip()}"
-    )
+    tree = commit.stdout.strip() + ("+changes" if changes.stdout.strip() else "")
+    print(f"Triton {triton.__version__}, sm_90a, bf16, S = L = 512; the kernels of tree {tree}")
     for d_k, d_v in HEADS:
         for kernel, name, flags in report.variants(d_k, d_v, False):
             if kernel not in ("window_key", "code"):
