@@ -4,7 +4,8 @@ memory, SASS instructions per thread and row in each loop body (``key_tiles.py``
 operands the tensor cores read from shared memory, with the bytes all the products read per tensor-core cycle
 (``key_tiles.py``'s model: ``128x128(smem)·128x16``: the program's keys from shared memory, ``(regs)`` from
 registers). ``*`` marks the shipped tiles. For the keys' gradient in one pass without the bias, the instructions per
-thread over one key tile's rows in the check's case (:data:`MASKED_ROWS`, :data:`WHOLE_ROWS`).
+thread over one key tile's rows in the check's case (:data:`MASKED_ROWS`, :data:`WHOLE_ROWS`), and their issue cycles
+per tensor-core cycle (:func:`key_tile_work`).
 
 Heads d 128 with values 128 (one pass), 256 (the values' chunks and the keys apart: the paper GAU's ``d_v = 1536``
 takes the same tiles) and d 64; bf16, S = L = 512, each kernel's variants as ``make kernel-report`` compiles them.
@@ -35,7 +36,7 @@ import key_tiles  # noqa: E402 - this folder's script: its compile hook, SASS lo
 import triton  # noqa: E402
 
 from tvq_exp.attention.vq.fused import report  # noqa: E402
-from tvq_exp.attention.vq.fused.config import tiles  # noqa: E402
+from tvq_exp.attention.vq.fused.config import Tiles, tiles  # noqa: E402
 
 HEADS = ((128, 128), (128, 256), (64, 64))
 # the check's case (S = L = 512, no XL bias, no sliding window): a tile of 128 keys is seen by the 128 rows of its
@@ -44,6 +45,15 @@ HEADS = ((128, 128), (128, 256), (64, 64))
 MASKED_ROWS, WHOLE_ROWS = 128, 704
 ROWS = (16, 32, 64)
 STAGES = (1, 2)
+
+
+def key_tile_work(per_thread: float, t: Tiles, d_k: int, d_v: int) -> str:
+    """The instructions per thread over one key tile's rows, and the issue cycles of its warps (four schedulers a
+    multiprocessor) per tensor-core cycle of its products (``2·d_k + 2·d_v`` multiply-adds per row and key: ``k·qᵀ``,
+    ``v·dOᵀ``, ``dS·q``, ``Pᵀ·dO``), as ``key_tiles.py`` counts the forward's."""
+    macs = (MASKED_ROWS + WHOLE_ROWS) * t.bn * (2 * d_k + 2 * d_v)
+    issue = per_thread * t.num_warps / 4 / (macs / key_tiles.MACS_PER_CYCLE)
+    return f"; per key tile {round(per_thread)}, issue / tensor cycles {issue:.2f}"
 
 
 def main() -> None:
@@ -73,10 +83,11 @@ def main() -> None:
                     sizes = [size for size, _ in key_tiles.loops(compiled.asm["cubin"])]
                     mark = "*" if (bm, stages) == (base.bm, base.num_stages) else " "
                     tile = ""
-                    if (
-                        kernel == "window_key" and name == "dk+dv+whole"
-                    ):  # the loops: masked first, whole second
-                        tile = f"; per key tile {round(MASKED_ROWS * sizes[0] / bm + WHOLE_ROWS * sizes[1] / bm)}"
+                    # the keys' gradient in one pass without the bias: its loops are the masked rows, then the whole
+                    if kernel == "window_key" and name == "dk+dv+whole":
+                        tile = key_tile_work(
+                            MASKED_ROWS * sizes[0] / bm + WHOLE_ROWS * sizes[1] / bm, t, d_k, d_v
+                        )
                     print(f"{mark} d {d_k}/{d_v} {kernel} {name:12s} {bm}x{t.bn} w{t.num_warps} s{stages}: regs "
                           f"{r.registers} spills {r.spill_bytes} B smem {r.shared_bytes} B; per row "
                           f"{[round(s / bm, 2) for s in sizes]}{tile}; "
