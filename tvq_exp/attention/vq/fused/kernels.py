@@ -17,8 +17,8 @@ Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2
 the row's distance logit ``min(d, M1)`` when that is ``< M1``, else zero. ``M1`` is the number of XL-bias distances
 (``M + 1``; 0 without the bias, ``HAS_BIAS`` False). Computed, not looked up: no table is read in the key loops, and
 the tiles to visit come from the same arithmetic. Without the bias, and with whole key tiles (``WHOLE``), the tiles
-every row of a row block sees (every key of a key tile, in the keys' gradient) run in loops of their own with no
-mask computed: most of the window, and a fifth to a third fewer instructions per tile in the compiled code
+every row of a row block sees (every key of a key tile, in the keys' gradient) run in a loop of their own with no
+mask computed, after one over the masked ones (:func:`_masked_step`): most of the window, and a fifth to a third fewer instructions per tile in the compiled code
 (docs/benchmarks.md). Where every tile a kernel's loops load is whole (``EVEN``: key and code tiles in the forward and
 ``dq``, row blocks in the keys' and codes' gradients; value chunks whole, ``d_k`` unpadded) they load without masks;
 where the forward's and ``dq``'s are also whole tiles without the bias, through tensor descriptors (``TMA``:
@@ -154,13 +154,14 @@ def _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM: tl.constexpr, BN: tl.conste
 
 
 @triton.jit
-def _run_bounds(run: tl.constexpr, lo, a, b, hi):
-    """``[start, stop)`` of run ``run`` of a loop cut at ``a`` and ``b``: ``[lo, a)``, ``[a, b)``, ``[b, hi)``."""
-    if run == 0:
-        return lo, a
-    if run == 1:
-        return a, b
-    return b, hi
+def _masked_step(i, lo, a, b, WHOLE: tl.constexpr):
+    """The ``i``-th of a loop's masked steps: those of ``[lo, a)``, then those of ``[b, hi)``, where ``[a, b)`` are the
+    whole ones (``WHOLE``; else every step is masked, ``lo + i``). One loop over both masked runs, a second over the
+    whole ones: two pipelined loops, not three (the keys' gradient compiles at 32 rows a step without spills under
+    Triton 3.6 so)."""
+    if WHOLE:
+        return tl.where(i < a - lo, lo + i, b + i - (a - lo))
+    return lo + i
 
 
 @triton.jit
@@ -233,17 +234,21 @@ def forward_kernel(
     acc = tl.full([BM, BDV], 0.0, tl.float32)
     key0 = (n * IB + i - shift) * L  # window key j is key row key0 + j
     lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
-    # the masked tiles before the whole ones, the whole ones without a mask, the masked ones after (WHOLE), else
-    # every tile masked
+    # the masked tiles (before and after the whole ones) in one loop, then the whole ones without a mask (WHOLE);
+    # else every tile masked
     a, b = hi, hi
     if WHOLE:
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
-    for run in tl.static_range(3 if WHOLE else 1):
-        start, stop = _run_bounds(run, lo, a, b, hi)
-        for wt in range(start, stop):
+    for step in range(0, a - lo + hi - b):
+        wt = _masked_step(step, lo, a, b, WHOLE)
+        m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p, p_ok,
+                                      dko, dk_ok, dc * BDV, dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS,
+                                      True, EVEN, TMA, DOT, PREC)  # fmt: skip
+    if WHOLE:
+        for wt in range(a, b):
             m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p,
                                           p_ok, dko, dk_ok, dc * BDV, dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN,
-                                          HAS_BIAS, run != 1, EVEN, TMA, DOT, PREC)  # fmt: skip
+                                          HAS_BIAS, False, EVEN, TMA, DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         # the item's codebook: from element code0, row code0 / dk
         code0 = n * code_seq_stride + i * code_item_stride
@@ -342,15 +347,19 @@ def dq_kernel(
     dq = tl.full([BM, DK], 0.0, tl.float32)
     key0 = (n * IB + i - shift) * L
     lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
-    a, b = hi, hi  # as the forward: masked, whole, masked
+    a, b = hi, hi  # as the forward: the masked tiles, then the whole ones
     if WHOLE:
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
-    for run in tl.static_range(3 if WHOLE else 1):
-        start, stop = _run_bounds(run, lo, a, b, hi)
-        for wt in range(start, stop):
-            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0, row,
-                          p, p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD,
-                          ONE_CHUNK, run != 1, EVEN, TMA, DOT, PREC)  # fmt: skip
+    for step in range(0, a - lo + hi - b):
+        wt = _masked_step(step, lo, a, b, WHOLE)
+        dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0, row, p,
+                      p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK,
+                      True, EVEN, TMA, DOT, PREC)  # fmt: skip
+    if WHOLE:
+        for wt in range(a, b):
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0,
+                          row, p, p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD,
+                          ONE_CHUNK, False, EVEN, TMA, DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         code0 = n * code_seq_stride + i * code_item_stride  # as the forward's
         code_row0 = code0 // dk
@@ -505,18 +514,14 @@ def window_key_kernel(
                 j_last = j_first + tl.minimum(BN, L - t * BN) - 1
                 a = tl.minimum(tl.maximum((tl.maximum(j_last - FIRST, 0) + BM - 1) // BM, p_lo // BM), pp_hi)
                 c = tl.minimum(tl.maximum(tl.maximum(j_first + SPAN - FIRST + 1, 0) // BM, a), pp_hi)
-            # the row blocks of each head that see this tile: the masked ones (before and after the whole ones) in one
-            # loop, then the whole ones (two loops, not three: the keys' gradient compiles at 32 rows a step without
-            # spills under Triton 3.6, where the third loop's state spilled)
+            # the row blocks of each head that see this tile: the masked ones, then the whole ones
             lo = p_lo // BM
-            before = a - lo
             for g in range(0, G):
-                for i in range(0, before + pp_hi - c):
-                    pp = tl.where(i < before, lo + i, c + i - before)
+                for step in range(0, a - lo + pp_hi - c):
                     dk_acc, dv_acc = _window_key_rows(
-                        dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
-                        delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                        ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, EVEN, DOT, PREC,
+                        dk_acc, dv_acc, _masked_step(step, lo, a, c, WHOLE), row0 + g * Lq, j, k, v, key_row, k_ok,
+                        q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM,
+                        BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, EVEN, DOT, PREC,
                     )  # fmt: skip
                 if WHOLE:
                     for pp in range(a, c):

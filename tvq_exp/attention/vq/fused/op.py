@@ -138,7 +138,8 @@ class _Layout:
     def whole(self, t: Tiles) -> bool:
         """The kernels' ``WHOLE``: the tiles every row of a row block sees (every key of a key tile, in the keys'
         gradient) run without a mask, where there is no XL bias and ``t``'s key tiles are whole (``L`` a multiple of
-        ``BN``). With the bias, the three loops this takes spill registers at ``d_k = 128`` (``make kernel-report``)."""
+        ``BN``). With the bias every tile takes its mask, in one loop: a loop of their own for the whole tiles spilled
+        registers at ``d_k = 128`` when it was tried (``make kernel-report``)."""
         return self.m1 == 0 and self.block % t.bn == 0
 
     def even(self, t: Tiles, rows: bool = False) -> bool:
