@@ -206,6 +206,31 @@ def test_bf16_keys_are_cast_once_and_read_their_codes_in_bf16() -> None:
     assert k_hat.dtype == torch.bfloat16 and torch.equal(k_hat, want)
 
 
+def test_where_the_search_is_fused_bf16_keys_reach_it_uncast_as_a_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tvq_exp.quantize.codebook as codebook_module
+
+    torch.manual_seed(0)
+    vq = VectorQuantizer(2, 16, 8).eval()
+    # (B, H, T, d) as the projections give it
+    k = torch.randn(2, 64, 2, 8, dtype=torch.bfloat16).transpose(1, 2)
+    searched = []
+
+    def search(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+        searched.append(x)
+        return nearest_code(x, codebook)
+
+    with torch.no_grad():
+        _, want, _ = vq(k)  # on the CPU: the plain search of the fp32 copy
+        monkeypatch.setattr(codebook_module, "fused_search", lambda x: True)  # as on CUDA with Triton
+        monkeypatch.setattr(codebook_module, "nearest_code", search)
+        _, got, _ = vq(k)
+    (keys,) = searched
+    assert keys.dtype == torch.bfloat16 and keys.data_ptr() == k.data_ptr()  # no copy
+    assert torch.equal(keys, k.transpose(0, 1).reshape(2, 128, 8)) and torch.equal(got, want)
+
+
 def test_the_code_search_takes_few_chunks_on_cuda_and_any_chunking_finds_the_same_codes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

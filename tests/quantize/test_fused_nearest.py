@@ -1,14 +1,15 @@
 """The fused nearest-code search (``tvq_exp.quantize.fused_nearest``), on CPU under Triton's interpreter and compiled
-on CUDA where there is one: the same codes as the plain search (``kmeans.nearest_code``) at ragged shapes, the
-first of equal codes on a tie (torch.argmin's rule) within a tile and across tiles, and on CUDA the op that
-``nearest_code`` takes there, kept whole by ``torch.compile``."""
+on CUDA where there is one: the same codes as the plain search (``kmeans.nearest_code``) at ragged shapes, for fp32
+and bf16 keys (strided ones too), the bf16 keys' three code pieces each deciding where only it tells two codes
+apart, the first of equal codes on a tie (torch.argmin's rule) within a tile and across tiles, and on CUDA the op
+that ``nearest_code`` takes there, kept whole by ``torch.compile``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tvq_exp.quantize.fused_nearest import BM, BS, fused_nearest_code
+from tvq_exp.quantize.fused_nearest import TILES, code_pieces, fused_nearest_code
 from tvq_exp.quantize.kmeans import nearest_code
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -19,26 +20,65 @@ def plain(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
     return nearest_code(x.cpu(), codebook.cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("heads", "rows", "codes", "dim"),
-    [(2, BM + 7, BS + 5, 6), (3, 2 * BM, 3 * BS, 16), (1, 5, 512, 128)],  # ragged rows, codes and dims
+    ("heads", "row_tiles", "rows_more", "code_tiles", "codes_more", "dim"),
+    [(2, 1, 7, 1, 5, 6), (3, 2, 0, 3, 0, 16), (1, 0, 5, 0, 512, 128)],  # ragged rows, codes and dims
 )
-def test_equals_the_plain_search(heads: int, rows: int, codes: int, dim: int) -> None:
+def test_equals_the_plain_search(
+    heads: int, row_tiles: int, rows_more: int, code_tiles: int, codes_more: int, dim: int, dtype: torch.dtype
+) -> None:
+    bm, bs = TILES[dtype][:2]
+    rows, codes = row_tiles * bm + rows_more, code_tiles * bs + codes_more
     gen = torch.Generator().manual_seed(rows + codes)
-    x, codebook = torch.randn(heads, rows, dim, generator=gen), torch.randn(heads, codes, dim, generator=gen)
+    x = torch.randn(heads, rows, dim, generator=gen).to(dtype)
+    codebook = torch.randn(heads, codes, dim, generator=gen)
     got = fused_nearest_code(x, codebook)
     assert got.dtype == torch.long and got.shape == (heads, rows)
     assert torch.equal(got, plain(x, codebook))
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # rows H apart, as (B, T, H, d) keys are
+    assert torch.equal(fused_nearest_code(strided, codebook), got)
 
 
-def test_a_tie_takes_the_first_equal_code_within_a_tile_and_across_tiles() -> None:
+def test_the_bf16_pieces_of_a_code_sum_to_it_exactly_smallest_first() -> None:
+    gen = torch.Generator().manual_seed(2)
+    codes = torch.randn(2, 300, 32, generator=gen) * 2.0 ** torch.linspace(-80, 80, 32)  # exponents -80 to 80
+    pieces = code_pieces(codes, torch.bfloat16)
+    assert pieces.shape == (2, 3, 300, 32) and pieces.dtype == torch.bfloat16
+    lo, mid, hi = pieces.float().unbind(1)
+    assert torch.equal(lo + mid + hi, codes) and torch.equal(hi, codes.bfloat16().float())
+    assert (mid.abs() <= hi.abs() * 2.0**-8).all() and (lo.abs() <= mid.abs() * 2.0**-8).all()
+    assert torch.equal(code_pieces(codes, torch.float32), codes[:, None])
+
+
+def test_bf16_keys_tell_apart_codes_that_differ_only_in_their_second_or_third_piece() -> None:
+    """Head 0's codes ``(p, q)`` and ``(q, p)`` differ only in the second bf16 piece, head 1's only in the third:
+    equal norms, so the key ``(1, 2)`` is nearer ``(q, p)`` by ``p - q``. A search that drops the piece sees two
+    equal codes and takes the first."""
+    pairs = [(1 + 2.0**-12, 1.0), (1 + 2.0**-9 + 2.0**-20, 1 + 2.0**-9)]
+    codebook = torch.zeros(2, 2, 16)
+    for head, (p, q) in enumerate(pairs):
+        codebook[head, :, :2] = torch.tensor([[p, q], [q, p]])
+    lo, mid, hi = code_pieces(codebook, torch.bfloat16).float().unbind(1)
+    differ = [[bool((piece[head, 0] != piece[head, 1]).any()) for piece in (lo, mid, hi)] for head in (0, 1)]
+    assert differ == [[False, True, False], [True, False, False]]
+    x = torch.zeros(2, 3, 16)
+    x[..., :2] = torch.tensor([1.0, 2.0])
+    want = torch.ones(2, 3, dtype=torch.long)
+    assert torch.equal(plain(x, codebook), want)
+    assert torch.equal(fused_nearest_code(x.bfloat16(), codebook), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tie_takes_the_first_equal_code_within_a_tile_and_across_tiles(dtype: torch.dtype) -> None:
+    bs = TILES[dtype][1]
     gen = torch.Generator().manual_seed(0)
-    codebook = torch.randn(1, 2 * BS + 3, 8, generator=gen)
+    codebook = torch.randn(1, 2 * bs + 3, 8, generator=gen)
     codebook[0, 5] = codebook[0, 2]  # equal codes in one tile
-    codebook[0, BS + 1] = codebook[0, 9]  # and in two tiles
-    codebook[0, 2 * BS + 2] = codebook[0, BS + 4]  # the later tile first
-    x = codebook[:, [5, 2, BS + 1, 9, 2 * BS + 2, BS + 4, 0]]
-    want = torch.tensor([[2, 2, 9, 9, BS + 4, BS + 4, 0]])
+    codebook[0, bs + 1] = codebook[0, 9]  # and in two tiles
+    codebook[0, 2 * bs + 2] = codebook[0, bs + 4]  # the later tile first
+    x = codebook[:, [5, 2, bs + 1, 9, 2 * bs + 2, bs + 4, 0]].to(dtype)
+    want = torch.tensor([[2, 2, 9, 9, bs + 4, bs + 4, 0]])
     assert torch.equal(plain(x, codebook), want)
     assert torch.equal(fused_nearest_code(x, codebook), want)
 
@@ -48,15 +88,19 @@ def test_no_rows_give_no_codes() -> None:
 
 
 @needs_cuda
-def test_on_cuda_the_search_is_the_fused_op_equal_to_the_plain_one_and_compiles_whole() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_search_is_the_fused_op_equal_to_the_plain_one_and_compiles_whole(
+    dtype: torch.dtype,
+) -> None:
     from torch._dynamo.utils import counters
 
     gen = torch.Generator().manual_seed(1)
-    x = (torch.randn(4, 10_000, 128, generator=gen)).cuda()
+    x = torch.randn(4, 10_000, 128, generator=gen).to(dtype).cuda()
     codebook = torch.randn(4, 512, 128, generator=gen).cuda()
     got = nearest_code(x, codebook)
     agree = (got.cpu() == plain(x, codebook)).float().mean().item()
-    assert agree > 0.9999  # tf32x3 against fp32: a flip only between two codes at equal distance to rounding
+    # fp32 sums in another order (tf32x3 for fp32 keys): a flip only between two codes at equal distance to rounding
+    assert agree > 0.9999
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(nearest_code, fullgraph=True)(x, codebook)

@@ -33,7 +33,7 @@ from tvq_exp.quantize.ema import EMAUpdate, decay_into
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
 from tvq_exp.quantize.gradient import GradientUpdate
 from tvq_exp.quantize.health import code_counts, dead_fraction, usage_perplexity
-from tvq_exp.quantize.kmeans import kmeans, nearest_code
+from tvq_exp.quantize.kmeans import fused_search, kmeans, nearest_code
 from tvq_exp.quantize.reseed import dead_codes, sample_rows
 from tvq_exp.quantize.sampling import relaxation, sampled_code, sampled_code_and_noise
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
@@ -207,7 +207,10 @@ class VectorQuantizer(nn.Module):
         if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
         codebook = self.codebook
-        codes = nearest = nearest_code(flat, codebook.detach())  # (H, N)
+        # bf16 keys reach the fused search as they are (a view where they come as (B, T, H, d)), not as the fp32
+        # copy: half the bytes read; its distances are fp32 either way
+        keys = k.detach().transpose(0, 1).reshape(h, b * t, d) if kf is not k and fused_search(k) else flat
+        codes = nearest = nearest_code(keys, codebook.detach())  # (H, N)
         noise = None
         training = self.training and torch.is_grad_enabled()
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest

@@ -5,7 +5,16 @@ the ``(H, N, S)`` distances.
 The plain search is three kernels per chunk of rows (a matmul, the ``||c||²`` add, the argmin), and on a GPU its
 fp32 matmul runs on the CUDA cores: on one H100 (2026-11-27) 3.3 ms of a 13.7 ms VQ attention layer at 512k keys
 per call, ``S = 512``, ``d_k = 128``. Here each program keeps ``BM`` rows in registers and streams the code tiles
-past them, the product on the tensor cores in three tf32 passes (fp32's accuracy; exact fp32 under the interpreter).
+past them, the products on the tensor cores:
+
+- bf16 keys (what attention under bf16 autocast quantises) are read as they are. Each code is split into three bf16
+  pieces whose fp32 sum is the code exactly (:func:`code_pieces`, on the host: ``S`` rows), and a key's product with
+  a piece is exact in fp32, so the distance is the fp32 one, its sums in another order: three bf16 products a tile.
+  The same H100 took 1.3 ms for the search at 512k keys with the keys cast to fp32 and three tf32 passes: twice the
+  tensor-core work, and each code tile split in the loop.
+- other keys are cast to fp32 and take three tf32 passes (fp32's accuracy).
+
+Under the interpreter the products are fp32 (bf16 pieces and keys are exact there).
 
 Runs on CUDA (``tvq::nearest_code``, a custom op: ``torch.compile`` keeps it in its graph) or on CPU under Triton's
 interpreter (``TRITON_INTERPRET=1``: the tests).
@@ -20,31 +29,63 @@ from torch import Tensor
 
 from tvq_exp.nn.triton_loader import cdiv, load_kernels, padded_dim
 
-BM, BS = 64, 64  # rows per program, codes per tile
-# Triton's default stages on sm_90 (as measured on the H100): 231 registers, no spills, 192 KiB of shared memory
-# (make kernel-report)
-NUM_WARPS, NUM_STAGES = 4, 3
+# per keys' dtype: rows per program, codes per tile, warps, pipeline stages on sm_90 (make kernel-report, Triton 3.6
+# and 3.8: no spills). fp32: Triton's default stages, 231 registers, 192 KiB of shared memory, as run on the H100 of
+# 2026-11-27. bf16: 256 rows on two warpgroups share each tile of the three pieces, 134 registers, 208 KiB: half the
+# codebook reads of 128 rows (the codebook's 384 KiB of pieces read once a program), the fewest issued instructions
+# per key and code of the tiles compiled (docs/kernel_analysis/2026-11-29/nearest_pieces.py)
+TILES = {torch.float32: (64, 64, 4, 3), torch.bfloat16: (256, 64, 8, 3)}
+PIECES = {torch.float32: 1, torch.bfloat16: 3}
+
+
+def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:
+    """The codes ``(H, S, d)`` fp32 as the search's pieces for keys of ``dtype``: ``(H, P, S, d)``, smallest first
+    (the kernel adds them in that order), whose fp32 sum is ``codes`` exactly. fp32 keys: the codes as they are
+    (``P = 1``). bf16 keys: three bf16 pieces (``P = 3``), each the rounding of what the larger ones leave: 8
+    significant bits each, and an fp32 value has 24 (exact while the pieces are normal numbers: codes of magnitude
+    over about 2^-100, or zero)."""
+    if PIECES[dtype] == 1:
+        return codes[:, None].contiguous()
+    pieces, rest = [], codes
+    for _ in range(PIECES[dtype]):
+        pieces.append(rest.to(torch.bfloat16))
+        rest = rest - pieces[-1].float()
+    return torch.stack(pieces[::-1], 1)
 
 
 def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
-    """Index of the nearest code: ``x (H, N, d)``, ``codebook (H, S, d)`` -> ``(H, N)`` int64 (distances in fp32)."""
+    """Index of the nearest code: ``x (H, N, d)``, ``codebook (H, S, d)`` -> ``(H, N)`` int64 (distances in fp32).
+    ``x`` may be strided (a copy is made only where its last dimension is not contiguous)."""
     interpret = x.device.type == "cpu"
     h, n, d = x.shape
     s = codebook.shape[1]
+    dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
     with torch.autocast(x.device.type, enabled=False):
         c = codebook.float()
-        c2, scaled = (c * c).sum(-1).contiguous(), (-2 * c).contiguous()
-    x = x.float().contiguous()
+        c2, pieces = (c * c).sum(-1).contiguous(), code_pieces(-2 * c, dtype)
+    x = x.to(dtype)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     out = torch.empty(h, n, dtype=torch.long, device=x.device)
     if n == 0:
         return out
-    kernel = load_kernels(Path(__file__).with_name("nearest_kernel.py"), __package__, interpret).nearest_kernel
-    kernel[(cdiv(n, BM), h)](
-        x, scaled, c2, out, n, s, d,
-        BM=BM, BS=BS, DK=padded_dim(d), PREC="ieee" if interpret else "tf32x3", num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+    bm, bs, warps, stages = TILES[dtype]
+    kernel = load_kernels(Path(__file__).with_name("nearest_kernel.py"), __package__, interpret)
+    kernel = kernel.nearest_kernel
+    kernel[(cdiv(n, bm), h)](
+        x, pieces, c2, out, n, s, d, x.stride(0), x.stride(1),
+        BM=bm, BS=bs, DK=padded_dim(d), PIECES=PIECES[dtype], DOT=dot_dtype(dtype, interpret),
+        PREC="ieee" if interpret else "tf32x3", num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def dot_dtype(dtype: torch.dtype, interpret: bool) -> object:
+    """The products' operand type for keys of ``dtype``: bf16 for bf16 keys on a GPU; fp32 otherwise and under the
+    interpreter (its bf16 products are wrong; bf16 pieces and keys are exact in fp32)."""
+    import triton.language as tl
+
+    return tl.bfloat16 if dtype == torch.bfloat16 and not interpret else tl.float32
 
 
 @torch.library.custom_op("tvq::nearest_code", mutates_args=(), device_types="cuda")

@@ -19,6 +19,11 @@ NEAREST_ELEMENTS_CUDA = 1 << 25
 FUSED_SEARCH = has_triton()
 
 
+def fused_search(x: Tensor) -> bool:
+    """Whether :func:`nearest_code` searches ``x`` with the fused kernel: on CUDA, where Triton is installed."""
+    return x.is_cuda and FUSED_SEARCH
+
+
 def nearest_chunk_rows(device_type: str, heads: int, codes: int) -> int:
     """Rows per chunk of :func:`nearest_code` on ``device_type`` for ``heads`` heads of ``codes`` codes."""
     if device_type != "cuda":
@@ -33,9 +38,9 @@ def nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
     ``argmin_s ||x - c_s||² = argmin_s (||c_s||² - 2·x·c_s)``: per chunk of rows, one matmul with the
     (exactly) scaled codes ``-2·C`` and one in-place add. Autocast is off inside: a bf16 product would round the
     distances to 8 bits and pick another code for keys between two codes. On CUDA with Triton, one fused kernel
-    (:mod:`.fused_nearest`) does the same.
+    (:mod:`.fused_nearest`) does the same, and reads bf16 keys as they are.
     """
-    if x.is_cuda and FUSED_SEARCH:
+    if fused_search(x):
         return torch.ops.tvq.nearest_code(x.detach(), codebook.detach())  # indices: no gradient
     x, c = x.float(), codebook.float()
     rows = nearest_chunk_rows(x.device.type, *c.shape[:2])

@@ -3,8 +3,10 @@
 imported directly.
 
 One program per ``BM`` rows of one head: the rows stay in registers while the code tiles stream past; each tile's
-distances ``||c||² - 2·x·c`` (fp32, the product at ``PREC``) update a running minimum and its first index, so
-neither the ``(N, S)`` distances nor a second pass over them ever reach memory.
+distances ``||c||² - 2·x·c`` (fp32) update a running minimum and its first index, so neither the ``(N, S)``
+distances nor a second pass over them ever reach memory. The product ``x·(-2c)`` is the sum of ``PIECES`` products:
+the fp32 scaled codes (at ``PREC``), or bf16 keys against the scaled codes' three bf16 pieces, smallest first (each
+product exact in fp32, summed in fp32).
 """
 
 from __future__ import annotations
@@ -14,43 +16,43 @@ import triton.language as tl
 
 
 @triton.jit
-def _first_min(v1, i1, v2, i2):
-    """The smaller value and its index (the lower index on a tie: torch.argmin's first occurrence)."""
-    take = (v1 < v2) | ((v1 == v2) & (i1 < i2))
-    return tl.where(take, v1, v2), tl.where(take, i1, i2)
-
-
-@triton.jit
 def nearest_kernel(
     x_ptr, c_ptr, c2_ptr, out_ptr,
-    N, S, D,
-    BM: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, PREC: tl.constexpr,
+    N, S, D, stride_xh, stride_xn,
+    BM: tl.constexpr, BS: tl.constexpr, DK: tl.constexpr, PIECES: tl.constexpr, DOT: tl.constexpr,
+    PREC: tl.constexpr,
 ):  # fmt: skip
-    """Rows ``x (H, N, D)``, scaled codes ``c = -2·C (H, S, D)`` and ``c2 = ||C||² (H, S)``, all fp32 and contiguous:
-    ``out (H, N)`` int64, the index of each row's nearest code."""
+    """Rows ``x (H, N, D)`` (fp32, or bf16 with three pieces; strides ``stride_xh``, ``stride_xn``, the last
+    dimension contiguous), the scaled codes ``-2·C`` as ``PIECES`` pieces ``(H, PIECES, S, D)`` whose fp32 sum is
+    ``-2·C``, smallest first, and ``c2 = ||C||² (H, S)`` fp32: ``out (H, N)`` int64, the index of each row's nearest code.
+    Products in ``DOT``."""
     pid = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     rows = pid * BM + tl.arange(0, BM)
     dims = tl.arange(0, DK)
     row_ok = rows < N
     x = tl.load(
-        x_ptr + h * N * D + rows[:, None].to(tl.int64) * D + dims[None, :],
+        x_ptr + h * stride_xh + rows[:, None].to(tl.int64) * stride_xn + dims[None, :],
         mask=row_ok[:, None] & (dims[None, :] < D), other=0.0,
-    )  # fmt: skip
+    ).to(DOT)  # fmt: skip
     best = tl.full([BM], float("inf"), tl.float32)
     arg = tl.full([BM], 0, tl.int32)
     for s0 in range(0, S, BS):
         codes = s0 + tl.arange(0, BS)
         code_ok = codes < S
-        c = tl.load(
-            c_ptr + h * S * D + codes[None, :] * D + dims[:, None],
-            mask=code_ok[None, :] & (dims[:, None] < D), other=0.0,
-        )  # fmt: skip
-        c2 = tl.load(c2_ptr + h * S + codes, mask=code_ok, other=float("inf"))
-        dist = tl.dot(x, c, input_precision=PREC) + c2[None, :]
-        index = tl.broadcast_to(codes[None, :], (BM, BS))
-        tile_best, tile_arg = tl.reduce((dist, index), 1, _first_min)
+        dist = tl.full([BM, BS], 0.0, tl.float32)
+        for p in tl.static_range(PIECES):
+            c = tl.load(
+                c_ptr + (h * PIECES + p) * S * D + codes[None, :] * D + dims[:, None],
+                mask=code_ok[None, :] & (dims[:, None] < D), other=0.0,
+            )  # fmt: skip
+            dist = tl.dot(x, c.to(DOT), dist, input_precision=PREC)
+        dist += tl.load(c2_ptr + h * S + codes, mask=code_ok, other=float("inf"))[None, :]
+        # the tile's minimum and its first column (torch.argmin's first occurrence; the interpreter runs this combine
+        # as numpy's argmin, which returns the column)
+        column = tl.broadcast_to(tl.arange(0, BS)[None, :], (BM, BS))
+        tile_best, tile_arg = tl.reduce((dist, column), 1, tl.standard._argmin_combine_tie_break_left)
         take = tile_best < best  # strictly: an earlier tile's equal distance has the lower index
         best = tl.where(take, tile_best, best)
-        arg = tl.where(take, tile_arg, arg)
+        arg = tl.where(take, s0 + tile_arg, arg)
     tl.store(out_ptr + h * N + rows, arg.to(tl.int64), mask=row_ok)

@@ -53,9 +53,12 @@ CANDIDATES = {
     "code": ((64, 128, 8),),
 }
 DOT = re.compile(
-    r"warp_group_dot [^\n]*?: (tensor|!ttg\.memdesc)<(\d+)x(\d+)x\w+[^\n]*? \* !ttg\.memdesc<(\d+)x(\d+)x\w+[^\n]*?"
-    r"-> tensor<(\d+)x(\d+)xf32, (#mma\d*)>"
+    r"^( *)%\S+ = ttng\.warp_group_dot (%[\w#]+),[^\n]*?: (tensor|!ttg\.memdesc)<(\d+)x(\d+)x\w+[^\n]*? \* "
+    r"!ttg\.memdesc<(\d+)x(\d+)x\w+[^\n]*?-> tensor<(\d+)x(\d+)xf32, (#mma\d*)>",
+    re.MULTILINE,
 )
+# a value loaded from shared memory into registers (``ldmatrix``): ``%name = ttg.local_load``, with its indentation
+LOCAL_LOAD = re.compile(r"^( *)(%[\w#]+) = ttg\.local_load ", re.MULTILINE)
 _captured: dict[str, object] = {}
 _row = report._row
 
@@ -82,18 +85,25 @@ def loops(cubin: bytes) -> list[tuple[int, int]]:
 
 
 def shared_rates(ttgir: str) -> list[str]:
-    """Each distinct product ``MxK · KxN`` (``a`` in ``smem`` or ``regs``) with its shared-memory bytes per
-    tensor-core cycle, then all the kernel's products together (a loop step's: every loop computes the same
-    products), each counted by its instructions (``M/64 · K/16 · N/n`` of ``wgmma m64nNk16``, one per warpgroup)."""
+    """Each distinct product ``MxK · KxN`` with its shared-memory bytes per tensor-core cycle, then all the kernel's
+    products together (a loop step's: every loop computes the same products), each counted by its instructions
+    (``M/64 · K/16 · N/n`` of ``wgmma m64nNk16``, one per warpgroup). ``a`` is read from shared memory by the tensor
+    cores (``smem``), loaded from it into registers by ``ldmatrix`` for each product (``ldsm``: a ``ttg.local_load``
+    beside the product, in its loop body; the same bytes), or made in registers (``regs``: computed, or loaded once
+    outside the loop)."""
     layouts = {m[1]: int(m[4]) for m in report.HOPPER_LAYOUT.finditer(ttgir)}
+    loaded = {(m[1], m[2]) for m in LOCAL_LOAD.finditer(ttgir)}  # (indentation, name)
     out, read, cycles = [], 0.0, 0.0
     for m in DOT.finditer(ttgir):
-        a_shared, rows, k, n_tile, lay = m[1] != "tensor", int(m[2]), int(m[3]), int(m[7]), m[8]
+        indent, a_name, a_kind = m[1], m[2], m[3]
+        rows, k, n_tile, lay = int(m[4]), int(m[5]), int(m[9]), m[10]
+        where = "smem" if a_kind != "tensor" else "ldsm" if (indent, a_name) in loaded else "regs"
         n = layouts[lay]  # the instruction's N
-        one_read, one_cycles = (64 * 16 * 2 if a_shared else 0) + n * 16 * 2, 64 * n * 16 / MACS_PER_CYCLE
+        one_read = (64 * 16 * 2 if where != "regs" else 0) + n * 16 * 2
+        one_cycles = 64 * n * 16 / MACS_PER_CYCLE
         count = rows // 64 * k // 16 * n_tile // n
         read, cycles = read + count * one_read, cycles + count * one_cycles
-        text = f"{rows}x{k}({'smem' if a_shared else 'regs'})·{k}x{n_tile} n{n}: {one_read / one_cycles:.0f} B/cycle"
+        text = f"{rows}x{k}({where})·{k}x{n_tile} n{n}: {one_read / one_cycles:.0f} B/cycle"
         if text not in out:
             out.append(text)
     return [*out, f"all products: {read / cycles:.0f} B/cycle"]

@@ -188,19 +188,28 @@ def _compile(
         )
 
 
-def compile_nearest(d_k: int) -> Row:
-    """Compile the nearest-code search (:mod:`tvq_exp.quantize.fused_nearest`, fp32, its shipped tiles) for
-    sm_90a."""
+def compile_nearest(d_k: int, dtype: str, t: Tiles | None = None) -> Row:
+    """Compile the nearest-code search (:mod:`tvq_exp.quantize.fused_nearest`, keys ``dtype``, its shipped tiles or
+    ``t``) for sm_90a."""
+    import torch
+    import triton.language as tl
+
     import tvq_exp.quantize.fused_nearest as nearest
     from tvq_exp.nn.triton_loader import load_kernels
 
     fn = load_kernels(
         Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False
     ).nearest_kernel
-    const = {"BM": nearest.BM, "BS": nearest.BS, "DK": padded_dim(d_k), "PREC": "tf32x3"}
-    pointers = {"x_ptr": "*fp32", "c_ptr": "*fp32", "c2_ptr": "*fp32", "out_ptr": "*i64"}
-    t = Tiles(nearest.BM, nearest.BS, 0, num_warps=nearest.NUM_WARPS, num_stages=nearest.NUM_STAGES)
-    return _row("nearest", d_k, 0, "fp32", t, _compile(fn, pointers, const, {"S", "D"}, t))
+    keys = torch.bfloat16 if dtype == "bf16" else torch.float32
+    bm, bs, warps, stages = nearest.TILES[keys]
+    t = t or Tiles(bm, bs, 0, num_warps=warps, num_stages=stages)
+    const = {
+        "BM": t.bm, "BS": t.bn, "DK": padded_dim(d_k), "PIECES": nearest.PIECES[keys],
+        "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32, "PREC": "tf32x3",
+    }  # fmt: skip
+    pointers = {"x_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "c2_ptr": "*fp32", "out_ptr": "*i64"}
+    divisible = {"S", "D", "stride_xh", "stride_xn"}
+    return _row("nearest", d_k, 0, dtype, t, _compile(fn, pointers, const, divisible, t))
 
 
 def compile_prefix(direction: str, dtype: str) -> Row:
@@ -256,7 +265,8 @@ def report(
             for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
                 row = compile_one(kernel, const, d_k, d_v, dtype)
                 rows.append(Row(**{**row.__dict__, "flags": flags}))
-    rows += [compile_nearest(d_k) for d_k in sorted({d_k for d_k, _ in heads}, reverse=True)]
+    d_ks = sorted({d_k for d_k, _ in heads}, reverse=True)
+    rows += [compile_nearest(d_k, dtype) for d_k in d_ks for dtype in dtypes]
     rows += [compile_prefix(direction, dtype) for direction in ("forward", "backward") for dtype in dtypes]
     return rows
 
