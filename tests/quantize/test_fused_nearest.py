@@ -1,5 +1,5 @@
 """The fused nearest-code search (``tvq_exp.quantize.fused_nearest``), on CPU under Triton's interpreter and compiled
-on CUDA where there is one: the same codes as the plain search (``kmeans.nearest_code``) at ragged shapes, for fp32
+on CUDA where there is one: the same codes as the plain search (``kmeans.plain_nearest_code``) at ragged shapes, for fp32
 and bf16 keys (strided ones too), the bf16 keys' three code pieces each deciding where only it tells two codes
 apart, the first of equal codes on a tie (torch.argmin's rule) within a tile and across tiles, and on CUDA the op
 that ``nearest_code`` takes there, kept whole by ``torch.compile``."""
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from tvq_exp.quantize.fused_nearest import TILES, code_pieces, fused_nearest_code
-from tvq_exp.quantize.kmeans import nearest_code
+from tvq_exp.quantize.kmeans import nearest_code, plain_nearest_code
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 
 
 def plain(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
-    """The plain search (on the CPU: ``nearest_code`` takes the fused op on CUDA)."""
-    return nearest_code(x.cpu(), codebook.cpu())
+    """The plain search, on the CPU."""
+    return plain_nearest_code(x.cpu(), codebook.cpu())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

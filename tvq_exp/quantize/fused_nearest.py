@@ -1,5 +1,5 @@
 """The nearest-code search in one Triton kernel: :func:`fused_nearest_code` computes
-:func:`tvq_exp.quantize.kmeans.nearest_code` (its plain reference; the tests hold the two equal) without writing
+:func:`tvq_exp.quantize.kmeans.plain_nearest_code` (its reference; the tests hold the two equal) without writing
 the ``(H, N, S)`` distances.
 
 The plain search is three kernels per chunk of rows (a matmul, the ``||c||²`` add, the argmin), and on a GPU its

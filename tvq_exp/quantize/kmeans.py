@@ -33,15 +33,20 @@ def nearest_chunk_rows(device_type: str, heads: int, codes: int) -> int:
 
 def nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
     """Index of the nearest code, in fp32 (also under autocast): ``x (H, N, d)``, ``codebook (H, S, d)`` ->
-    ``(H, N)``.
+    ``(H, N)``. On CUDA with Triton, one fused kernel (:mod:`.fused_nearest`), which reads bf16 keys as they are;
+    elsewhere :func:`plain_nearest_code`."""
+    if fused_search(x):
+        return torch.ops.tvq.nearest_code(x.detach(), codebook.detach())  # indices: no gradient
+    return plain_nearest_code(x, codebook)
+
+
+def plain_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
+    """:func:`nearest_code` by torch's ops, the fused kernel's reference.
 
     ``argmin_s ||x - c_s||² = argmin_s (||c_s||² - 2·x·c_s)``: per chunk of rows, one matmul with the
     (exactly) scaled codes ``-2·C`` and one in-place add. Autocast is off inside: a bf16 product would round the
-    distances to 8 bits and pick another code for keys between two codes. On CUDA with Triton, one fused kernel
-    (:mod:`.fused_nearest`) does the same, and reads bf16 keys as they are.
+    distances to 8 bits and pick another code for keys between two codes.
     """
-    if fused_search(x):
-        return torch.ops.tvq.nearest_code(x.detach(), codebook.detach())  # indices: no gradient
     x, c = x.float(), codebook.float()
     rows = nearest_chunk_rows(x.device.type, *c.shape[:2])
     with torch.autocast(x.device.type, enabled=False):

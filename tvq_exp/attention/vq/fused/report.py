@@ -192,24 +192,18 @@ def compile_nearest(d_k: int, dtype: str, t: Tiles | None = None) -> Row:
     """Compile the nearest-code search (:mod:`tvq_exp.quantize.fused_nearest`, keys ``dtype``, its shipped tiles or
     ``t``) for sm_90a."""
     import torch
-    import triton.language as tl
 
     import tvq_exp.quantize.fused_nearest as nearest
     from tvq_exp.nn.triton_loader import load_kernels
 
-    fn = load_kernels(
-        Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False
-    ).nearest_kernel
+    fn = load_kernels(Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False)
     keys = torch.bfloat16 if dtype == "bf16" else torch.float32
-    bm, bs, warps, stages = nearest.TILES[keys]
-    t = t or Tiles(bm, bs, 0, num_warps=warps, num_stages=stages)
-    const = {
-        "BM": t.bm, "BS": t.bn, "DK": padded_dim(d_k), "PIECES": nearest.PIECES[keys],
-        "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32, "PREC": "tf32x3",
-    }  # fmt: skip
+    t = t or Tiles(*nearest.TILES[keys][:2], 0, *nearest.TILES[keys][2:])
+    const = {"BM": t.bm, "BS": t.bn, "DK": padded_dim(d_k), "PIECES": nearest.PIECES[keys],
+             "DOT": nearest.dot_dtype(keys, False), "PREC": "tf32x3"}  # fmt: skip
     pointers = {"x_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "c2_ptr": "*fp32", "out_ptr": "*i64"}
-    divisible = {"S", "D", "stride_xh", "stride_xn"}
-    return _row("nearest", d_k, 0, dtype, t, _compile(fn, pointers, const, divisible, t))
+    compiled = _compile(fn.nearest_kernel, pointers, const, {"S", "D", "stride_xh", "stride_xn"}, t)
+    return _row("nearest", d_k, 0, dtype, t, compiled)
 
 
 def compile_prefix(direction: str, dtype: str) -> Row:
@@ -260,11 +254,9 @@ def report(
 ) -> list[Row]:
     """Every shipped configuration, compiled; then the nearest-code search at each shipped ``d_k``."""
     rows = []
-    for d_k, d_v in heads:
-        for dtype in dtypes:
-            for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
-                row = compile_one(kernel, const, d_k, d_v, dtype)
-                rows.append(Row(**{**row.__dict__, "flags": flags}))
+    for (d_k, d_v), dtype in itertools.product(heads, dtypes):
+        for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
+            rows.append(Row(**{**compile_one(kernel, const, d_k, d_v, dtype).__dict__, "flags": flags}))
     d_ks = sorted({d_k for d_k, _ in heads}, reverse=True)
     rows += [compile_nearest(d_k, dtype) for d_k in d_ks for dtype in dtypes]
     rows += [compile_prefix(direction, dtype) for direction in ("forward", "backward") for dtype in dtypes]
@@ -299,10 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     bad = [r for r in rows if not r.ok]
     if bad:
-        print(
-            f"{len(bad)} configuration(s) spill registers or repeat a product (bf16), or exceed {H100_SHARED_BYTES} B "
-            "of shared memory"
-        )
+        print(f"{len(bad)} failed: bf16 spills or repeated products, or over {H100_SHARED_BYTES} B of smem")
     return 1 if bad else 0
 
 
