@@ -209,7 +209,8 @@ class VectorQuantizer(nn.Module):
         codebook = self.codebook
         # bf16 keys reach the fused search as they are (a view where they come as (B, T, H, d)), not as the fp32
         # copy: half the bytes read; its distances are fp32 either way
-        keys = k.detach().transpose(0, 1).reshape(h, b * t, d) if kf is not k and fused_search(k) else flat
+        bf16 = k.dtype == torch.bfloat16 and fused_search(k)
+        keys = k.detach().transpose(0, 1).reshape(h, b * t, d) if bf16 else flat
         codes = nearest = nearest_code(keys, codebook.detach())  # (H, N)
         noise = None
         training = self.training and torch.is_grad_enabled()
