@@ -57,6 +57,8 @@ DOT = re.compile(
     r"!ttg\.memdesc<(\d+)x(\d+)x\w+[^\n]*?-> tensor<(\d+)x(\d+)xf32, (#mma\d*)>",
     re.MULTILINE,
 )
+# a SASS instruction's opcode with its modifiers, after its address and predicate
+OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 # a value loaded from shared memory into registers (``ldmatrix``): ``%name = ttg.local_load``, with its indentation
 LOCAL_LOAD = re.compile(r"^( *)(%[\w#]+) = ttg\.local_load ", re.MULTILINE)
 _captured: dict[str, object] = {}
@@ -68,9 +70,9 @@ def _grab(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: objec
     return _row(kernel, d_k, d_v, dtype, t, compiled)
 
 
-def loops(cubin: bytes) -> list[tuple[int, int]]:
+def loop_ops(cubin: bytes, *names: str) -> list[tuple[int, ...]]:
     """SASS instructions per thread of each basic block that issues ``HGMMA``, in code order, and how many of them
-    are ``FMUL`` (in the forward and ``dq``, mostly the accumulator's rescaling)."""
+    are each of ``names`` (opcodes without their modifiers)."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -78,10 +80,15 @@ def loops(cubin: bytes) -> list[tuple[int, int]]:
         sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     sizes = []
     for block in re.split(r"\n(?=\.L_x_\d+:)", sass):
-        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
-        if any(op.startswith("HGMMA") for op in ops):
-            sizes.append((len(ops), sum(op.split(".")[0] == "FMUL" for op in ops)))
+        ops = [op.split(".")[0] for op in OPCODE.findall(block)]
+        if "HGMMA" in ops:
+            sizes.append((len(ops), *(ops.count(name) for name in names)))
     return sizes
+
+
+def loops(cubin: bytes) -> list[tuple[int, int]]:
+    """:func:`loop_ops` with the ``FMUL`` count (in the forward and ``dq``, mostly the accumulator's rescaling)."""
+    return loop_ops(cubin, "FMUL")
 
 
 def shared_rates(ttgir: str) -> list[str]:

@@ -24,13 +24,10 @@ path: ``git worktree add /tmp/base c1129e6``, then from ``/tmp/base`` the same c
 
 from __future__ import annotations
 
-import collections
 import inspect
 import os
-import re
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,30 +44,12 @@ CANDIDATES = ((64, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (256, 64, 16, 2
 BF16 = "dtype" in inspect.signature(report.compile_nearest).parameters  # a tree with the bf16 keys' search
 
 
-def loop_counts(cubin: bytes) -> tuple[int, int, int]:
-    """SASS instructions per thread of the basic block that issues ``HGMMA`` (the loop over code tiles), and its
-    ``HGMMA`` and ``LDSM`` counts."""
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    blocks = []
-    for block in re.split(r"\n(?=\.L_x_\d+:)", sass):
-        ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", block)
-        count = collections.Counter(op.split(".")[0] for op in ops)
-        if count["HGMMA"]:
-            blocks.append((len(ops), count["HGMMA"], count["LDSM"]))
-    (loop,) = blocks
-    return loop
-
-
 def line(dtype: str, t: Tiles | None, shipped: bool) -> str:
     # the base tree's search takes fp32 keys only, at its shipped tiles
     row = report.compile_nearest(D_K, dtype, t) if BF16 else report.compile_nearest(D_K)
     compiled = key_tiles._captured["compiled"]
     t = row.tiles
-    size, hgmma, ldsm = loop_counts(compiled.asm["cubin"])
+    ((size, hgmma, ldsm),) = key_tiles.loop_ops(compiled.asm["cubin"], "HGMMA", "LDSM")  # one loop
     pairs = t.bm * t.bn
     issue = size * t.num_warps / 4 / pairs
     tensor = 3 * D_K / (2048 if dtype == "bf16" else 1024)
