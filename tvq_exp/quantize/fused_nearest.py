@@ -30,10 +30,12 @@ from torch import Tensor
 from tvq_exp.nn.triton_loader import cdiv, load_kernels, padded_dim
 
 # per keys' dtype: rows per program, codes per tile, warps, pipeline stages on sm_90 (make kernel-report, Triton 3.6
-# and 3.8: no spills). fp32: Triton's default stages, 231 registers, 192 KiB of shared memory, as run on the H100 of
-# 2026-11-27. bf16: 256 rows on two warpgroups share each tile of the three pieces, 134 registers, 208 KiB: half the
-# codebook reads of 128 rows (the codebook's 384 KiB of pieces read once a program), the fewest issued instructions
-# per key and code of the tiles compiled (docs/kernel_analysis/2026-11-29/nearest_pieces.py)
+# and 3.8: no spills). fp32: the tiles the H100 of 2026-11-27 ran (Triton's default stages), 242 registers, 192 KiB
+# of shared memory. bf16: 256 rows on two warpgroups share each tile of the three pieces, 134 registers, 208 KiB, 3
+# stages: half the codebook reads from L2 of 128 rows (the codebook's 384 KiB of pieces read once a program). 128 x
+# 128 on 8 warps issues 7-8% fewer instructions per key and code and reads a quarter less shared memory per product, at
+# twice the codebook reads and 2 stages (docs/kernel_analysis/2026-11-29/nearest_pieces.py); a GPU decides between
+# them (python -m tvq_exp.quantize.tune_nearest)
 TILES = {torch.float32: (64, 64, 4, 3), torch.bfloat16: (256, 64, 8, 3)}
 PIECES = {torch.float32: 1, torch.bfloat16: 3}
 
