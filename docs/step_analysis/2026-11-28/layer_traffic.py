@@ -64,8 +64,10 @@ def main() -> None:
     seq_len = int(sys.argv[1]) if len(sys.argv) > 1 else 32768
     heads = int(sys.argv[2]) if len(sys.argv) > 2 else HEADS
     batch = max(1, TOKENS // (seq_len * heads))
-    # the GPU's search (a CUDA-only custom op: its fake kernel runs on fake CPU tensors)
+    # the GPU's search (a CUDA-only custom op: its fake kernel runs on fake CPU tensors), which the quantiser hands
+    # bf16 keys as they are since 2026-11-29 (twentieth session)
     codebook_module.nearest_code = lambda x, c: torch.ops.tvq.nearest_code(x.detach(), c.detach())
+    codebook_module.fused_search = lambda x: True
     with FakeTensorMode(allow_non_fake_inputs=True):
         layer = build_attention(
             "vq", d_k=D, d_v=D, heads=heads, codebook_size=512, block_len=512, kernel="triton"
