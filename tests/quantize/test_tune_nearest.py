@@ -1,19 +1,25 @@
 """The nearest-code search's tile timing (``python -m tvq_exp.quantize.tune_nearest``), run on the CPU under
-Triton's interpreter: every search it times, in its order, finds the plain search's codes; the JSON holds each
-record; the shipped tiles are restored."""
+Triton's interpreter: every search it times, in its order, finds the plain search's codes and launches with its own
+rows a program; the JSON holds each record; the shipped tiles are restored."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tvq_exp.quantize import fused_nearest, tune_nearest
 
 
-def test_times_the_plain_the_fp32_and_each_bf16_tiling_and_each_finds_the_plain_codes(tmp_path: Path) -> None:
+def test_times_the_plain_the_fp32_and_each_bf16_tiling_and_each_finds_the_plain_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shipped = fused_nearest.TILES[torch.bfloat16]
+    launched = []  # each launch's rows a program (the grid's cdiv)
+    cdiv = fused_nearest.cdiv
+    monkeypatch.setattr(fused_nearest, "cdiv", lambda n, rows: launched.append(rows) or cdiv(n, rows))
     out = tmp_path / "nearest.json"
     args = ["--device", "cpu", "--keys", "600", "--heads", "2", "--codes", "80", "--dim", "24", "--reps", "1"]
     assert tune_nearest.main([*args, "--out", str(out)]) == 0
@@ -24,4 +30,8 @@ def test_times_the_plain_the_fp32_and_each_bf16_tiling_and_each_finds_the_plain_
         *(f"fused, bf16 keys, {t}" for t in tilings[1:]),
     ]  # fmt: skip
     assert all(r["differ"] == 0.0 and r["ms"] > 0 for r in records)
+    # a run of launches at the same rows counts once
+    runs = [rows for i, rows in enumerate(launched) if i == 0 or rows != launched[i - 1]]
+    want = [fused_nearest.TILES[torch.float32][0], *(t[0] for t in (shipped, *tune_nearest.CANDIDATES))]
+    assert runs == [rows for i, rows in enumerate(want) if i == 0 or rows != want[i - 1]]
     assert fused_nearest.TILES[torch.bfloat16] == shipped
