@@ -9,10 +9,26 @@ What is counted: the aten op ``_local_scalar_dense`` (every read of one value: `
 ``int``), copies between devices (``_to_copy``/``copy_`` whose source and result devices differ), and calls of
 ``Tensor.tolist``, ``Tensor.cpu`` and ``Tensor.numpy`` (on a CPU tensor they dispatch nothing, so they are
 patched while counting).
+
+Also counted: the ops whose CUDA kernels read the device themselves (:func:`reads_the_device`). Their reads happen
+inside the kernel, below the dispatcher, so on a CPU run no ``_local_scalar_dense`` shows them; the op is counted
+instead, by its name and arguments:
+
+- a result whose size depends on the values: ``nonzero`` (and ``torch.where(mask)``, ``argwhere``),
+  ``masked_select``, the ``unique`` ops, ``repeat_interleave`` with repeats in a tensor and no ``output_size``;
+- indexing by a boolean mask (``x[mask]``: ``index`` expands the mask with ``nonzero``), reading or writing. A
+  write of one value from the host (``x[mask] = 0.``) is the exception: ATen takes it as ``masked_fill_``;
+- a Python ``bool`` for a result: ``equal``, ``allclose``;
+- host checks of the values: ``bincount`` (sizes its result by the largest value), ``histc`` without a range (finds
+  the range), ``multinomial`` without replacement or for one draw (checks the probabilities).
+
+A value on the host the same code would hold on a GPU cannot be told from one on the device in a CPU run: a mask
+write of a one-element tensor counts as ``masked_fill_`` here, though from a tensor on the GPU it would read it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,13 +41,77 @@ from torch.utils._python_dispatch import TorchDispatchMode
 PATCHED = ("tolist", "cpu", "numpy")
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 _COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+_aten = torch.ops.aten
+# ops whose CUDA kernel reads the device whatever their arguments (the result's size, or a Python bool)
+_ALWAYS = {
+    _aten.nonzero.default: "nonzero",
+    _aten.masked_select.default: "masked_select",
+    _aten._unique.default: "unique",
+    _aten._unique2.default: "unique",
+    _aten.unique_dim.default: "unique",
+    _aten.unique_consecutive.default: "unique",
+    _aten.equal.default: "equal",
+    _aten.allclose.default: "allclose",
+    _aten.bincount.default: "bincount",
+}
+_MASK_INDEXING = (_aten.index.Tensor, _aten.index_put_.default, _aten._index_put_impl_.default)
+
+
+def _masks(indices: Any) -> list[torch.Tensor]:
+    """The boolean (or byte) masks among an ``index``/``index_put_`` op's indices."""
+    return [i for i in indices or () if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+
+
+def _masked_fill(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ATen runs this ``index_put_`` as ``masked_fill_`` (``canDispatchToMaskedFill``): one mask on the
+    tensor's device, the other indices empty, one value on the host, no accumulation."""
+    self, indices, value = args[:3]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    defined = [i for i in indices if i is not None]
+    return (
+        not accumulate
+        and value.numel() == 1
+        and value.device.type == "cpu"
+        and len(defined) == 1
+        and defined[0].device == self.device
+    )
+
+
+def reads_the_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What an aten op reads from the device inside its CUDA kernel (its name for the count), or ``None`` where
+    it reads nothing: see the module docstring for the list."""
+    if func in _ALWAYS:
+        return _ALWAYS[func]
+    if func in _MASK_INDEXING and _masks(args[1]):
+        return (
+            None if func is not _aten.index.Tensor and _masked_fill(args, kwargs) else "boolean mask indexing"
+        )
+    if func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+        return "repeat_interleave without output_size"
+    if func is _aten.histc.default and _histc_range(args, kwargs) == (0, 0):
+        return "histc without a range"
+    if func is _aten.multinomial.default:
+        samples = args[1]
+        replacement = args[2] if len(args) > 2 else kwargs.get("replacement", False)
+        return None if replacement and samples > 1 else "multinomial's check of its probabilities"
+    return None
+
+
+def _histc_range(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float, float]:
+    """``histc``'s ``(min, max)``: both 0 (the default) tells it to find them."""
+    low = args[2] if len(args) > 2 else kwargs.get("min", 0)
+    high = args[3] if len(args) > 3 else kwargs.get("max", 0)
+    return low, high
+
+
+_SKIPPED = (__file__, contextlib.__file__)  # (a file named like this one, a test's, is a place)
 
 
 def _caller() -> str:
     """``file:line function`` of the innermost frame outside torch and this module (where the read is)."""
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename
-        if "/torch/" not in name and not name.endswith(("syncs.py", "contextlib.py")):
+        if "/torch/" not in name and name not in _SKIPPED:
             return f"{name.rsplit('/site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
     return "?"
 
@@ -60,7 +140,11 @@ class HostSyncs(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        read = reads_the_device(func, args, kwargs)
+        if read is not None:
+            self.record(read)
+        out = func(*args, **kwargs)
         if func is _SCALAR:
             self.record("item")
         elif func in _COPIES and len(_devices(args, out)) > 1:
@@ -101,4 +185,4 @@ def counting_syncs() -> Iterator[HostSyncs]:
             setattr(torch.Tensor, name, original)
 
 
-__all__ = ["HostSyncs", "counting_syncs"]
+__all__ = ["HostSyncs", "counting_syncs", "reads_the_device"]
