@@ -37,11 +37,11 @@ PAPER = [
 ]  # fmt: skip
 
 
-def syncs_per_step(overrides: list[str], tmp_path: Path) -> list[dict]:
+def syncs_per_step(overrides: list[str], tmp_path: Path, steps: int = 7) -> list[dict]:
     rows = tmp_path / "syncs.jsonl"
     train_run(
         [
-            *overrides, "trainer.max_steps=7", f"trainer.log_every_n_steps={EVERY}", "trainer.val_check_interval=100",
+            *overrides, f"trainer.max_steps={steps}", f"trainer.log_every_n_steps={EVERY}", "trainer.val_check_interval=100",
             "torch_threads=1", "logger=csv", "+callbacks.syncs._target_=tests.helpers.syncs.SyncsPerStep",
             f"+callbacks.syncs.path={rows}",
         ],
@@ -50,10 +50,11 @@ def syncs_per_step(overrides: list[str], tmp_path: Path) -> list[dict]:
     return read_rows(rows)
 
 
-def small(model: str, codebook: str) -> list[str]:
+def small(model: str, codebook: str, layers: int = 2, seq_len: int = 48) -> list[str]:
     return [
-        "experiment=smoke", f"model={model}", *TINY[model], f"codebook={codebook}", "model.n_layers=2",
-        "model.attention.codebook_size=16", "model.attention.block_len=16", "data.seq_len=48", "data.batch_size=2",
+        "experiment=smoke", f"model={model}", *TINY[model], f"codebook={codebook}", f"model.n_layers={layers}",
+        "model.attention.codebook_size=16", "model.attention.block_len=16", f"data.seq_len={seq_len}",
+        "data.batch_size=2",
         "+module.weight_decay_mode=official",
     ]  # fmt: skip
 
@@ -77,6 +78,20 @@ def test_no_step_reads_the_device_outside_the_logging_steps(
     assert quiet and all(events == [] for events in quiet.values()), quiet
     logging = [r for r in rows if r["step"] % EVERY == 0]
     assert all(len(r["events"]) <= 2 for r in logging), logging  # the progress bar's loss, nothing per layer
+
+
+def test_the_fused_kernels_step_reads_the_device_only_at_the_logging_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kernel=triton`` under Triton's interpreter: the fused op's own code (layout, grids, the cache's means, the
+    fused code search) reads nothing, as on a GPU (the interpreter's copies of the operands are storage copies, not
+    counted). One layer, four steps: the interpreter is slow."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    run = [*small("gau_vq", "ema", layers=1, seq_len=32), "model.attention.kernel=triton"]
+    rows = syncs_per_step(run, tmp_path, steps=4)
+    assert [(r["step"], len(r["events"])) for r in rows if r["step"] % EVERY] == [(1, 0), (2, 0), (4, 0)], (
+        rows
+    )
 
 
 X = torch.arange(-3.0, 5.0)
@@ -134,4 +149,42 @@ def test_an_op_that_reads_the_device_inside_its_kernel_is_counted_once(name: str
 def test_its_neighbours_that_read_nothing_are_not_counted(name: str) -> None:
     with counting_syncs() as syncs:
         READS_NOTHING[name]()
+    assert syncs.events == []
+
+
+_BODY: dict[str, object] = {}  # the case the test op's body runs
+
+
+@torch.library.custom_op("tvq_test::runs_a_case", mutates_args=())
+def runs_a_case(x: torch.Tensor) -> torch.Tensor:
+    """A custom op, as the fused kernels' wrappers are, whose Python body runs ``_BODY["call"]``."""
+    _BODY["call"]()
+    return x.clone()
+
+
+@pytest.mark.parametrize("name", ["x[mask]", "torch.where(mask)", "bincount", "repeat_interleave", "equal"])
+def test_a_read_inside_a_custom_ops_body_is_counted_once(name: str) -> None:
+    _BODY["call"], kind = READS_INSIDE[name]
+    with counting_syncs() as syncs:
+        runs_a_case(torch.ones(2))
+    assert [k for k, _ in syncs.events] == [kind]
+
+
+@pytest.mark.parametrize("read", ["item", "int", "tolist", "cpu"])
+def test_a_scalar_read_inside_a_custom_ops_body_is_counted_once(read: str) -> None:
+    _BODY["call"] = {
+        "item": lambda: X.sum().item(),
+        "int": lambda: int(X.max()),
+        "tolist": lambda: X.tolist(),
+        "cpu": lambda: X.cpu(),
+    }[read]
+    with counting_syncs() as syncs:
+        runs_a_case(torch.ones(2))
+    assert [k for k, _ in syncs.events] == ["item" if read == "int" else read]
+
+
+def test_a_custom_ops_body_that_reads_nothing_is_not_counted() -> None:
+    _BODY["call"] = READS_NOTHING["x[mask] = 0."]
+    with counting_syncs() as syncs:
+        runs_a_case(torch.ones(2))
     assert syncs.events == []

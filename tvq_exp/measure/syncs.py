@@ -22,6 +22,9 @@ instead, by its name and arguments:
 - host checks of the values: ``bincount`` (sizes its result by the largest value), ``histc`` without a range (finds
   the range), ``multinomial`` without replacement or for one draw (checks the probabilities).
 
+A custom op's body (``torch.library.custom_op``: the fused kernels' wrappers) is run by the count under a mode of
+its own (:func:`custom_op_body`): a dispatch mode sees none of the ops inside an op it lets through.
+
 A value on the host the same code would hold on a GPU cannot be told from one on the device in a CPU run: a mask
 write of a one-element tensor counts as ``masked_fill_`` here, though from a tensor on the GPU it would read it.
 """
@@ -36,15 +39,22 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._library import custom_ops
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PATCHED = ("tolist", "cpu", "numpy")
-_SCALAR = torch.ops.aten._local_scalar_dense.default
+# a read of one value: ``item`` is what a mode sees inside a custom op's body (where autograd's keys are off, so it
+# is not taken apart into ``_local_scalar_dense``)
+_SCALARS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 _COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
 _aten = torch.ops.aten
 # ops whose CUDA kernel reads the device whatever their arguments (the result's size, or a Python bool)
 _ALWAYS = {
     _aten.nonzero.default: "nonzero",
+    _aten.where.default: "nonzero",  # torch.where(mask), as a custom op's body shows it (else nonzero)
+    _aten.argwhere.default: "nonzero",
+    _aten.nonzero_numpy.default: "nonzero",
+    _aten.is_nonzero.default: "item",
     _aten.masked_select.default: "masked_select",
     _aten._unique.default: "unique",
     _aten._unique2.default: "unique",
@@ -54,6 +64,7 @@ _ALWAYS = {
     _aten.allclose.default: "allclose",
     _aten.bincount.default: "bincount",
 }
+_REPEATS = (_aten.repeat_interleave.Tensor, _aten.repeat_interleave.self_Tensor)
 _MASK_INDEXING = (_aten.index.Tensor, _aten.index_put_.default, _aten._index_put_impl_.default)
 
 
@@ -86,7 +97,7 @@ def reads_the_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         return (
             None if func is not _aten.index.Tensor and _masked_fill(args, kwargs) else "boolean mask indexing"
         )
-    if func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+    if func in _REPEATS and kwargs.get("output_size") is None:
         return "repeat_interleave without output_size"
     if func is _aten.histc.default and _histc_range(args, kwargs) == (0, 0):
         return "histc without a range"
@@ -116,6 +127,17 @@ def _caller() -> str:
     return "?"
 
 
+def custom_op_body(func: Any, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+    """The Python body a ``torch.library.custom_op`` op (such as the fused kernels' ``tvq::...``) runs on its
+    operands' device, or ``None`` for any other op. A dispatch mode does not see the ops inside an op it lets
+    through (a read of the device in a custom op's wrapper, say), so the count runs such bodies itself."""
+    opdef = custom_ops.OPDEFS.get(func.name()) if isinstance(func, torch._ops.OpOverload) else None
+    if opdef is None:
+        return None
+    device = next((x.device.type for x in args if isinstance(x, torch.Tensor)), None)
+    return opdef._backend_fns.get(device, opdef._init_fn)
+
+
 def _devices(args: tuple[Any, ...], out: Any) -> set[torch.device]:
     tensors = [x for x in (*args, out) if isinstance(x, torch.Tensor)]
     return {x.device for x in tensors}
@@ -128,13 +150,16 @@ class HostSyncs(TorchDispatchMode):
     Use :func:`counting_syncs` (it also patches the methods that dispatch nothing on a CPU tensor).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parent: HostSyncs | None = None) -> None:
         super().__init__()
+        self.parent = parent  # a mode counting inside a custom op's body records into the mode around the op
         self.events: list[tuple[str, str]] = []
         self.paused = False
 
     def record(self, kind: str) -> None:
-        if not self.paused:
+        if self.parent is not None:
+            self.parent.record(kind)
+        elif not self.paused:
             self.events.append((kind, _caller()))
 
     def __torch_dispatch__(
@@ -144,8 +169,13 @@ class HostSyncs(TorchDispatchMode):
         read = reads_the_device(func, args, kwargs)
         if read is not None:
             self.record(read)
-        out = func(*args, **kwargs)
-        if func is _SCALAR:
+        body = custom_op_body(func, args)
+        if body is None:
+            out = func(*args, **kwargs)
+        else:  # run here, under a mode of its own: a mode sees none of the ops an op it dispatches runs inside
+            with HostSyncs(parent=self):
+                out = body(*args, **kwargs)
+        if func in _SCALARS:
             self.record("item")
         elif func in _COPIES and len(_devices(args, out)) > 1:
             self.record("copy between devices")
