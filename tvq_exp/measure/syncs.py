@@ -102,7 +102,7 @@ def reads_the_device(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     if func is _aten.histc.default and _histc_range(args, kwargs) == (0, 0):
         return "histc without a range"
     if func is _aten.multinomial.default:
-        samples = args[1]
+        samples = args[1] if len(args) > 1 else kwargs["num_samples"]
         replacement = args[2] if len(args) > 2 else kwargs.get("replacement", False)
         return None if replacement and samples > 1 else "multinomial's check of its probabilities"
     return None
@@ -115,7 +115,8 @@ def _histc_range(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float, 
     return low, high
 
 
-_SKIPPED = (__file__, contextlib.__file__)  # (a file named like this one, a test's, is a place)
+# the count's own frames; any other file is a place (a test's ``test_host_syncs.py`` too)
+_SKIPPED = (__file__, contextlib.__file__)
 
 
 def _caller() -> str:
