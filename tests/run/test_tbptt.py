@@ -85,3 +85,20 @@ def test_the_state_is_carried_within_a_sequence_and_reset_at_the_next(tmp_path: 
     assert [b["end"] for b in buckets] == [16, 32, 64, 128]  # log-spaced up to the sequence length
     mean = sum(b["bpb"] * b["tokens"] for b in buckets) / sum(b["tokens"] for b in buckets)
     assert mean == pytest.approx(result["val"]["bpb"], rel=1e-6)  # the buckets add up to the total
+
+
+def test_a_carried_state_on_the_device_is_taken_as_it_is_and_one_elsewhere_is_moved() -> None:
+    """The step continues the last step's state without copying it (its tensors are where the batch is); a state
+    restored elsewhere (a checkpoint's, on the host) is moved tensor by tensor, nested states too."""
+    from tvq_exp.attention import build_attention
+    from tvq_exp.models.module import state_on
+
+    layer = build_attention("vq", d_k=8, d_v=8, heads=2, codebook_size=4, block_len=4)
+    _, state, _ = layer(*(torch.randn(1, 2, 8, 8) for _ in range(3)))
+    assert state.tensors()
+    blocks = [state, state]
+    assert state_on(blocks, torch.device("cpu")) is blocks
+    moved = state_on(blocks, torch.device("meta"))
+    assert len(moved) == 2 and all(s.position == state.position for s in moved)
+    assert [t.device.type for s in moved for t in s.tensors()] == ["meta"] * 2 * len(state.tensors())
+    assert [t.shape for t in moved[0].tensors()] == [t.shape for t in state.tensors()]

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor, nn
 from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -63,6 +62,16 @@ def finite_state(state: ModelState | None) -> ModelState | None:
         return None
     clean = lambda x: torch.nan_to_num(x, 0.0, 0.0, 0.0) if x.is_floating_point() else x  # noqa: E731
     return [s.map(clean) for s in state]
+
+
+def state_on(state: ModelState, device: torch.device) -> ModelState:
+    """``state`` on ``device``: itself where its tensors are there already (in training and evaluation: the last
+    step made it there), else a copy with each tensor moved (a state restored from a checkpoint). Not moved every
+    step: Lightning's ``move_data_to_device`` copies each block's dataclass, host time in every step."""
+    first = next((t for s in state for t in s.tensors()), None)
+    if first is None or first.device == device:
+        return state
+    return [s.map(lambda t: t.to(device)) for s in state]
 
 
 class AutoregressiveLitModule(L.LightningModule):
@@ -233,7 +242,7 @@ class AutoregressiveLitModule(L.LightningModule):
             return None
         if resets if resets is not None else bool(batch["reset"].any()):
             return None
-        return move_data_to_device(state, batch["input"].device)
+        return state_on(state, batch["input"].device)
 
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         if self.compile and self._training_loss is None:
