@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tvq_exp.measure.syncs import counting_syncs
 from tvq_exp.quantize.fused_nearest import TILES, code_pieces, fused_nearest_code
 from tvq_exp.quantize.kmeans import nearest_code, plain_nearest_code
 
@@ -81,6 +82,17 @@ def test_a_tie_takes_the_first_equal_code_within_a_tile_and_across_tiles(dtype: 
     want = torch.tensor([[2, 2, 9, 9, bs + 4, bs + 4, 0]])
     assert torch.equal(plain(x, codebook), want)
     assert torch.equal(fused_nearest_code(x, codebook), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_search_reads_nothing_of_the_device(dtype: torch.dtype) -> None:
+    """Its wrapper (the pieces, the grid, the launch) never waits for the device: the quantiser runs it in every
+    layer's step. Counted under the interpreter, whose copies of the operands are storage copies (not counted)."""
+    gen = torch.Generator().manual_seed(3)
+    x, codebook = torch.randn(2, 70, 16, generator=gen).to(dtype), torch.randn(2, 40, 16, generator=gen)
+    with counting_syncs() as syncs:
+        fused_nearest_code(x, codebook)
+    assert syncs.events == []
 
 
 def test_no_rows_give_no_codes() -> None:
