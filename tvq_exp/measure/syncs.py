@@ -8,7 +8,7 @@ the tensors are on (on a CPU nothing waits, but the same lines would on a GPU).
 What is counted: the aten op ``_local_scalar_dense`` (every read of one value: ``item``, ``bool``, ``float``,
 ``int``), copies between devices (``_to_copy``/``copy_`` whose source and result devices differ), and calls of
 ``Tensor.tolist``, ``Tensor.cpu`` and ``Tensor.numpy`` (on a CPU tensor they dispatch nothing, so they are
-patched while counting).
+patched while counting); and the explicit waits of :func:`tvq_exp.measure.timing.sync` (:func:`waited`).
 
 Also counted: the ops whose CUDA kernels read the device themselves (:func:`reads_the_device`). Their reads happen
 inside the kernel, below the dispatcher, so on a CPU run no ``_local_scalar_dense`` shows them; the op is counted
@@ -157,11 +157,11 @@ class HostSyncs(TorchDispatchMode):
         self.events: list[tuple[str, str]] = []
         self.paused = False
 
-    def record(self, kind: str) -> None:
+    def record(self, kind: str, place: str | None = None) -> None:
         if self.parent is not None:
-            self.parent.record(kind)
+            self.parent.record(kind, place)
         elif not self.paused:
-            self.events.append((kind, _caller()))
+            self.events.append((kind, place or _caller()))
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -208,12 +208,26 @@ def counting_syncs() -> Iterator[HostSyncs]:
 
     for name in PATCHED:
         setattr(torch.Tensor, name, patched(name))
+    _COUNTING.append(mode)
     try:
         with mode:
             yield mode
     finally:
+        _COUNTING.remove(mode)
         for name, original in originals.items():
             setattr(torch.Tensor, name, original)
 
 
-__all__ = ["HostSyncs", "counting_syncs", "reads_the_device"]
+_COUNTING: list[HostSyncs] = []  # the counts running, innermost last
+
+
+def waited() -> None:
+    """Record an explicit wait for the device (:func:`tvq_exp.measure.timing.sync`) in the innermost count running,
+    if any: on a CPU it waits for nothing, and the same line on a GPU waits for everything queued."""
+    if _COUNTING:
+        caller = traceback.extract_stack()[-3]  # the caller of ``sync``
+        place = f"{caller.filename.rsplit('/site-packages/', 1)[-1]}:{caller.lineno} {caller.name}"
+        _COUNTING[-1].record("synchronize", place)
+
+
+__all__ = ["HostSyncs", "counting_syncs", "reads_the_device", "waited"]

@@ -7,9 +7,13 @@ from collections.abc import Callable
 
 import torch
 
+from tvq_exp.measure.syncs import waited
+
 
 def sync(device: torch.device) -> None:
-    """Wait for ``device``'s queued work (CUDA); nothing to wait for on a CPU."""
+    """Wait for ``device``'s queued work (CUDA); nothing to wait for on a CPU (a count of the host's reads records
+    it either way: :func:`~tvq_exp.measure.syncs.waited`)."""
+    waited()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
