@@ -119,12 +119,16 @@ def _histc_range(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float, 
 _SKIPPED = (__file__, contextlib.__file__)
 
 
+def _place(frame: traceback.FrameSummary) -> str:
+    """``file:line function`` of ``frame`` (a package's file from its ``site-packages`` on)."""
+    return f"{frame.filename.rsplit('/site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
+
+
 def _caller() -> str:
-    """``file:line function`` of the innermost frame outside torch and this module (where the read is)."""
+    """The place of the innermost frame outside torch and this module (where the read is)."""
     for frame in reversed(traceback.extract_stack()):
-        name = frame.filename
-        if "/torch/" not in name and name not in _SKIPPED:
-            return f"{name.rsplit('/site-packages/', 1)[-1]}:{frame.lineno} {frame.name}"
+        if "/torch/" not in frame.filename and frame.filename not in _SKIPPED:
+            return _place(frame)
     return "?"
 
 
@@ -225,9 +229,7 @@ def waited() -> None:
     """Record an explicit wait for the device (:func:`tvq_exp.measure.timing.sync`) in the innermost count running,
     if any: on a CPU it waits for nothing, and the same line on a GPU waits for everything queued."""
     if _COUNTING:
-        caller = traceback.extract_stack()[-3]  # the caller of ``sync``
-        place = f"{caller.filename.rsplit('/site-packages/', 1)[-1]}:{caller.lineno} {caller.name}"
-        _COUNTING[-1].record("synchronize", place)
+        _COUNTING[-1].record("synchronize", _place(traceback.extract_stack()[-3]))  # sync's caller
 
 
 __all__ = ["HostSyncs", "counting_syncs", "reads_the_device", "waited"]
