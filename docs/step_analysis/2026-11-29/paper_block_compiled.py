@@ -1,0 +1,134 @@
+"""What inductor fuses of one paper GAU, forward + backward, compiled as ``compile_scope=blocks`` compiles it: the
+bytes each of its scheduled kernels reads and writes (inductor's own estimate, ``get_read_write_buffers_sizes``),
+summed by the source files their ops come from. One sequence of a 2048-token update in the middle of a TBPTT
+sequence (a carried state), CPU autocast bf16, real tensors.
+
+A CPU stand-in for the GPU's compiled block, with three differences: inductor's CPU backend (its fusion rules are
+mostly the GPU's, not all); the plain kernel's products widen their bf16 operands to fp32 (a GPU's cuBLAS writes fp32
+from bf16 operands); and the cache's running means run the plain code (cumulative sums; a GPU runs the fused means
+kernel, which reads the codes and values once). The plain kernel's chunks are the GPU's (every item at once), not the
+CPU's cache-sized ones.
+
+Then, with ``paper_roofline.py``'s count of the step's GEMMs, the step's floor on each device: the GEMMs at the
+measured matmul rate, and the fused kernels' bytes (less the plain means', times 8 sequences and 48 blocks) at the
+memory bandwidth, each at its bound, one after the other.
+
+Run from the repository root: ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 TRITON_INTERPRET=1 .venv/bin/python
+docs/step_analysis/2026-11-29/paper_block_compiled.py`` (about a minute: it compiles; without the first variable a
+cached graph is not scheduled again and nothing is counted; the second is ``paper_roofline.py``'s).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._inductor import graph as graph_module
+
+sys.path.insert(0, str(Path.cwd()))
+os.environ.setdefault("TVQ_DATA_DIR", str(Path.cwd().parent / "shared" / "datasets"))
+
+from hydra.utils import instantiate  # noqa: E402
+
+import tvq_exp.attention.vq.kernel as kernel_module  # noqa: E402
+from tests.helpers.config import compose_config  # noqa: E402
+
+TOKENS = 2048
+NODES: list[
+    tuple[int, bool, frozenset[str]]
+] = []  # (bytes, a GEMM or other extern call, the files of its ops)
+
+
+def files(node: Any) -> frozenset[str]:
+    """The repository files whose lines made a scheduled kernel's ops (from their FX nodes' stack traces)."""
+    found = set()
+    for part in node.get_nodes():
+        for origin in getattr(part.node, "origins", ()) or ():
+            frames = [
+                line for line in (origin.meta.get("stack_trace") or "").splitlines() if "tvq_exp/" in line
+            ]
+            if frames:
+                found.add(frames[-1].split("tvq_exp/")[1].split('"')[0])
+    return frozenset(found)
+
+
+def record(codegen: Any) -> Any:
+    def wrapped(self: graph_module.GraphLowering, *args: Any, **kwargs: Any) -> Any:
+        out = codegen(self, *args, **kwargs)
+        for node in self.scheduler.nodes:
+            extern = type(node).__name__ == "ExternKernelSchedulerNode"
+            NODES.append((node.get_read_write_buffers_sizes(), extern, files(node)))
+        return out
+
+    return wrapped
+
+
+def main() -> None:
+    graph_module.GraphLowering.codegen = record(graph_module.GraphLowering.codegen)
+    kernel_module.CHUNK_BYTES["cpu"] = kernel_module.CHUNK_BYTES["cuda"]
+    torch.manual_seed(0)
+    overrides = [
+        "experiment=enwik8_paper",
+        "trainer=cpu",
+        "global_batch_size=null",
+        "model.n_layers=2",
+        "data=kjv",
+    ]
+    block = instantiate(compose_config("train", overrides).model).train().blocks[1]
+    x0 = torch.randn(1, TOKENS, block.d_model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        state = block(x0, None)[1]  # the carried state of the sequence's first update
+    block.compile(dynamic=False)
+    x = torch.randn(1, TOKENS, block.d_model, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = block(x, state)[0]
+    y.backward(torch.ones_like(y))
+    extern = sum(size for size, is_extern, _ in NODES if is_extern)
+    other = sum(size for size, is_extern, _ in NODES if not is_extern)
+    print(f"one paper GAU compiled, 1 x {TOKENS} tokens, forward + backward: {len(NODES)} scheduled kernels; the "
+          f"extern calls (GEMMs, cumulative sums) {extern / 2**30:.3f} GiB, the fused kernels {other / 2**30:.3f} GiB")  # fmt: skip
+    by_files: collections.Counter = collections.Counter()
+    for size, is_extern, where in NODES:
+        if not is_extern:
+            by_files[" + ".join(sorted(where)) or "(no file of ours)"] += size
+    print("the fused kernels' bytes by the files of their ops (MiB):")
+    for where, size in by_files.most_common():
+        if size >= 2**20:
+            print(f"  {size / 2**20:7.1f}  {where}")
+    means = sum(
+        s
+        for w, s in by_files.items()
+        if w and set(w.split(" + ")) <= {"attention/vq/cache.py", "attention/vq/layer.py"}
+    )
+    print(f"of which kernels made only of the running means' and the layer's ops (the plain means; a GPU runs the "
+          f"fused ones): {means / 2**30:.3f} GiB")  # fmt: skip
+    floors(other - means)
+
+
+def floors(per_sequence: int) -> None:
+    """The step's floor on each device with ``per_sequence`` bytes of fused kernels per block and sequence."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import paper_roofline as roofline
+
+    roofline.gpu_path()  # its chunks are the GPU's already
+    rows, _, block_flops, head_flops, _ = roofline.count_block()
+    gemm = roofline.LAYERS * sum(r[3] for r in rows) + head_flops
+    model = roofline.LAYERS * block_flops + head_flops
+    t_gemm = gemm / (roofline.MATMUL * 1e12)
+    step = roofline.LAYERS * roofline.BATCH * per_sequence
+    print(f"the step ({roofline.BATCH} x {TOKENS} tokens, {roofline.LAYERS} blocks): fused kernels' bytes "
+          f"{step / 2**30:.0f} GiB ({roofline.BATCH * per_sequence / 2**30:.2f} GiB a block); the GEMMs at "
+          f"{roofline.MATMUL} TFLOP/s {1e3 * t_gemm:.1f} ms")  # fmt: skip
+    for device, bandwidth in roofline.BANDWIDTH.items():
+        t_mem = step / (bandwidth * 1e12)
+        mfu = model / (t_gemm + t_mem) / (roofline.PEAK * 1e12)
+        print(f"  {device}: the fused kernels {1e3 * t_mem:.1f} ms, the step at least {1e3 * (t_gemm + t_mem):.1f} ms: "
+              f"MFU {100 * mfu:.0f}% of the {roofline.PEAK} datasheet at most")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
