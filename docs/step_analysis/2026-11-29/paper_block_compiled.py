@@ -4,17 +4,19 @@ summed by the source files their ops come from. One sequence of a 2048-token upd
 sequence (a carried state), CPU autocast bf16, real tensors.
 
 A CPU stand-in for the GPU's compiled block, with three differences: inductor's CPU backend (its fusion rules are
-mostly the GPU's, not all); the plain kernel's products widen their bf16 operands to fp32 (a GPU's cuBLAS writes fp32
-from bf16 operands); and the cache's running means run the plain code (cumulative sums; a GPU runs the fused means
-kernel, which reads the codes and values once). The plain kernel's chunks are the GPU's (every item at once), not the
-CPU's cache-sized ones.
+mostly the GPU's, not all); the plain kernel's products (a GPU's cuBLAS reads bf16 operands as they are and writes
+fp32), counted two ways that bracket the GPU's: ``widened`` as a CPU compiles them (fp32 copies of the operands, an
+fp32 product) and ``bf16`` (the operands as they are, a bf16 product); and the cache's running means run the plain
+code (cumulative sums; a GPU runs the fused means kernel, which reads the codes and values once: the kernels made of
+the means' ops alone are left out of the floors). The plain kernel's chunks are the GPU's (every item at once), not
+the CPU's cache-sized ones.
 
 Then, with ``paper_roofline.py``'s count of the step's GEMMs, the step's floor on each device: the GEMMs at the
 measured matmul rate, and the fused kernels' bytes (less the plain means', times 8 sequences and 48 blocks) at the
 memory bandwidth, each at its bound, one after the other.
 
 Run from the repository root: ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 TRITON_INTERPRET=1 .venv/bin/python
-docs/step_analysis/2026-11-29/paper_block_compiled.py`` (about a minute: it compiles; without the first variable a
+docs/step_analysis/2026-11-29/paper_block_compiled.py`` (two minutes: it compiles twice; without the first variable a
 cached graph is not scheduled again and nothing is counted; the second is ``paper_roofline.py``'s).
 """
 
@@ -67,9 +69,26 @@ def record(codegen: Any) -> Any:
     return wrapped
 
 
-def main() -> None:
-    graph_module.GraphLowering.codegen = record(graph_module.GraphLowering.codegen)
-    kernel_module.CHUNK_BYTES["cpu"] = kernel_module.CHUNK_BYTES["cuda"]
+def bf16_products(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, add: bool = False) -> None:
+    """The plain kernel's products of bf16 operands in bf16 (read as they are, written in bf16, then widened into
+    ``out``): the GPU's cuBLAS reads them as they are too, but writes fp32."""
+    if a.dtype != out.dtype and a.dtype == b.dtype:
+        prod = a @ b
+        out.add_(prod) if add else out.copy_(prod)
+    else:
+        WIDENED(a, b, out, add)
+
+
+WIDENED = kernel_module._matmul
+
+
+def count(products: str) -> int:
+    """Compile one block with the plain kernel's ``products`` (``widened``: the CPU's fp32 copies of bf16 operands;
+    ``bf16``: :func:`bf16_products`) and print its kernels' bytes; returns the fused kernels' bytes without the
+    plain means'."""
+    NODES.clear()
+    torch._dynamo.reset()
+    kernel_module._matmul = bf16_products if products == "bf16" else WIDENED
     torch.manual_seed(0)
     overrides = [
         "experiment=enwik8_paper",
@@ -89,8 +108,9 @@ def main() -> None:
     y.backward(torch.ones_like(y))
     extern = sum(size for size, is_extern, _ in NODES if is_extern)
     other = sum(size for size, is_extern, _ in NODES if not is_extern)
-    print(f"one paper GAU compiled, 1 x {TOKENS} tokens, forward + backward: {len(NODES)} scheduled kernels; the "
-          f"extern calls (GEMMs, cumulative sums) {extern / 2**30:.3f} GiB, the fused kernels {other / 2**30:.3f} GiB")  # fmt: skip
+    print(f"== the products {products}: one paper GAU compiled, 1 x {TOKENS} tokens, forward + backward: {len(NODES)} "
+          f"scheduled kernels; the extern calls (GEMMs, cumulative sums) {extern / 2**30:.3f} GiB, the fused kernels "
+          f"{other / 2**30:.3f} GiB")  # fmt: skip
     by_files: collections.Counter = collections.Counter()
     for size, is_extern, where in NODES:
         if not is_extern:
@@ -106,11 +126,19 @@ def main() -> None:
     )
     print(f"of which kernels made only of the running means' and the layer's ops (the plain means; a GPU runs the "
           f"fused ones): {means / 2**30:.3f} GiB")  # fmt: skip
-    floors(other - means)
+    return other - means
 
 
-def floors(per_sequence: int) -> None:
-    """The step's floor on each device with ``per_sequence`` bytes of fused kernels per block and sequence."""
+def main() -> None:
+    graph_module.GraphLowering.codegen = record(graph_module.GraphLowering.codegen)
+    kernel_module.CHUNK_BYTES["cpu"] = kernel_module.CHUNK_BYTES["cuda"]
+    per_sequence = {products: count(products) for products in ("widened", "bf16")}
+    floors(per_sequence)
+
+
+def floors(per_sequence: dict[str, int]) -> None:
+    """The step's floor on each device with ``per_sequence`` bytes of fused kernels per block and sequence (for
+    each form of the products)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import paper_roofline as roofline
 
@@ -119,15 +147,17 @@ def floors(per_sequence: int) -> None:
     gemm = roofline.LAYERS * sum(r[3] for r in rows) + head_flops
     model = roofline.LAYERS * block_flops + head_flops
     t_gemm = gemm / (roofline.MATMUL * 1e12)
-    step = roofline.LAYERS * roofline.BATCH * per_sequence
-    print(f"the step ({roofline.BATCH} x {TOKENS} tokens, {roofline.LAYERS} blocks): fused kernels' bytes "
-          f"{step / 2**30:.0f} GiB ({roofline.BATCH * per_sequence / 2**30:.2f} GiB a block); the GEMMs at "
-          f"{roofline.MATMUL} TFLOP/s {1e3 * t_gemm:.1f} ms")  # fmt: skip
-    for device, bandwidth in roofline.BANDWIDTH.items():
-        t_mem = step / (bandwidth * 1e12)
-        mfu = model / (t_gemm + t_mem) / (roofline.PEAK * 1e12)
-        print(f"  {device}: the fused kernels {1e3 * t_mem:.1f} ms, the step at least {1e3 * (t_gemm + t_mem):.1f} ms: "
-              f"MFU {100 * mfu:.0f}% of the {roofline.PEAK} datasheet at most")  # fmt: skip
+    print(f"the step ({roofline.BATCH} x {TOKENS} tokens, {roofline.LAYERS} blocks): the GEMMs at {roofline.MATMUL} "
+          f"TFLOP/s {1e3 * t_gemm:.1f} ms")  # fmt: skip
+    for products, size in per_sequence.items():
+        step = roofline.LAYERS * roofline.BATCH * size
+        print(f"  the products {products}: fused kernels' bytes {step / 2**30:.0f} GiB "
+              f"({roofline.BATCH * size / 2**30:.2f} GiB a block)")  # fmt: skip
+        for device, bandwidth in roofline.BANDWIDTH.items():
+            t_mem = step / (bandwidth * 1e12)
+            mfu = model / (t_gemm + t_mem) / (roofline.PEAK * 1e12)
+            print(f"    {device}: the fused kernels {1e3 * t_mem:.1f} ms, the step at least "
+                  f"{1e3 * (t_gemm + t_mem):.1f} ms: MFU {100 * mfu:.0f}% of the {roofline.PEAK} datasheet at most")  # fmt: skip
 
 
 if __name__ == "__main__":
