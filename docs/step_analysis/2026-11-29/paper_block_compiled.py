@@ -39,6 +39,9 @@ from hydra.utils import instantiate  # noqa: E402
 import tvq_exp.attention.vq.kernel as kernel_module  # noqa: E402
 from tests.helpers.config import compose_config  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+import paper_roofline as roofline  # noqa: E402
+
 TOKENS = 2048
 NODES: list[
     tuple[int, bool, frozenset[str]]
@@ -90,14 +93,7 @@ def count(products: str) -> int:
     torch._dynamo.reset()
     kernel_module._matmul = bf16_products if products == "bf16" else WIDENED
     torch.manual_seed(0)
-    overrides = [
-        "experiment=enwik8_paper",
-        "trainer=cpu",
-        "global_batch_size=null",
-        "model.n_layers=2",
-        "data=kjv",
-    ]
-    block = instantiate(compose_config("train", overrides).model).train().blocks[1]
+    block = instantiate(compose_config("train", roofline.PAPER_BLOCK).model).train().blocks[1]
     x0 = torch.randn(1, TOKENS, block.d_model)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         state = block(x0, None)[1]  # the carried state of the sequence's first update
@@ -139,9 +135,6 @@ def main() -> None:
 def floors(per_sequence: dict[str, int]) -> None:
     """The step's floor on each device with ``per_sequence`` bytes of fused kernels per block and sequence (for
     each form of the products)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    import paper_roofline as roofline
-
     roofline.gpu_path()  # its chunks are the GPU's already
     rows, _, block_flops, head_flops, _ = roofline.count_block()
     gemm = roofline.LAYERS * sum(r[3] for r in rows) + head_flops

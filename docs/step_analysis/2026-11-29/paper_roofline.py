@@ -42,6 +42,14 @@ import tvq_exp.quantize.codebook as codebook_module  # noqa: E402
 from tests.helpers.config import compose_config  # noqa: E402
 
 BATCH, TOKENS, LAYERS = 8, 2048, 48
+# the paper's model and data (two of its blocks: the second is counted, then multiplied by LAYERS)
+PAPER_BLOCK = [
+    "experiment=enwik8_paper",
+    "trainer=cpu",
+    "global_batch_size=null",
+    "model.n_layers=2",
+    "data=kjv",
+]
 FREE = ("aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "prim::device", "aten::new_zeros",
         "aten::new_empty_strided", "aten::new_empty", "aten::zeros", "aten::empty", "aten::empty_like",
         "aten::empty_strided", "aten::arange", "aten::scalar_tensor", "aten::zeros_like")  # fmt: skip
@@ -126,13 +134,7 @@ def gpu_path() -> None:
 def count_block() -> tuple[list[tuple[str, str, str, int, int]], int, int, int, int]:
     """One paper GAU's forward and backward rows on a mid-sequence update; its parameters, the model's FLOPs per
     block (forward + backward), and the output head's FLOPs and parameters."""
-    overrides = [
-        "experiment=enwik8_paper",
-        "trainer=cpu",
-        "global_batch_size=null",
-        "model.n_layers=2",
-        "data=kjv",
-    ]
+    overrides = PAPER_BLOCK
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = instantiate(compose_config("train", overrides).model).train()
         block = model.blocks[1]
