@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 
@@ -204,6 +207,41 @@ def test_bf16_keys_are_cast_once_and_read_their_codes_in_bf16() -> None:
     assert copies == [torch.float32]
     want = vq.codebook.detach().bfloat16()[torch.arange(2)[None, :, None], codes]
     assert k_hat.dtype == torch.bfloat16 and torch.equal(k_hat, want)
+
+
+def test_keys_laid_out_by_head_are_copied_once_into_the_searchs_layout_then_cast_once() -> None:
+    """Keys whose layout is ``(B, H, T, d)`` (not a view of ``(H, B·T, d)``): one copy in their own dtype into the
+    layout of the search, the statistics and the losses, then one cast; not a cast, then a second fp32 copy."""
+    torch.manual_seed(0)
+    vq = VectorQuantizer(2, 16, 8)
+    k = torch.randn(2, 2, 64, 8, dtype=torch.bfloat16, requires_grad=True)
+    with OpLog() as log:
+        vq(k)
+    copies = [
+        op.dtype for op in log.named("aten._to_copy", "aten.copy_", "aten.clone") if op.numel == k.numel()
+    ]
+    assert copies == [torch.bfloat16, torch.float32]
+
+
+def test_compiled_the_quantiser_writes_one_fp32_copy_of_the_keys() -> None:
+    """Compiled, the keys' fp32 copy is made once, in the layout its readers share (the losses, the metrics, the
+    codebook's statistics): before, inductor wrote it in the keys' ``(B, H, T, d)`` and the statistics' ``(H, N, d)``
+    copy again (512 MiB more of the GPU check's 32k forward)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    vq = VectorQuantizer(2, 16, 8)
+    leaf = torch.randn(2, 64, 2, 8, dtype=torch.bfloat16, requires_grad=True)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        k_hat, _, aux = vq(x.transpose(1, 2))
+        return k_hat.float().sum() + aux["commit_loss"]
+
+    torch._dynamo.reset()
+    _, (code, *_) = run_and_get_code(torch.compile(forward, fullgraph=True, dynamic=False), leaf)
+    keys = re.findall(r"empty_strided_cpu\(\((\d+), (\d+), (\d+)(?:, (\d+))?\), .*?, torch\.float32\)", code)
+    sizes = [math.prod(int(n) for n in shape if n) for shape in keys]
+    assert sizes.count(leaf.numel()) == 1, code
 
 
 def test_where_the_search_is_fused_bf16_keys_reach_it_uncast_as_a_view(

@@ -201,8 +201,11 @@ class VectorQuantizer(nn.Module):
                 f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})"
             )
         k = self.search_keys(k)
-        kf = k.float()  # once, for the search and the losses (a bf16 key tensor cast once, not twice)
-        flat = kf.detach().transpose(0, 1).reshape(h, b * t, d)
+        # (H, N, d), the layout of the search, the statistics and the losses (none needs (B, H, T, d)): a view where
+        # the keys come as (B, T, H, d), else one copy in their dtype
+        kh = k.transpose(0, 1).reshape(h, b * t, d)
+        kf = kh.float()  # once, for the search and the losses (a bf16 key tensor cast once, not twice)
+        flat = kf.detach()
         learning = self.training and torch.is_grad_enabled() and not _FROZEN.get()
         if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
@@ -210,7 +213,7 @@ class VectorQuantizer(nn.Module):
         # bf16 keys reach the fused search as they are (a view where they come as (B, T, H, d)), not as the fp32
         # copy: half the bytes read; its distances are fp32 either way
         bf16 = k.dtype == torch.bfloat16 and fused_search(k)
-        keys = k.detach().transpose(0, 1).reshape(h, b * t, d) if bf16 else flat
+        keys = kh.detach() if bf16 else flat
         codes = nearest = nearest_code(keys, codebook.detach())  # (H, N)
         noise = None
         training = self.training and torch.is_grad_enabled()
@@ -226,12 +229,12 @@ class VectorQuantizer(nn.Module):
         weighted = self.fit_weight == "fisher"
         if learning and not weighted:
             self._accumulate(flat, codes, counts)
-        quant, value = (x.view(h, b, t, d).transpose(0, 1) for x in (quant, value))
         aux = self._aux(kf, quant, counts)
+        quant, value = (x.view(h, b, t, d).transpose(0, 1) for x in (quant, value))
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, value.detach())
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
-            x = k.to(torch.promote_types(k.dtype, torch.float32)).transpose(0, 1).reshape(h, b * t, d)
+            x = kh.to(torch.promote_types(k.dtype, torch.float32))
             term = relaxation(x, codebook, nearest, noise, self.current_temperature())
             k_hat = k_hat + term.view(h, b, t, d).transpose(0, 1).to(k.dtype)
         if training and self.hard_warmup:  # + (1 - α)·sg(k' - C_z): the value moves from the key to the code
@@ -277,7 +280,7 @@ class VectorQuantizer(nn.Module):
             self.recent_keys = flat.gather(1, take[..., None].expand(h, take.shape[1], d))
 
     def _aux(self, kf: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
-        """The losses and metrics of keys ``kf`` (fp32, ``(B, H, T, d)``) quantised to ``quant``."""
+        """The losses and metrics of keys ``kf`` (fp32, ``(H, N, d)``) quantised to ``quant`` (``(H, N, d)``)."""
         commit = F.mse_loss(kf, quant.detach().float())
         aux = {
             "commit_loss": self.commit_weight * commit * (self.heads * self.dim)
