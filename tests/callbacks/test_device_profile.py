@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from tests.models.test_flops import tiny_preset
 from tvq_exp.callbacks.device_profile import DeviceProfile
-from tvq_exp.measure.profile import profile_calls, profile_summary
+from tvq_exp.measure.profile import OUR_KERNELS, kernel_kind, profile_calls, profile_summary
 from tvq_exp.models.module import AutoregressiveLitModule
 
 
@@ -48,6 +48,8 @@ def test_the_window_is_written_per_step(tmp_path: Path) -> None:
     # the ops' self time on one thread fits in the window's wall clock
     assert 0 < profile["ms_per_step"] <= profile["wall_ms_per_step"]
     assert profile["busy_share"] == pytest.approx(profile["ms_per_step"] / profile["wall_ms_per_step"])
+    assert sum(profile["by_kind"].values()) == pytest.approx(profile["ms_per_step"])
+    assert profile["by_kind"]["gemm"] > 0
 
 
 def test_on_a_gpu_each_kernel_counts_once() -> None:
@@ -80,6 +82,40 @@ def test_on_a_gpu_each_kernel_counts_once() -> None:
     assert [r["name"] for r in summary["rows"]] == ["forward_kernel", "nvjet_gemm", "Memcpy DtoD"]
     assert summary["calls_per_step"] == pytest.approx(4.0)
     assert sum(r["share"] for r in summary["rows"]) == pytest.approx(1.0)
+    assert summary["by_kind"] == pytest.approx({"fused_vq": 4.0, "gemm": 1.0, "copies": 0.25})
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+        ("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+        ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32", "gemm"),
+        ("triton_tem_fused_mm_0", "gemm"),  # inductor's GEMM template
+        ("aten::bmm", "gemm"),  # a CPU profile's rows are ops
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>", "attention"),
+        ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),  # memory-efficient: CUTLASS, not a GEMM
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+        ("forward_kernel", "fused_vq"),
+        ("prefix_backward_kernel", "fused_vq"),
+        ("nearest_kernel", "fused_vq"),
+        ("tvq::window_cache_forward", "fused_vq"),
+        ("triton_red_fused__softmax_add_3", "inductor"),
+        ("triton_poi_fused_mul_silu_7", "inductor"),
+        ("Memcpy DtoD (Device -> Device)", "copies"),
+        ("Memset (Device)", "copies"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "other"),
+    ],
+)
+def test_each_row_has_a_kind_by_its_name(name: str, kind: str) -> None:
+    assert kernel_kind(name) == kind
+
+
+def test_our_kernels_are_the_triton_functions_the_repository_defines() -> None:
+    """The names :func:`kernel_kind` takes for this repository's kernels are the names of its jitted functions (a
+    renamed kernel would otherwise be counted as ``other``)."""
+    sources = "".join(p.read_text() for p in Path("tvq_exp").rglob("*.py"))
+    assert all(f"def {name}(" in sources for name in OUR_KERNELS)
 
 
 def test_profiled_calls_are_summed_per_call_against_their_wall_clock() -> None:

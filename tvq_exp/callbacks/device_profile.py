@@ -26,8 +26,10 @@ class DeviceProfile(Callback):
     self time of every op on the device, per step: CUDA kernels, copies and memsets on a GPU, aten ops on a CPU),
     ``wall_ms_per_step`` (the window's wall clock per step, the device synchronised at both ends, the profiler's
     own overhead included), ``busy_share`` (``ms_per_step / wall_ms_per_step``: below 1, the device waits for the
-    host), ``calls_per_step`` (kernel launches per step on a GPU, ops on a CPU) and ``rows``: the ``rows`` largest
-    by self time, each ``{"name", "ms_per_step", "share", "calls_per_step"}`` (``share`` of ``ms_per_step``).
+    host), ``by_kind`` (``ms_per_step`` by :func:`~tvq_exp.measure.profile.kernel_kind`: the GEMMs', SDPA's, the
+    fused VQ kernels', inductor's, the copies' and the rest's), ``calls_per_step`` (kernel launches per step on a
+    GPU, ops on a CPU) and ``rows``: the ``rows`` largest by self time, each ``{"name", "ms_per_step", "share",
+    "calls_per_step"}`` (``share`` of ``ms_per_step``).
 
     On a GPU only the device's own events count. The host-side op that launched a kernel has the kernel's time as
     its self device time, so the host ops are left out: counted too, they counted each kernel twice. The text

@@ -14,6 +14,37 @@ from torch.profiler import ProfilerActivity, profile
 
 from tvq_exp.measure.timing import sync
 
+# the fused Triton kernels of this repository (the window + cache step's, the running means', the code search's) by
+# the names the profiler gives them: their functions'
+OUR_KERNELS = (
+    "forward_kernel", "dq_kernel", "window_key_kernel", "code_kernel", "prefix_forward_kernel",
+    "prefix_backward_kernel", "nearest_kernel",
+)  # fmt: skip
+# SDPA's flash, memory-efficient (fmha_cutlass) and cuDNN kernels
+ATTENTION_MARKS = ("flash", "fmha", "cudnn")
+# cuBLAS(Lt), CUTLASS, inductor's GEMM templates
+GEMM_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "triton_tem_")
+CPU_GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_scaled_mm")
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a profiler row, by its name: ``attention`` (SDPA's fused kernels), ``fused_vq`` (this repository's
+    Triton kernels, and on a CPU its custom ops ``tvq::``), ``gemm`` (cuBLAS, CUTLASS, inductor's GEMM templates; on
+    a CPU the matmul ops), ``inductor`` (its generated pointwise and reduction kernels), ``copies`` (memcpy, memset)
+    or ``other`` (ATen's own kernels and ops)."""
+    low = name.lower()
+    if any(mark in low for mark in ATTENTION_MARKS):
+        return "attention"
+    if name in OUR_KERNELS or name.startswith("tvq::"):
+        return "fused_vq"
+    if any(mark in low for mark in GEMM_MARKS) or name in CPU_GEMMS:
+        return "gemm"
+    if name.startswith("triton_"):
+        return "inductor"
+    if name.startswith(("Memcpy", "Memset")):
+        return "copies"
+    return "other"
+
 
 def profile_summary(
     averages: Any, key: str, steps: int, rows: int, device_events: bool = False, wall_ms: float | None = None
@@ -25,14 +56,19 @@ def profile_summary(
     onto the device's timeline (``record_function``: inductor's ``## Call CompiledFxGraph ##`` around each compiled
     graph, the optimiser's step), whose time is the span of the kernels inside them. ``wall_ms``: the steps' wall
     clock, which adds ``wall_ms_per_step`` and ``busy_share`` (``ms_per_step`` over it: below 1, the device waited
-    for the host)."""
+    for the host). ``by_kind``: ``ms_per_step`` split by :func:`kernel_kind` (the GEMMs' time against the rest's,
+    which a step's floor in bytes bounds)."""
     events = [e for e in averages if not device_events or device_work(e)]
     timed = [(event.key, getattr(event, key) / 1e3 / steps, event.count / steps) for event in events]
     timed = sorted((t for t in timed if t[1] > 0), key=lambda t: -t[1])
     total = sum(ms for _, ms, _ in timed)
+    by_kind: dict[str, float] = {}
+    for name, ms, _ in timed:
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
     summary = {
         "steps": steps,
         "ms_per_step": total,
+        "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
         "calls_per_step": sum(calls for _, _, calls in timed),
         "rows": [
             {"name": name, "ms_per_step": ms, "share": ms / total, "calls_per_step": calls}
@@ -69,4 +105,4 @@ def profile_calls(
     return profile_summary(prof.key_averages(), key, calls, rows, device_events=cuda, wall_ms=wall_ms)
 
 
-__all__ = ["device_work", "profile_calls", "profile_summary"]
+__all__ = ["device_work", "kernel_kind", "profile_calls", "profile_summary"]
