@@ -29,8 +29,8 @@ CPU_GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_sc
 
 def kernel_kind(name: str) -> str:
     """The kind of a profiler row, by its name: ``attention`` (SDPA's fused kernels), ``fused_vq`` (this repository's
-    Triton kernels, and on a CPU its custom ops ``tvq::``), ``gemm`` (cuBLAS, CUTLASS, inductor's GEMM templates; on
-    a CPU the matmul ops), ``inductor`` (its generated pointwise and reduction kernels), ``copies`` (memcpy, memset)
+    Triton kernels, and on a CPU its custom ops ``tvq::``), ``gemm`` (cuBLAS, CUTLASS, inductor's GEMM templates, whose
+    ``triton_tem_`` prefix its flex-attention templates share; on a CPU the matmul ops), ``inductor`` (its generated pointwise and reduction kernels), ``copies`` (memcpy, memset)
     or ``other`` (ATen's own kernels and ops)."""
     low = name.lower()
     if any(mark in low for mark in ATTENTION_MARKS):
@@ -64,7 +64,8 @@ def profile_summary(
     total = sum(ms for _, ms, _ in timed)
     by_kind: dict[str, float] = {}
     for name, ms, _ in timed:
-        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + ms
     summary = {
         "steps": steps,
         "ms_per_step": total,
