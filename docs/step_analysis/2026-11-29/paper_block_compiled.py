@@ -1,5 +1,6 @@
 """What inductor fuses of one paper GAU, forward + backward, compiled as ``compile_scope=blocks`` compiles it: the
-bytes each of its scheduled kernels reads and writes (inductor's own estimate, ``get_read_write_buffers_sizes``),
+bytes each of its scheduled kernels reads and writes (inductor's own estimate; ``scheduled.py``: scheduled as
+inductor schedules them, their code not generated, the graphs run as they are),
 summed by the source files their ops come from. One sequence of a 2048-token update in the middle of a TBPTT
 sequence (a carried state), CPU autocast bf16, real tensors.
 
@@ -15,9 +16,8 @@ Then, with ``paper_roofline.py``'s count of the step's GEMMs, the step's floor o
 measured matmul rate, and the fused kernels' bytes (less the plain means', times 8 sequences and 48 blocks) at the
 memory bandwidth, each at its bound, one after the other.
 
-Run from the repository root: ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 TRITON_INTERPRET=1 .venv/bin/python
-docs/step_analysis/2026-11-29/paper_block_compiled.py`` (two minutes: it compiles twice; without the first variable a
-cached graph is not scheduled again and nothing is counted; the second is ``paper_roofline.py``'s).
+Run from the repository root: ``TRITON_INTERPRET=1 .venv/bin/python docs/step_analysis/2026-11-29/paper_block_compiled.py``
+(under a minute; the interpreter is for ``paper_roofline.py``'s count).
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import collections
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch._inductor import graph as graph_module
 
 sys.path.insert(0, str(Path.cwd()))
 os.environ.setdefault("TVQ_DATA_DIR", str(Path.cwd().parent / "shared" / "datasets"))
@@ -41,35 +39,9 @@ from tests.helpers.config import compose_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import paper_roofline as roofline  # noqa: E402
+import scheduled  # noqa: E402
 
 TOKENS = 2048
-NODES: list[
-    tuple[int, bool, frozenset[str]]
-] = []  # (bytes, a GEMM or other extern call, the files of its ops)
-
-
-def files(node: Any) -> frozenset[str]:
-    """The repository files whose lines made a scheduled kernel's ops (from their FX nodes' stack traces)."""
-    found = set()
-    for part in node.get_nodes():
-        for origin in getattr(part.node, "origins", ()) or ():
-            frames = [
-                line for line in (origin.meta.get("stack_trace") or "").splitlines() if "tvq_exp/" in line
-            ]
-            if frames:
-                found.add(frames[-1].split("tvq_exp/")[1].split('"')[0])
-    return frozenset(found)
-
-
-def record(codegen: Any) -> Any:
-    def wrapped(self: graph_module.GraphLowering, *args: Any, **kwargs: Any) -> Any:
-        out = codegen(self, *args, **kwargs)
-        for node in self.scheduler.nodes:
-            extern = type(node).__name__ == "ExternKernelSchedulerNode"
-            NODES.append((node.get_read_write_buffers_sizes(), extern, files(node)))
-        return out
-
-    return wrapped
 
 
 def bf16_products(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, add: bool = False) -> None:
@@ -89,7 +61,7 @@ def count(products: str) -> int:
     """Compile one block with the plain kernel's ``products`` (``widened``: the CPU's fp32 copies of bf16 operands;
     ``bf16``: :func:`bf16_products`) and print its kernels' bytes; returns the fused kernels' bytes without the
     plain means'."""
-    NODES.clear()
+    scheduled.GRAPHS.clear()
     torch._dynamo.reset()
     kernel_module._matmul = bf16_products if products == "bf16" else WIDENED
     torch.manual_seed(0)
@@ -102,15 +74,16 @@ def count(products: str) -> int:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = block(x, state)[0]
     y.backward(torch.ones_like(y))
-    extern = sum(size for size, is_extern, _ in NODES if is_extern)
-    other = sum(size for size, is_extern, _ in NODES if not is_extern)
-    print(f"== the products {products}: one paper GAU compiled, 1 x {TOKENS} tokens, forward + backward: {len(NODES)} "
+    kernels = [k for graph in scheduled.GRAPHS for k in graph]
+    extern = sum(k.bytes for k in kernels if k.extern)
+    other = sum(k.bytes for k in kernels if not k.extern)
+    print(f"== the products {products}: one paper GAU compiled, 1 x {TOKENS} tokens, forward + backward: {len(kernels)} "
           f"scheduled kernels; the extern calls (GEMMs, cumulative sums) {extern / 2**30:.3f} GiB, the fused kernels "
           f"{other / 2**30:.3f} GiB")  # fmt: skip
     by_files: collections.Counter = collections.Counter()
-    for size, is_extern, where in NODES:
-        if not is_extern:
-            by_files[" + ".join(sorted(where)) or "(no file of ours)"] += size
+    for k in kernels:
+        if not k.extern:
+            by_files[" + ".join(sorted(k.files())) or "(no file of ours)"] += k.bytes
     print("the fused kernels' bytes by the files of their ops (MiB):")
     for where, size in by_files.most_common():
         if size >= 2**20:
@@ -126,7 +99,7 @@ def count(products: str) -> int:
 
 
 def main() -> None:
-    graph_module.GraphLowering.codegen = record(graph_module.GraphLowering.codegen)
+    scheduled.install()
     kernel_module.CHUNK_BYTES["cpu"] = kernel_module.CHUNK_BYTES["cuda"]
     per_sequence = {products: count(products) for products in ("widened", "bf16")}
     floors(per_sequence)
