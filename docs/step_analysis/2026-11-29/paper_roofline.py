@@ -41,6 +41,9 @@ import tvq_exp.attention.vq.layer as layer_module  # noqa: E402
 import tvq_exp.quantize.codebook as codebook_module  # noqa: E402
 from tests.helpers.config import compose_config  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "2026-11-28"))
+import layer_traffic  # noqa: E402  (its byte count of a tensor and its lists of free and overwriting ops)
+
 BATCH, TOKENS, LAYERS = 8, 2048, 48
 # the paper's model and data (two of its blocks: the second is counted, then multiplied by LAYERS)
 PAPER_BLOCK = [
@@ -50,23 +53,14 @@ PAPER_BLOCK = [
     "model.n_layers=2",
     "data=kjv",
 ]
-FREE = ("aten::detach", "aten::lift_fresh", "aten::_unsafe_view", "prim::device", "aten::new_zeros",
-        "aten::new_empty_strided", "aten::new_empty", "aten::zeros", "aten::empty", "aten::empty_like",
-        "aten::empty_strided", "aten::arange", "aten::scalar_tensor", "aten::zeros_like")  # fmt: skip
-OVERWRITE = ("aten::copy_", "aten::fill_", "aten::zero_")  # their first argument is written, not read
+# layer_traffic.py's free ops (views, allocations: an allocation's bytes count where it is written), and the
+# allocations the block's ops add
+FREE = (*layer_traffic.FREE, "aten::empty_like", "aten::empty_strided", "aten::zeros_like")
 GEMMS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
 # the 8192³ bf16 matmul rate measured on the H200 of 2026-11-28 (TFLOP/s; the H100 SXM has the same tensor cores), the
 # datasheet's dense bf16 peak of both, and their memory bandwidths (TB/s)
 MATMUL, PEAK = 746, 989
 BANDWIDTH = {"H100 SXM": 3.35, "H200": 4.8}
-
-
-def touched(t: torch.Tensor) -> int:
-    """The distinct bytes of ``t`` (a stride-0 dimension is one element)."""
-    distinct = 1
-    for size, stride in zip(t.shape, t.stride(), strict=True):
-        distinct *= size if stride else 1
-    return distinct * t.element_size()
 
 
 def gemm_flops(name: str, args: tuple, out: torch.Tensor) -> int:
@@ -95,8 +89,8 @@ class Count(TorchDispatchMode):
         if func.is_view or name in FREE:
             return out
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        read = [t for t in tree_flatten((args[1:] if name in OVERWRITE else args, kwargs))[0]]
-        size = sum(touched(t) for t in [*read, *results] if isinstance(t, torch.Tensor))
+        read = [t for t in tree_flatten((args[1:] if name in layer_traffic.OVERWRITE else args, kwargs))[0]]
+        size = sum(layer_traffic.touched(t) for t in [*read, *results] if isinstance(t, torch.Tensor))
         flops = gemm_flops(name, args, results[0]) if name in GEMMS else 0
         if name == "tvq::code_means":  # the fused running means: one (S × L)·(L × d_v) product per block
             values = args[1]
