@@ -1,7 +1,8 @@
 """The cache's running code means in Triton (``tvq_exp.attention.vq.fused.prefix``), run on CPU under Triton's
 interpreter (and compiled on CUDA where there is one): equal to the plain reference
-(:func:`tvq_exp.attention.vq.cache.running_code_means`), counts exactly, means and the values' gradient in fp32 within
-1e-6; with bf16 values as the reference with the same values; refused in one line where it cannot run."""
+(:func:`tvq_exp.attention.vq.cache.cache_means`: the running means, the entries the items read in the values' dtype,
+the state's entry in fp32), counts exactly, means and the values' gradient in fp32 within 1e-6; with bf16 values as
+the reference with the same values; refused in one line where it cannot run."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 
 from tests.attention.backends import build
 from tests.attention.test_vq_triton import DEVICES, interpreter  # noqa: F401  (the fixture: under the interpreter)
-from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.cache import CacheMeans, cache_means
 from tvq_exp.attention.vq.fused import prefix
-from tvq_exp.attention.vq.fused.prefix import fused_running_code_means, why_not
+from tvq_exp.attention.vq.fused.prefix import fused_cache_means, why_not
 
 TOL = 1e-6  # relative error (‖got - want‖ / ‖want‖) in fp32
 
@@ -41,58 +42,75 @@ CASES = {
     "one block, no padding": dict(n=1, r=1, length=16, s=20, d=16, pad=0),
     "many blocks": dict(n=1, r=9, length=16, s=16, d=16, pad=3),
 }
+# the items (first block, how many) and the state's entry, of R blocks: from block 0 (blocks 0 and 1 both read entry
+# 0), from a later block, and the last block alone, as a decoding step reads them
+READS = {
+    "every block, the last entry kept": lambda r: (0, r, r),
+    "from block 1, an inner entry kept": lambda r: (min(1, r - 1), r - min(1, r - 1), r // 2),
+    "the last block, entry 0 kept": lambda r: (r - 1, 1, 0),
+}
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reads", READS.values(), ids=READS.keys())
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_fused_code_means_equal_the_reference_fp32(case: dict, device: str) -> None:
-    check_against_the_reference(case, device)
+def test_fused_code_means_equal_the_reference_fp32(case: dict, reads: object, device: str) -> None:
+    check_against_the_reference(case, device, *reads(case["r"]))
 
 
 def test_the_gpu_tiles_equal_the_reference_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU's tiles (:data:`~tvq_exp.attention.vq.fused.prefix.GPU_TILES`: 128 codes a program forward, 64
     backward) under the interpreter, across their edges: 300 codes, 200 positions a block, 70 columns."""
     monkeypatch.setattr(prefix, "kernel_tiles", lambda interpret, kernel: prefix.GPU_TILES[kernel])
-    check_against_the_reference(dict(n=1, r=3, length=200, s=300, d=70, pad=30), "cpu")
+    check_against_the_reference(dict(n=1, r=3, length=200, s=300, d=70, pad=30), "cpu", 0, 3, 2)
 
 
-def check_against_the_reference(case: dict, device: str) -> None:
-    """The fused means of ``case`` (:func:`make_inputs`' sizes) equal the reference: counts exactly, the means and the
-    values' gradient within :data:`TOL` in fp32; the padding takes no gradient."""
+def check_against_the_reference(case: dict, device: str, first: int, items: int, state: int) -> None:
+    """The fused means of ``case`` (:func:`make_inputs`' sizes; ``items`` items from block ``first``, entry ``state``
+    kept) equal the reference: counts exactly, the items' and the state's means and the values' gradient within
+    :data:`TOL` in fp32; the padding takes no gradient."""
     torch.manual_seed(0)
-    codes, values, valid, n0, mu0 = make_inputs(**case, device=device, dtype=torch.float32)
-    n_got, mu_got = fused_running_code_means(codes, values, valid, n0, mu0)
-    n_want, mu_want = running_code_means(codes, values, valid, n0, mu0)
-    assert n_got.dtype == torch.float64 and torch.equal(n_got, n_want)  # exact counts
-    assert mu_got.dtype == torch.float32 and rel_err(mu_got, mu_want) <= TOL
-    g = torch.randn_like(mu_want)
-    (got,) = torch.autograd.grad((mu_got * g).sum(), values)
-    (want,) = torch.autograd.grad((mu_want * g).sum(), values)
-    assert rel_err(got, want) <= TOL
-    assert want.abs().sum() > 0 and (got[:, -1][:, ~valid[-1]] == 0).all()  # padding takes no gradient
+    inputs = make_inputs(**case, device=device, dtype=torch.float32)
+    got = fused_cache_means(*inputs, first, items, state)
+    want = cache_means(*inputs, first, items, state)
+    assert isinstance(got, CacheMeans) and got.counts.dtype == torch.float64
+    assert torch.equal(got.counts, want.counts)  # exact counts
+    assert got.items.shape == want.items.shape == (case["n"], items, case["s"], case["d"])
+    assert got.items.dtype == got.state.dtype == torch.float32 and not got.state.requires_grad
+    assert rel_err(got.items, want.items) <= TOL and rel_err(got.state, want.state) <= TOL
+    values, valid = inputs[1], inputs[2]
+    g = torch.randn_like(want.items)
+    (dv_got,) = torch.autograd.grad((got.items * g).sum(), values)
+    (dv_want,) = torch.autograd.grad((want.items * g).sum(), values)
+    if first + items <= 2:  # blocks 0 and 1 read entry 0 alone, the carried state: no value reaches them
+        assert not dv_got.any() and not dv_want.any()
+    else:
+        assert dv_want.any() and rel_err(dv_got, dv_want) <= TOL
+    assert (dv_got[:, -1][:, ~valid[-1]] == 0).all()  # padding takes no gradient
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fused_code_means_of_bf16_values_equal_the_reference(device: str) -> None:
     """bf16 values: the products are exact and the sums fp32, as the reference's (which widens them first)."""
     torch.manual_seed(1)
-    codes, values, valid, n0, mu0 = make_inputs(2, 3, 40, 24, 32, 4, device, torch.bfloat16)
-    n_got, mu_got = fused_running_code_means(codes, values, valid, n0, mu0)
-    n_want, mu_want = running_code_means(codes, values, valid, n0, mu0)
-    assert torch.equal(n_got, n_want) and rel_err(mu_got, mu_want) <= TOL
-    g = torch.randn_like(mu_want)
-    (got,) = torch.autograd.grad((mu_got * g).sum(), values)
-    (want,) = torch.autograd.grad((mu_want * g).sum(), values)
-    assert got.dtype == torch.bfloat16 and rel_err(got, want) <= 1e-2
+    inputs = make_inputs(2, 3, 40, 24, 32, 4, device, torch.bfloat16)
+    got, want = fused_cache_means(*inputs, 0, 3, 3), cache_means(*inputs, 0, 3, 3)
+    assert torch.equal(got.counts, want.counts) and rel_err(got.state, want.state) <= TOL
+    # the items' means written in bf16 (the reference casts its fp32 means; the interpreter's cast truncates)
+    assert got.items.dtype == torch.bfloat16 and rel_err(got.items, want.items) <= 1e-2
+    g = torch.randn_like(want.items)
+    (dv_got,) = torch.autograd.grad((got.items * g).sum(), inputs[1])
+    (dv_want,) = torch.autograd.grad((want.items * g).sum(), inputs[1])
+    assert dv_got.dtype == torch.bfloat16 and rel_err(dv_got, dv_want) <= 1e-2
 
 
 def test_fused_code_means_are_refused_in_one_line_without_the_interpreter_on_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TRITON_INTERPRET")
-    codes, values, valid, n0, mu0 = make_inputs(1, 1, 16, 16, 16, 0, "cpu", torch.float32)
+    inputs = make_inputs(1, 1, 16, 16, 16, 0, "cpu", torch.float32)
     with pytest.raises(ValueError, match="running code means in Triton: .*TRITON_INTERPRET=1"):
-        fused_running_code_means(codes, values, valid, n0, mu0)
+        fused_cache_means(*inputs, 0, 1, 1)
 
 
 # ----------------------------------------------------------------------------- where the layer takes it
@@ -143,8 +161,8 @@ def test_the_layer_computes_its_cache_with_the_kernel_it_chose(monkeypatch: pyte
     from tvq_exp.attention.vq import layer as vq_layer
 
     calls = []
-    fused = vq_layer.fused_running_code_means
-    monkeypatch.setattr(vq_layer, "fused_running_code_means", lambda *a: calls.append(1) or fused(*a))
+    fused = vq_layer.fused_cache_means
+    monkeypatch.setattr(vq_layer, "fused_cache_means", lambda *a: calls.append(1) or fused(*a))
     opts = dict(d_k=8, d_v=8, heads=2, codebook_size=6, block_len=4)
     plain, triton = build("vq", **opts).float(), build("vq", kernel="triton", **opts).float()
     triton.load_state_dict(plain.state_dict())
@@ -173,3 +191,33 @@ def test_the_layer_hands_every_kernel_the_means_in_the_values_dtype(
     layer.to(dtype)(q, k, v)
     (inputs,) = seen
     assert inputs.cache.mu.dtype == dtype and inputs.cache.log_n.dtype == torch.float32
+
+
+def test_the_fused_layer_hands_the_kernels_the_means_as_the_fused_op_wrote_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``kernel=triton``, bf16 (under the interpreter): the cache means the fused kernels read are the fused op's
+    items' means themselves, written once in bf16 where the items read them (no join, no cast of the whole prefix),
+    and the op's backward takes their gradient as it comes: bf16, the items' size."""
+    from tvq_exp.attention.vq import layer as vq_layer
+
+    made, seen, grads = [], [], []
+    fused, attend, backward = (
+        vq_layer.fused_cache_means, vq_layer.fused_window_cache_attention, prefix.code_means_backward,
+    )  # fmt: skip
+    monkeypatch.setattr(vq_layer, "fused_cache_means", lambda *a: made.append(fused(*a)) or made[-1])
+    monkeypatch.setattr(
+        vq_layer,
+        "fused_window_cache_attention",
+        lambda inputs, **kw: seen.append(inputs) or attend(inputs, **kw),
+    )
+    monkeypatch.setattr(prefix, "code_means_backward", lambda g, *a: grads.append(g) or backward(g, *a))
+    layer = build("vq", d_k=16, d_v=16, heads=1, codebook_size=8, block_len=16, kernel="triton").to(
+        torch.bfloat16
+    )
+    q, k, v = (torch.randn(1, 1, 64, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    layer(q, k, v)[0].float().sum().backward()
+    (means,), (inputs,), (grad,) = made, seen, grads
+    assert inputs.cache.mu is means.items and means.items.shape == (1, 4, 8, 16)  # 4 blocks, each its entry
+    assert means.items.dtype == grad.dtype == torch.bfloat16 and grad.shape == means.items.shape
+    assert v.grad.abs().sum() > 0

@@ -4,16 +4,16 @@ inductor schedules them, their code not generated, the graphs run as they are),
 summed by the source files their ops come from. One sequence of a 2048-token update in the middle of a TBPTT
 sequence (a carried state), CPU autocast bf16, real tensors.
 
-A CPU stand-in for the GPU's compiled block, with three differences: inductor's CPU backend (its fusion rules are
-mostly the GPU's, not all); the plain kernel's products (a GPU's cuBLAS reads bf16 operands as they are and writes
-fp32), counted two ways that bracket the GPU's: ``widened`` as a CPU compiles them (fp32 copies of the operands, an
-fp32 product) and ``bf16`` (the operands as they are, a bf16 product); and the cache's running means run the plain
-code (cumulative sums; a GPU runs the fused means kernel, which reads the codes and values once: the kernels made of
-the means' ops alone are left out of the floors). The plain kernel's chunks are the GPU's (every item at once), not
-the CPU's cache-sized ones.
+A CPU stand-in for the GPU's compiled block, with two differences: inductor's CPU backend (its fusion rules are
+mostly the GPU's, not all); and the plain kernel's products (a GPU's cuBLAS reads bf16 operands as they are and
+writes fp32), counted two ways that bracket the GPU's: ``widened`` as a CPU compiles them (fp32 copies of the
+operands, an fp32 product) and ``bf16`` (the operands as they are, a bf16 product). The cache's running means are
+the fused op a GPU runs (``tvq::code_means`` and its backward: extern calls, counted by their arguments and results;
+their kernels are not launched here, the count needs only shapes). The plain kernel's chunks are the GPU's (every
+item at once), not the CPU's cache-sized ones.
 
 Then, with ``paper_roofline.py``'s count of the step's GEMMs, the step's floor on each device: the GEMMs at the
-measured matmul rate, and the fused kernels' bytes (less the plain means', times 8 sequences and 48 blocks) at the
+measured matmul rate, and the bytes of the fused kernels and the means ops (times 8 sequences and 48 blocks) at the
 memory bandwidth, each at its bound, one after the other.
 
 Run from the repository root: ``TRITON_INTERPRET=1 .venv/bin/python docs/step_analysis/2026-11-29/paper_block_compiled.py``
@@ -34,7 +34,9 @@ os.environ.setdefault("TVQ_DATA_DIR", str(Path.cwd().parent / "shared" / "datase
 
 from hydra.utils import instantiate  # noqa: E402
 
+import tvq_exp.attention.vq.fused.prefix as prefix_module  # noqa: E402
 import tvq_exp.attention.vq.kernel as kernel_module  # noqa: E402
+import tvq_exp.attention.vq.layer as layer_module  # noqa: E402
 from tests.helpers.config import compose_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -55,12 +57,25 @@ def bf16_products(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, add: bool
 
 
 WIDENED = kernel_module._matmul
+LAUNCHED = prefix_module.prefix_kernels
+
+
+class _Unlaunched:
+    """The fused means' kernels (:func:`prefix_module.prefix_kernels`), not launched: their results stay unwritten
+    (the count needs shapes alone; interpreted at this size they would take many minutes)."""
+
+    def __init__(self, interpret: bool) -> None:
+        self.tl = LAUNCHED(interpret).tl
+        self.prefix_forward_kernel = self.prefix_backward_kernel = self
+
+    def __getitem__(self, grid: tuple) -> object:
+        return lambda *args, **kwargs: None
 
 
 def count(products: str) -> int:
     """Compile one block with the plain kernel's ``products`` (``widened``: the CPU's fp32 copies of bf16 operands;
-    ``bf16``: :func:`bf16_products`) and print its kernels' bytes; returns the fused kernels' bytes without the
-    plain means'."""
+    ``bf16``: :func:`bf16_products`) and print its kernels' bytes; returns the bytes of the fused kernels and the
+    means ops (what runs at the memory's bandwidth)."""
     scheduled.GRAPHS.clear()
     torch._dynamo.reset()
     kernel_module._matmul = bf16_products if products == "bf16" else WIDENED
@@ -75,11 +90,12 @@ def count(products: str) -> int:
         y = block(x, state)[0]
     y.backward(torch.ones_like(y))
     kernels = [k for graph in scheduled.GRAPHS for k in graph]
-    extern = sum(k.bytes for k in kernels if k.extern)
+    means = sum(k.bytes for k in kernels if k.op.startswith("tvq."))
+    extern = sum(k.bytes for k in kernels if k.extern) - means
     other = sum(k.bytes for k in kernels if not k.extern)
     print(f"== the products {products}: one paper GAU compiled, 1 x {TOKENS} tokens, forward + backward: {len(kernels)} "
-          f"scheduled kernels; the extern calls (GEMMs, cumulative sums) {extern / 2**30:.3f} GiB, the fused kernels "
-          f"{other / 2**30:.3f} GiB")  # fmt: skip
+          f"scheduled kernels; the extern calls: the GEMMs {extern / 2**30:.3f} GiB, the means ops "
+          f"{means / 2**30:.3f} GiB; the fused kernels {other / 2**30:.3f} GiB")  # fmt: skip
     by_files: collections.Counter = collections.Counter()
     for k in kernels:
         if not k.extern:
@@ -88,19 +104,14 @@ def count(products: str) -> int:
     for where, size in by_files.most_common():
         if size >= 2**20:
             print(f"  {size / 2**20:7.1f}  {where}")
-    means = sum(
-        s
-        for w, s in by_files.items()
-        if w and set(w.split(" + ")) <= {"attention/vq/cache.py", "attention/vq/layer.py"}
-    )
-    print(f"of which kernels made only of the running means' and the layer's ops (the plain means; a GPU runs the "
-          f"fused ones): {means / 2**30:.3f} GiB")  # fmt: skip
-    return other - means
+    return other + means
 
 
 def main() -> None:
     scheduled.install()
     kernel_module.CHUNK_BYTES["cpu"] = kernel_module.CHUNK_BYTES["cuda"]
+    layer_module.VQAttention.means_kernel = lambda self, values: "triton"  # the GPU's fused means
+    prefix_module.prefix_kernels = _Unlaunched
     per_sequence = {products: count(products) for products in ("widened", "bf16")}
     floors(per_sequence)
 
@@ -117,12 +128,12 @@ def floors(per_sequence: dict[str, int]) -> None:
           f"TFLOP/s {1e3 * t_gemm:.1f} ms")  # fmt: skip
     for products, size in per_sequence.items():
         step = roofline.LAYERS * roofline.BATCH * size
-        print(f"  the products {products}: fused kernels' bytes {step / 2**30:.0f} GiB "
+        print(f"  the products {products}: the fused kernels' and the means ops' bytes {step / 2**30:.0f} GiB "
               f"({roofline.BATCH * size / 2**30:.2f} GiB a block)")  # fmt: skip
         for device, bandwidth in roofline.BANDWIDTH.items():
             t_mem = step / (bandwidth * 1e12)
             mfu = model / (t_gemm + t_mem) / (roofline.PEAK * 1e12)
-            print(f"    {device}: the fused kernels {1e3 * t_mem:.1f} ms, the step at least "
+            print(f"    {device}: those bytes {1e3 * t_mem:.1f} ms, the step at least "
                   f"{1e3 * (t_gemm + t_mem):.1f} ms: MFU {100 * mfu:.0f}% of the {roofline.PEAK} datasheet at most")  # fmt: skip
 
 

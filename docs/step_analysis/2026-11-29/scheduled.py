@@ -16,11 +16,13 @@ from torch._inductor import graph as graph_module
 
 class Kernel(NamedTuple):
     """One scheduled kernel: its bytes read and written, whether it is an extern call (a GEMM, a custom op, a
-    scatter) rather than a kernel inductor generates, and the ``file:line`` of ours its ops come from."""
+    scatter) rather than a kernel inductor generates, the ``file:line`` of ours its ops come from, and an extern
+    call's op (``tvq.code_means.default``, ``extern_kernels.bmm``; empty for a generated kernel)."""
 
     bytes: int
     extern: bool
     lines: tuple[str, ...]
+    op: str = ""
 
     def files(self) -> frozenset[str]:
         return frozenset(line.rsplit(":", 1)[0] for line in self.lines)
@@ -41,6 +43,14 @@ def lines(node: Any) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def op(node: Any) -> str:
+    """An extern call's op (its overload, or the kernel's name); empty for a kernel inductor generates."""
+    if type(node).__name__ != "ExternKernelSchedulerNode":
+        return ""
+    inner = node.node
+    return str(getattr(inner, "op_overload", None) or getattr(inner, "python_kernel_name", None) or "")
+
+
 def _schedule_only(self: graph_module.GraphLowering) -> types.SimpleNamespace:
     """In place of generating code: schedule the graph, record its kernels, and run the graph as it is."""
     from torch._inductor.scheduler import Scheduler
@@ -50,7 +60,10 @@ def _schedule_only(self: graph_module.GraphLowering) -> types.SimpleNamespace:
     GRAPHS.append(
         [
             Kernel(
-                n.get_read_write_buffers_sizes(), type(n).__name__ == "ExternKernelSchedulerNode", lines(n)
+                n.get_read_write_buffers_sizes(),
+                type(n).__name__ == "ExternKernelSchedulerNode",
+                lines(n),
+                op(n),
             )
             for n in self.scheduler.nodes
         ]

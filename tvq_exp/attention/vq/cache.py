@@ -20,6 +20,8 @@ entries (:func:`suffix_sums_`), gathered by code.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -133,4 +135,73 @@ def running_code_means(
     return _RunningCodeMeans.apply(codes, values, valid, n0.double(), mu0.to(acc))
 
 
-__all__ = ["block_stats", "prefix_means", "running_code_means", "suffix_sums_"]
+class CacheMeans(NamedTuple):
+    """The running code means as the layer reads them, of ``N`` sequences (:func:`cache_means`).
+
+    Fields:
+        counts: ``(N, R + 1, S)`` fp64, every entry (exact integers).
+        items: ``(N, I, S, d_v)``, in the values' dtype (what the kernels' products take): item ``i`` (block
+            ``first + i``) reads entry ``max(first + i - 1, 0)`` (a block sees the cache of the blocks two and more
+            before it). Gradients flow through it to the values.
+        state: ``(N, S, d_v)`` fp32: the entry a carried state keeps (no gradient).
+    """
+
+    counts: Tensor
+    items: Tensor
+    state: Tensor
+
+
+def cache_means(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
+) -> CacheMeans:
+    """:func:`running_code_means` (arguments there) as the layer reads them: :class:`CacheMeans` of ``items`` blocks
+    from ``first`` on, and entry ``state`` for the carried state. The plain reference of
+    :func:`~tvq_exp.attention.vq.fused.prefix.fused_cache_means`."""
+    counts, means = running_code_means(codes, values, valid, n0, mu0)
+    return CacheMeans(
+        counts, item_entries(means, first, first + items - 1, values.dtype), means[:, state].detach()
+    )
+
+
+def item_entries(prefix: Tensor, first: int, last: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Entries ``r - 1`` (clamped at 0) of a prefix ``(N, E, ...)`` for the blocks ``r = first..last``, along dim 1,
+    in ``dtype`` (default the prefix's)."""
+    if last < first:  # no block
+        return prefix[:, :0].to(dtype or prefix.dtype)
+    if first > 0:
+        return prefix[:, first - 1 : last].to(dtype or prefix.dtype)
+    return _FirstEntryTwice.apply(prefix, last, dtype or prefix.dtype)
+
+
+class _FirstEntryTwice(torch.autograd.Function):
+    """Entries ``0, 0, 1, .., last - 1`` of a prefix ``(N, E, ...)`` along dim 1 (``E > last``), cast to ``dtype``:
+    one copy forward and one backward. A join of two slices after a cast took two copies of the entries forward and
+    three backward (two slices' gradients, each the whole prefix's size, their sum, and the cast's)."""
+
+    @staticmethod
+    def forward(ctx, prefix: Tensor, last: int, dtype: torch.dtype) -> Tensor:  # noqa: ANN001
+        ctx.shape, ctx.dtype, ctx.last = prefix.shape, prefix.dtype, last
+        out = prefix.new_empty(prefix.shape[0], last + 1, *prefix.shape[2:], dtype=dtype)
+        out[:, :1] = prefix[:, :1]
+        out[:, 1:] = prefix[:, :last]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        last = ctx.last
+        d = grad.new_empty(ctx.shape, dtype=ctx.dtype)
+        d[:, :last] = grad[:, 1:]
+        d[:, last:] = 0  # entries no block reads
+        d[:, 0].add_(grad[:, 0])
+        return d, None, None
+
+
+__all__ = [
+    "CacheMeans",
+    "block_stats",
+    "cache_means",
+    "item_entries",
+    "prefix_means",
+    "running_code_means",
+    "suffix_sums_",
+]

@@ -37,9 +37,9 @@ from tvq_exp.attention.blocked import (
 )
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, wants_flex
 from tvq_exp.attention.vq.bidirectional import encoder_attention
-from tvq_exp.attention.vq.cache import running_code_means
+from tvq_exp.attention.vq.cache import CacheMeans, cache_means, item_entries, running_code_means
 from tvq_exp.attention.vq.fused.op import fused_window_cache_attention
-from tvq_exp.attention.vq.fused.prefix import fused_running_code_means, why_not
+from tvq_exp.attention.vq.fused.prefix import fused_cache_means, why_not
 from tvq_exp.attention.vq.fused.support import unsupported, wants_triton
 from tvq_exp.attention.vq.kernel import (
     CodeCache,
@@ -274,10 +274,13 @@ class VQAttention(BlockedAttention):
             # fused kernels' window
             vb = vb.contiguous()
             vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)
-            means = fused_running_code_means if self.means_kernel(vals) == "triton" else running_code_means
+            means = fused_cache_means if self.means_kernel(vals) == "triton" else cache_means
             n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
-            prefix = means(cb.flatten(0, 1), vals, valid, n0, mu0)
-            prefix = tuple(x.unflatten(0, cb.shape[:2]) for x in prefix)
+            layout = BlockLayout.of(n_buf, t_new, self.block_len)
+            # the items' entries where they read the cache (block r sees the cache of blocks <= r - 2), and the state's
+            items = layout.items if t0 > n_buf or layout.last >= 2 else 0
+            newest = self._newest_entry(t0 + t_new, t0 - n_buf)
+            prefix = means(cb.flatten(0, 1), vals, valid, n0, mu0, layout.first, items, newest)
             if self.mean_keys:  # the running means of the keys before quantisation
                 raw = torch.cat([state.raw_k.to(k.dtype), self.quantizer.search_keys(k)], dim=2)
                 raw_blocks = _pad_blocks(raw, self.block_len)
@@ -288,7 +291,7 @@ class VQAttention(BlockedAttention):
                     *state.cache_n.shape, kb.shape[-1]
                 )  # a carried state's keys take no gradient
                 key_means = _code_means(cb, kb, valid, state.cache_n, mk0)
-        out = self._attend(q, kb, vb, prefix, n_buf, cached_before=t0 > n_buf, key_means=key_means)
+        out = self._attend(q, kb, vb, prefix, n_buf, key_means=key_means)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         if self.mean_keys:  # the same cut as the values' and the cache's
             new_state.raw_k, new_state.cache_k = self._next_keys(raw, key_means, t0 + t_new, t0 - n_buf)
@@ -316,9 +319,8 @@ class VQAttention(BlockedAttention):
         q: Tensor,
         kb: Tensor,
         vb: Tensor,
-        prefix: tuple[Tensor, Tensor] | None,
+        prefix: CacheMeans | None,
         n_buf: int,
-        cached_before: bool,
         key_means: Tensor | None = None,
     ) -> Tensor:
         """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
@@ -328,9 +330,8 @@ class VQAttention(BlockedAttention):
         continuations) are taken as they are; queries spanning several blocks are padded to whole
         blocks (the padding rows are dropped). Work that can only be masked is skipped: a lone first
         block gets a one-block window, and the cache is left out while no query can see a cached
-        block (``cached_before``: the state's cache holds blocks before ``kb``). ``key_means`` (the running
-        means of the keys per code, like ``prefix``'s values; ``cache_key_grad``, ``cache_keys="mean"``) make
-        per-item cache keys (:meth:`_cache_keys`).
+        block (``prefix`` has no items then). ``key_means`` (the running means of the keys per code, like the
+        prefix's values; ``cache_key_grad``, ``cache_keys="mean"``) make per-item cache keys (:meth:`_cache_keys`).
         """
         b, h, t, _ = q.shape
         hk, L = kb.shape[1], self.block_len
@@ -350,12 +351,10 @@ class VQAttention(BlockedAttention):
                 rel.view(hk, -1, *rel.shape[1:])[None].expand(b, -1, -1, -1, -1).flatten(0, 1)
             )  # (B·Hk, G, M+1, d_k)
             bias = WindowBias(layout.to_grouped_items(self.bias.position_query(q), hk), rel)
-        if self.use_cache and (cached_before or last >= 2):  # block r sees the cache of blocks <= r - 2
-            cache_n = _cache_entries(prefix[0], first, last).flatten(0, 1)
-            # in the values' dtype, as every kernel's products take the means: cast in the join, half its bytes
-            cache_mu = _cache_entries(prefix[1], first, last, vb.dtype).flatten(0, 1)
+        if prefix is not None and prefix.items.shape[1]:  # block r sees the cache of blocks <= r - 2
+            cache_n = item_entries(prefix.counts, first, last)
             log_n = torch.where(cache_n > 0, cache_n.clamp_min(1e-30).log(), float("-inf")).to(acc)
-            cache = CodeCache(self._cache_keys(b, key_means, first, last, kb.dtype), log_n, cache_mu)
+            cache = CodeCache(self._cache_keys(b, key_means, first, last, kb.dtype), log_n, prefix.items)
         per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
         self.last_kernel = self.window_kernel(q, kb, vb, per_item)
         blocks = slice(max(first - 1, 0), last + 1)
@@ -402,7 +401,7 @@ class VQAttention(BlockedAttention):
         (official); with ``cache_code_grad`` (training) per item, taking the cache scores' gradient; with
         ``cache_key_grad`` ``C + m - sg(m)``, ``m`` the running key means (the same scores, a gradient to the
         cached keys); with ``cache_keys="mean"`` the running means ``m`` of the raw keys themselves."""
-        entries = None if key_means is None else _cache_entries(key_means, first, last, dtype).flatten(0, 1)
+        entries = None if key_means is None else item_entries(key_means.flatten(0, 1), first, last, dtype)
         if self.mean_keys:
             return entries
         codebook = self.quantizer.codebook.to(dtype)
@@ -421,7 +420,7 @@ class VQAttention(BlockedAttention):
         keys: Tensor,
         values: Tensor,
         codes: Tensor,
-        prefix: tuple[Tensor, Tensor] | None,
+        prefix: CacheMeans | None,
         t0: int,
         t_new: int,
         p0: int,
@@ -437,7 +436,9 @@ class VQAttention(BlockedAttention):
             codes=codes[:, :, start - p0 :],
         )
         if prefix is not None:
-            state.cache_n, state.cache_mu = prefix[0][:, :, j].detach(), prefix[1][:, :, j].detach()
+            heads = keys.shape[:2]
+            state.cache_n = prefix.counts[:, j].unflatten(0, heads)
+            state.cache_mu = prefix.state.unflatten(0, heads)
         return state
 
     def _newest_entry(self, t_end: int, p0: int) -> int:
@@ -484,34 +485,3 @@ def _code_means(codes: Tensor, keys: Tensor, valid: Tensor, n0: Tensor, mean0: T
         codes.flatten(0, 1), keys.flatten(0, 1), valid, n0.flatten(0, 1), mean0.flatten(0, 1)
     )
     return means[1].unflatten(0, codes.shape[:2])
-
-
-def _cache_entries(prefix: Tensor, first: int, last: int, dtype: torch.dtype | None = None) -> Tensor:
-    """Prefix entries ``r - 1`` (clamped at 0) for the blocks ``r = first..last``, along dim 2, in ``dtype`` (default
-    the prefix's)."""
-    if first > 0:
-        return prefix[:, :, first - 1 : last].to(dtype or prefix.dtype)
-    return _FirstEntryTwice.apply(prefix, last, dtype or prefix.dtype)
-
-
-class _FirstEntryTwice(torch.autograd.Function):
-    """Entries ``0, 0, 1, .., last - 1`` of a prefix ``(B, Hk, E, ...)`` along dim 2 (``E > last``), cast to ``dtype``:
-    one copy forward and one backward. A join of two slices after a cast took two copies of the entries forward and
-    three backward (two slices' gradients, each the whole prefix's size, their sum, and the cast's)."""
-
-    @staticmethod
-    def forward(ctx, prefix: Tensor, last: int, dtype: torch.dtype) -> Tensor:  # noqa: ANN001
-        ctx.shape, ctx.dtype, ctx.last = prefix.shape, prefix.dtype, last
-        out = prefix.new_empty(*prefix.shape[:2], last + 1, *prefix.shape[3:], dtype=dtype)
-        out[:, :, :1] = prefix[:, :, :1]
-        out[:, :, 1:] = prefix[:, :, :last]
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
-        last = ctx.last
-        d = grad.new_empty(ctx.shape, dtype=ctx.dtype)
-        d[:, :, :last] = grad[:, :, 1:]
-        d[:, :, last:] = 0  # entries no block reads
-        d[:, :, 0].add_(grad[:, :, 0])
-        return d, None, None

@@ -1,17 +1,20 @@
-"""The cache's running code means in two Triton kernels: :func:`fused_running_code_means` computes
-:func:`tvq_exp.attention.vq.cache.running_code_means` (its plain reference; the tests hold the two equal), forward and
+"""The cache's running code means in two Triton kernels: :func:`fused_cache_means` computes
+:func:`tvq_exp.attention.vq.cache.cache_means` (its plain reference; the tests hold the two equal), forward and
 backward, without its intermediates.
 
 The plain version scatters every block's values into ``(N, R, S, d_v)`` fp32 sums, widens them to fp64, takes the
 cumulative sum over the blocks, divides and narrows again: at the GPU check's 32k tokens that is about 5 GB of
 memory traffic for 272 MB of means (``(16, 65, 512, 128)`` fp32), and its backward another three passes (suffix sums
-by flipping). Here one program per sequence, ``BS`` codes and ``BD`` value columns walks the blocks: each block's
-per-code sums are one product on the tensor cores (the positions' one-hot codes times their values: exact
-products, fp32 sums), added to running sums and counts held in fp64 (the reference's accumulation; see
-:mod:`tvq_exp.attention.vq.cache`), each entry's means written once. The backward walks the blocks back, carrying
-the suffix sum of ``∂L/∂μ / n`` in fp32 (the reference's), and gives every position the row of its code by the
-same one-hot product (fp32's accuracy: three tf32 passes on a GPU); every position is written by the one program
-whose codes hold its code, so no atomics.
+by flipping). Then the layer joins the entries its items read and casts them to the values' dtype: another pass over
+them forward and two back. Here one program per sequence, ``BS`` codes and ``BD`` value columns walks the blocks:
+each block's per-code sums are one product on the tensor cores (the positions' one-hot codes times their values:
+exact products, fp32 sums), added to running sums and counts held in fp64 (the reference's accumulation; see
+:mod:`tvq_exp.attention.vq.cache`), and each entry's means are written once, where the items read them, in the
+values' dtype (half an fp32 copy's bytes under bf16), with the one entry a carried state keeps in fp32. The backward
+reads the items' gradient as it comes (bf16 under bf16 values), walks the blocks back, carrying the suffix sum of
+``∂L/∂μ / n`` in fp32 (the reference's), and gives every position the row of its code by the same one-hot product
+(fp32's accuracy: three tf32 passes on a GPU); every position is written by the one program whose codes hold its
+code, so no atomics.
 
 Runs on CUDA or on CPU under Triton's interpreter (``TRITON_INTERPRET=1``: the tests); values fp32, bf16 or fp16.
 Two custom ops, ``tvq::code_means`` and ``tvq::code_means_backward`` (its gradient): ``torch.compile`` keeps them
@@ -26,6 +29,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from tvq_exp.attention.vq.cache import CacheMeans
 from tvq_exp.attention.vq.fused.support import unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
@@ -50,22 +54,23 @@ def prefix_kernels(interpret: bool) -> ModuleType:
     return load_kernels(Path(__file__).with_name("prefix_kernels.py"), __package__, interpret)
 
 
-def fused_running_code_means(
-    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor
-) -> tuple[Tensor, Tensor]:
-    """:func:`~tvq_exp.attention.vq.cache.running_code_means` in Triton (shapes there): counts ``(N, R + 1, S)``
-    fp64 and means ``(N, R + 1, S, d_v)`` fp32; gradients flow to ``values``.
+def fused_cache_means(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
+) -> CacheMeans:
+    """:func:`~tvq_exp.attention.vq.cache.cache_means` in Triton (arguments and result there): every entry's counts,
+    the ``items`` items' means from block ``first`` on, written once in the values' dtype, and entry ``state`` in
+    fp32; gradients flow from the items' means to ``values``.
 
     Raises ValueError (one line) where it cannot run (:func:`why_not`): not CUDA nor the interpreter, values not
     fp32, bf16 or fp16, or means past the kernels' int32 offsets."""
     reason = why_not(values, mu0.shape[-2])
     if reason:
         raise ValueError(f"running code means in Triton: {reason}")
-    return code_means(codes, values, valid, n0.double(), mu0.float())
+    return CacheMeans(*code_means(codes, values, valid, n0.double(), mu0.float(), first, items, state))
 
 
 def why_not(values: Tensor, codes: int) -> str | None:
-    """Why :func:`fused_running_code_means` cannot take ``values (N, R, L, d_v)`` with ``codes`` codes (None: it
+    """Why :func:`fused_cache_means` cannot take ``values (N, R, L, d_v)`` with ``codes`` codes (None: it
     can): the device or dtype (:func:`~tvq_exp.attention.vq.fused.support.unsupported`), or means too large for the
     kernels' int32 offsets."""
     reason = unsupported(values.device, values.dtype)
@@ -87,70 +92,79 @@ def _dot(values: Tensor, interpret: bool) -> tuple[object, str]:
 
 @torch.library.custom_op("tvq::code_means", mutates_args=(), device_types=("cpu", "cuda"))
 def code_means(
-    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor
-) -> tuple[Tensor, Tensor]:
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """The forward kernel: ``codes (N, R, L)``, ``values (N, R, L, d_v)``, ``valid (R, L)``, the carried ``n0 (N, S)``
-    fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, means ``(N, R + 1, S, d_v)`` fp32."""
+    fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, the means of ``items`` items from block
+    ``first`` ``(N, items, S, d_v)`` in the values' dtype, and entry ``state`` of the means ``(N, S, d_v)`` fp32."""
     interpret = values.device.type == "cpu"
     n, r, length = codes.shape
     s, d = mu0.shape[1], values.shape[-1]
     counts = n0.new_empty(n, r + 1, s)
-    means = mu0.new_empty(n, r + 1, s, d)
+    item_means = values.new_empty(n, items, s, d)
+    state_means = mu0.new_empty(n, s, d)
     dot, prec = _dot(values, interpret)
     bs, bt, bd, warps = kernel_tiles(interpret, "forward")
     prefix_kernels(interpret).prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(),
-        n0.contiguous(), mu0.contiguous(), counts, means,
-        r, length, s, d, BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=STAGES,
+        n0.contiguous(), mu0.contiguous(), counts, item_means, state_means,
+        r, length, s, d, first, items, state,
+        BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=STAGES,
     )  # fmt: skip
-    return counts, means
+    return counts, item_means, state_means
 
 
 @code_means.register_fake
-def _(codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor) -> tuple[Tensor, Tensor]:
+def _(
+    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
+) -> tuple[Tensor, Tensor, Tensor]:
     n, r, _ = codes.shape
-    return n0.new_empty(n, r + 1, n0.shape[1]), mu0.new_empty(n, r + 1, *mu0.shape[1:])
+    s, d = mu0.shape[1:]
+    return n0.new_empty(n, r + 1, s), values.new_empty(n, items, s, d), mu0.new_empty(n, s, d)
 
 
 @torch.library.custom_op("tvq::code_means_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def code_means_backward(
-    grad_means: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, dtype: torch.dtype
+    grad_items: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, first: int, dtype: torch.dtype
 ) -> Tensor:
-    """The backward kernel: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from the means' ``(N, R + 1, S,
-    d_v)`` and the forward's ``counts``."""
+    """The backward kernel: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from that of the items' means
+    ``(N, I, S, d_v)`` (any float dtype, read as it is), the items from block ``first``, and the forward's
+    ``counts``."""
     interpret = codes.device.type == "cpu"
     n, r, length = codes.shape
-    s, d = counts.shape[-1], grad_means.shape[-1]
-    dv = grad_means.new_empty(n, r, length, d, dtype=dtype)
+    items, s, d = grad_items.shape[1:]
+    dv = grad_items.new_empty(n, r, length, d, dtype=dtype)
     bs, bt, bd, warps = kernel_tiles(interpret, "backward")
     prefix_kernels(interpret).prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
-        grad_means.float().contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
+        grad_items.contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
         valid.to(torch.int8).contiguous(), dv,
-        r, length, s, d, BS=bs, BT=bt, BD=bd, PREC="ieee" if interpret else "tf32x3", num_warps=warps,
-        num_stages=STAGES,
+        r, length, s, d, first, items,
+        BS=bs, BT=bt, BD=bd, PREC="ieee" if interpret else "tf32x3", num_warps=warps, num_stages=STAGES,
     )  # fmt: skip
     return dv
 
 
 @code_means_backward.register_fake
-def _(grad_means: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, dtype: torch.dtype) -> Tensor:
-    return grad_means.new_empty(*codes.shape, grad_means.shape[-1], dtype=dtype)
+def _(
+    grad_items: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, first: int, dtype: torch.dtype
+) -> Tensor:
+    return grad_items.new_empty(*codes.shape, grad_items.shape[-1], dtype=dtype)
 
 
-def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:  # noqa: ANN001
-    codes, values, valid, _n0, _mu0 = inputs
-    counts, _means = output
-    ctx.mark_non_differentiable(counts)
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:  # noqa: ANN001
+    codes, values, valid, _n0, _mu0, first, _items, _state = inputs
+    counts, _item_means, state_means = output
+    ctx.mark_non_differentiable(counts, state_means)
     ctx.save_for_backward(codes, valid, counts)
-    ctx.values_dtype = values.dtype
+    ctx.values_dtype, ctx.first = values.dtype, first
 
 
-def _backward(ctx, _grad_counts: Tensor | None, grad_means: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
-    if grad_means is None:
-        return None, None, None, None, None
+def _backward(ctx, _grad_counts: Tensor | None, grad_items: Tensor, _grad_state: Tensor | None) -> tuple:  # noqa: ANN001
+    if grad_items is None:
+        return (None,) * 8
     codes, valid, counts = ctx.saved_tensors
-    dv = code_means_backward(grad_means, codes, valid, counts, ctx.values_dtype)
-    return None, dv, None, None, None
+    dv = code_means_backward(grad_items, codes, valid, counts, ctx.first, ctx.values_dtype)
+    return None, dv, None, None, None, None, None, None
 
 
 code_means.register_autograd(_backward, setup_context=_setup_context)
@@ -160,7 +174,7 @@ __all__ = [
     "STAGES",
     "code_means",
     "code_means_backward",
-    "fused_running_code_means",
+    "fused_cache_means",
     "kernel_tiles",
     "prefix_kernels",
     "why_not",

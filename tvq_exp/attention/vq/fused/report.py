@@ -215,17 +215,18 @@ def compile_prefix(direction: str, dtype: str) -> Row:
 
     bs, bt, bd, warps = prefix.GPU_TILES[direction]
     const: dict[str, object] = {"BS": bs, "BT": bt, "BD": bd, "PREC": "tf32x3"}
-    common = {"z_ptr": "*i32", "ok_ptr": "*i8", "n_ptr": "*fp64"}
+    # the pointers of either kernel (each takes those it names)
+    common = {"z_ptr": "*i32", "ok_ptr": "*i8", "n_ptr": "*fp64", "n0_ptr": "*fp64", "state_ptr": "*fp32"}
     if direction == "forward":
         fn = prefix.prefix_kernels(False).prefix_forward_kernel
         const |= {
             "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
             "PREC": "tf32" if dtype == "bf16" else "tf32x3",
         }
-        pointers = common | {"v_ptr": f"*{dtype}", "n0_ptr": "*fp64", "mu0_ptr": "*fp32", "mu_ptr": "*fp32"}
+        pointers = common | {"v_ptr": f"*{dtype}", "mu0_ptr": "*fp32", "items_ptr": f"*{dtype}"}
     else:
         fn = prefix.prefix_kernels(False).prefix_backward_kernel
-        pointers = common | {"g_ptr": "*fp32", "dv_ptr": f"*{dtype}"}
+        pointers = common | {"g_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}"}
     t = Tiles(bs, bt, bd, num_warps=warps, num_stages=prefix.STAGES)
     return _row(f"means {direction}", 0, 0, dtype, t, _compile(fn, pointers, const, {"L", "S", "D"}, t))
 
