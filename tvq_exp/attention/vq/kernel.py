@@ -367,7 +367,7 @@ class ChunkParts:
             if dcode is not None:
                 dcode[:, i0:i1] = ds_low[..., w:].transpose(-1, -2) @ qc
             if drel is not None:
-                self._bias_backward(ds[..., :w], i0, i1, dbq, drel)
+                self._bias_backward(ds_low[..., :w], i0, i1, dbq, drel)
         return dq, dkb, dvb, dbq, None if drel is None else drel.to(self.rel.dtype), dcode, dmu
 
     def logit_grad(self, p: Tensor, do: Tensor, out: Tensor, i0: int, i1: int) -> Tensor:
@@ -391,9 +391,12 @@ class ChunkParts:
             dq.copy_(acc)
 
     def _bias_backward(self, ds_window: Tensor, i0: int, i1: int, dbq: Tensor, drel: Tensor) -> None:
-        """The window logit gradients back to the distance logits, then to ``bias_q, rel``. A row's distance ``d``
-        is one window key's: its gradient is gathered, exactly as it is (a scatter would also add every key beyond
-        ``M`` and every masked one into two dropped columns: on a GPU contended atomics)."""
+        """The window logit gradients back to the distance logits, then to ``bias_q, rel``; the backward hands them
+        over in the queries' dtype, as the products take them. A row's distance ``d`` is one window key's: its
+        gradient is gathered, exactly as it is (a scatter would also add every key beyond ``M`` and every masked one
+        into two dropped columns: on a GPU contended atomics). A gather commutes with the cast to the queries' dtype:
+        gathering the cast gradient gives the same numbers, and compiled, the fp32 gradient is not written for the
+        gather alone."""
         n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
         ddl = ds_window.gather(-1, self._expand(self.distance_keys, c)).masked_fill_(self.no_key, 0.0)
         ddl = ddl.view(n, c, g, -1, m1).to(self.q.dtype)  # (N, c, G, Lq, M + 1)
