@@ -306,3 +306,24 @@ def test_key_norm_refused_when_the_config_is_composed() -> None:
         )
     with pytest.raises(InstantiationException, match="key_norm.*'l2'.*rms, unit"):
         instantiate(cfg.model)
+
+
+def test_the_gau_takes_its_silus_after_splitting_values_from_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values the GAU hands its attention are SiLU's output of their own half of ``hW_vg``, not a view of one
+    output shared with the gate: compiled, each half's SiLU then fuses with its readers forward and with its
+    gradient's writers backward (one SiLU over the whole projection made the backward join the halves' gradients
+    into a buffer before SiLU's gradient: 22 MiB a sequence of the paper GAU's compiled step,
+    ``docs/step_analysis/2026-11-29/paper_block_compiled.py``). The same numbers either way."""
+    torch.manual_seed(0)
+    block = GAUBlock(
+        d_model=16, attention=functools.partial(build_attention, "dense"), d_k=8, heads=2, position="rope"
+    )
+    handed = []
+    attend = block.attend
+    monkeypatch.setattr(block, "attend", lambda q, k, v, state: handed.append(v) or attend(q, k, v, state))
+    x = torch.randn(2, 12, 16)
+    block(x)
+    (v,) = handed
+    assert v.untyped_storage().nbytes() == v.numel() * v.element_size()  # its own buffer, no gate in it
+    want = F.silu(block.w_vg(block.norm(x))).chunk(2, dim=-1)[0]
+    assert torch.equal(v.transpose(1, 2).reshape(2, 12, -1), want)

@@ -67,7 +67,9 @@ class GAUBlock(ResidualBlock):
         q, k = self.w_qk(h).view(b, t, 2, self.heads, self.d_k).permute(2, 0, 3, 1, 4)
         q = rms_normalize(q) * scale
         k = F.normalize(k, dim=-1) if self.key_norm == "unit" else rms_normalize(k) * scale
-        v, g = F.silu(self.w_vg(h)).chunk(2, dim=-1)
+        # SiLU per half: compiled, each fuses with its half's reader forward and its gradient's writer backward (over
+        # the whole projection, the backward joined the halves' gradients into a buffer before SiLU's own)
+        v, g = (F.silu(x) for x in self.w_vg(h).chunk(2, dim=-1))
         v = v.view(b, t, self.heads, -1).transpose(1, 2)
         o, attn_state, last_key, aux = self.attend(q, k, v, state)
         o = o.transpose(1, 2).reshape(b, t, self.d_v)
