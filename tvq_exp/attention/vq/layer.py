@@ -266,6 +266,7 @@ class VQAttention(BlockedAttention):
         n_buf = state.k.shape[2]
         keys, values, all_codes = _join(state.k, k_hat), _join(state.v, v), _join(state.codes, codes)
         kb, vb, cb, valid = _to_blocks(keys, values, all_codes, self.block_len)
+        layout = BlockLayout.of(n_buf, t_new, self.block_len)  # the blocks that hold queries
         prefix = key_means = (
             None  # without the cache there are no running code means (nor a cache in the state)
         )
@@ -276,7 +277,6 @@ class VQAttention(BlockedAttention):
             vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)
             means = fused_cache_means if self.means_kernel(vals) == "triton" else cache_means
             n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
-            layout = BlockLayout.of(n_buf, t_new, self.block_len)
             # the items' entries where they read the cache (block r sees the cache of blocks <= r - 2), and the state's
             items = layout.items if t0 > n_buf or layout.last >= 2 else 0
             newest = self._newest_entry(t0 + t_new, t0 - n_buf)
@@ -291,7 +291,7 @@ class VQAttention(BlockedAttention):
                     *state.cache_n.shape, kb.shape[-1]
                 )  # a carried state's keys take no gradient
                 key_means = _code_means(cb, kb, valid, state.cache_n, mk0)
-        out = self._attend(q, kb, vb, prefix, n_buf, key_means=key_means)
+        out = self._attend(q, kb, vb, prefix, layout, key_means=key_means)
         new_state = self._next_state(keys, values, all_codes, prefix, t0, t_new, t0 - n_buf)
         if self.mean_keys:  # the same cut as the values' and the cache's
             new_state.raw_k, new_state.cache_k = self._next_keys(raw, key_means, t0 + t_new, t0 - n_buf)
@@ -320,10 +320,10 @@ class VQAttention(BlockedAttention):
         kb: Tensor,
         vb: Tensor,
         prefix: CacheMeans | None,
-        n_buf: int,
+        layout: BlockLayout,
         key_means: Tensor | None = None,
     ) -> Tensor:
-        """Outputs of the queries ``q (B, H, T, d_k)`` at positions ``n_buf..`` of the block-aligned
+        """Outputs of the queries ``q (B, H, T, d_k)``, in the blocks ``layout`` places them, of the block-aligned
         keys ``kb (B, Hk, R, L, d_k)`` (values ``vb``), through :func:`window_cache_attention`.
 
         Only blocks holding queries are computed. Queries inside one block (decoding, short
@@ -333,9 +333,8 @@ class VQAttention(BlockedAttention):
         block (``prefix`` has no items then). ``key_means`` (the running means of the keys per code, like the
         prefix's values; ``cache_key_grad``, ``cache_keys="mean"``) make per-item cache keys (:meth:`_cache_keys`).
         """
-        b, h, t, _ = q.shape
+        b, h = q.shape[:2]
         hk, L = kb.shape[1], self.block_len
-        layout = BlockLayout.of(n_buf, t, L)
         first, last = layout.first, layout.last
         acc = accumulation_dtype(q.dtype)
 
