@@ -177,8 +177,9 @@ def test_the_layer_computes_its_cache_with_the_kernel_it_chose(monkeypatch: pyte
 def test_the_layer_hands_every_kernel_the_means_in_the_values_dtype(
     monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    """The running means are fp32 (fp64-accumulated); the kernels' products take them in the values' dtype, so the
-    layer casts them before joining the cache entries of its items (a bf16 join, half the bytes of an fp32 one)."""
+    """The plain path (``kernel=plain``): the running means are fp32 (fp64-accumulated); the kernels' products take
+    them in the values' dtype, so ``cache_means`` casts them as it joins the cache entries of the layer's items (a
+    bf16 join, half the bytes of an fp32 one). The fused path writes them in that dtype (the test below)."""
     from tvq_exp.attention.vq import layer as vq_layer
 
     seen = []
