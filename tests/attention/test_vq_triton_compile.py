@@ -117,3 +117,24 @@ def test_fused_ops_pass_opcheck() -> None:
     torch.library.opcheck(
         torch.ops.tvq.window_cache_backward.default, back, test_utils=("test_schema", "test_faketensor")
     )
+
+
+def _heads_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (N, I, R, d) with the same values laid out ``(I, R, N, d)``: how a ``(B, T, H, d)`` projection of one
+    sequence looks seen as ``(B·H, I, R, d)`` (the GPU check's 128k case, ``B·H`` = 4, failed on this under
+    inductor: the backward's fake gradients kept the inputs' strides, the kernels write them contiguous)."""
+    return x.detach().permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
+
+
+def test_fused_ops_pass_opcheck_on_inputs_of_interleaved_heads() -> None:
+    case = Case(per_item_codes=True, items=2, n=2)
+    torch.manual_seed(4)
+    x = make_inputs(case)
+    q, kb, vb = (_heads_interleaved(x[name]) for name in ("q", "kb", "vb"))
+    assert not q.is_contiguous()
+    win = window_arguments(window(case))
+    args = (q, kb, vb, win, None, x["codebook"].detach(), x["log_n"], _heads_interleaved(x["mu"]), True, True)
+    torch.library.opcheck(torch.ops.tvq.window_cache_forward.default, args, test_utils=("test_faketensor",))
+    out, lse = torch.ops.tvq.window_cache_forward(*args)
+    back = (torch.randn_like(out), *args[:8], out, lse, True, True, [True, True, True, False, True, True])
+    torch.library.opcheck(torch.ops.tvq.window_cache_backward.default, back, test_utils=("test_faketensor",))

@@ -273,8 +273,17 @@ def _backward_fake(
     want_q, want_k, want_v, want_dl, want_code, want_mu = need
     want_code = want_code and codebook is not None and codebook.dim() == 4
     wants = (want_q, want_k, want_v, want_dl, want_code, want_mu)
-    like = (q, kb, vb, dl, codebook, mu)
-    return tuple(torch.empty_like(x) if want else q.new_empty(0) for want, x in zip(wants, like, strict=True))
+    like = (
+        q,
+        kb,
+        vb,
+        dl,
+        codebook,
+        mu,
+    )  # the kernels write contiguous gradients, whatever their inputs' strides
+    return tuple(
+        x.new_empty(x.shape) if want else q.new_empty(0) for want, x in zip(wants, like, strict=True)
+    )
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:  # noqa: ANN001
