@@ -342,3 +342,29 @@ def test_the_training_tries_the_papers_batch_of_16_first_on_a_device_that_holds_
     assert batch_sizes("auto", h200) == [16, 8, 4, 2]
     assert batch_sizes("auto", h100) == [8, 4, 2]
     assert batch_sizes("4,2", h200) == [4, 2]
+
+
+def test_a_timed_call_sets_its_gradients_as_a_training_step_does() -> None:
+    """The attention section's timed call (here VQ's plain kernel at CPU size) repeated: the second call runs the
+    same ops as the first, no add into the previous call's gradients (which a training step, zeroing them to
+    None first, never does)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tvq_exp.tools.bench.gpu_attention import case
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    call, _ = case("vq_plain", 1024, "fwdbwd", 16, torch.device("cpu"), tokens=4096)
+    first, second = Ops(), Ops()
+    with first:
+        call()
+    with second:
+        call()
+    assert sorted(second.names) == sorted(first.names)

@@ -66,7 +66,8 @@ class _Unlaunched:
 
     def __init__(self, interpret: bool) -> None:
         self.tl = LAUNCHED(interpret).tl
-        self.prefix_forward_kernel = self.prefix_backward_kernel = self
+        self.block_sums_kernel = self.prefix_forward_kernel = self
+        self.prefix_backward_kernel = self.code_rows_kernel = self
 
     def __getitem__(self, grid: tuple) -> object:
         return lambda *args, **kwargs: None

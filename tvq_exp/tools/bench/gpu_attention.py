@@ -167,6 +167,10 @@ def case(
         with torch.set_grad_enabled(train), torch.autocast(device.type, torch.bfloat16):
             out = attend(q, k, v)
         if grad is not None:
+            # as a training step (``zero_grad(set_to_none=True)``): each call's gradients are set, not added to the
+            # last call's (at 32k the adds into the three strided leaves took 0.7 ms of VQ's 9.9, H200 2026-11-29)
+            for leaf in leaves:
+                leaf.grad = None
             out.backward(grad)
 
     return call, flops

@@ -273,14 +273,8 @@ def _backward_fake(
     want_q, want_k, want_v, want_dl, want_code, want_mu = need
     want_code = want_code and codebook is not None and codebook.dim() == 4
     wants = (want_q, want_k, want_v, want_dl, want_code, want_mu)
-    like = (
-        q,
-        kb,
-        vb,
-        dl,
-        codebook,
-        mu,
-    )  # the kernels write contiguous gradients, whatever their inputs' strides
+    like = (q, kb, vb, dl, codebook, mu)
+    # contiguous, as the kernels write them, whatever the inputs' strides
     return tuple(
         x.new_empty(x.shape) if want else q.new_empty(0) for want, x in zip(wants, like, strict=True)
     )

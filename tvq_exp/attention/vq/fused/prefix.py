@@ -1,20 +1,28 @@
-"""The cache's running code means in two Triton kernels: :func:`fused_cache_means` computes
+"""The cache's running code means in Triton: :func:`fused_cache_means` computes
 :func:`tvq_exp.attention.vq.cache.cache_means` (its plain reference; the tests hold the two equal), forward and
-backward, without its intermediates.
+backward, without most of its intermediates.
 
 The plain version scatters every block's values into ``(N, R, S, d_v)`` fp32 sums, widens them to fp64, takes the
 cumulative sum over the blocks, divides and narrows again: at the GPU check's 32k tokens that is about 5 GB of
 memory traffic for 272 MB of means (``(16, 65, 512, 128)`` fp32), and its backward another three passes (suffix sums
 by flipping). Then the layer joins the entries its items read and casts them to the values' dtype: another pass over
-them forward and two back. Here one program per sequence, ``BS`` codes and ``BD`` value columns walks the blocks:
-each block's per-code sums are one product on the tensor cores (the positions' one-hot codes times their values:
-exact products, fp32 sums), added to running sums and counts held in fp64 (the reference's accumulation; see
-:mod:`tvq_exp.attention.vq.cache`), and each entry's means are written once, where the items read them, in the
-values' dtype (half an fp32 copy's bytes under bf16), with the one entry a carried state keeps in fp32. The backward
-reads the items' gradient as it comes (bf16 under bf16 values), walks the blocks back, carrying the suffix sum of
-``∂L/∂μ / n`` in fp32 (the reference's), and gives every position the row of its code by the same one-hot product
-(fp32's accuracy: three tf32 passes on a GPU); every position is written by the one program whose codes hold its
-code, so no atomics.
+them forward and two back.
+
+Here the forward is two kernels. The first takes every block at once (a program per block, ``BS`` codes and ``BD``
+value columns): its per-code sums are one product on the tensor cores (the positions' one-hot codes times their
+values: exact products, fp32 sums), written once ``(N, R, S, d_v)`` fp32 with the blocks' counts. The second walks
+the blocks in order per sequence, codes and columns, adding each block's sums to running sums and counts held in
+fp64 (the reference's accumulation; see :mod:`tvq_exp.attention.vq.cache`), and writes each entry's means once,
+where the items read them, in the values' dtype (half an fp32 copy's bytes under bf16), with the one entry a carried
+state keeps in fp32. The backward reads the items' gradient as it comes (bf16 under bf16 values), walks the blocks
+back per codes and columns, carrying the suffix sum of ``∂L/∂μ / n`` in fp32 (the reference's) and writing it per
+block in the values' dtype; then a kernel over every position at once gives each its code's row (a gather, exact):
+no products, no atomics.
+
+Why the split: one program walking the blocks and summing each (the first form) ran a chain of ``R·L/BT`` dependent
+steps with a program or two per SM: on one H200 at 32k (2026-11-29) its forward took 2.8 ms and its backward (a
+product per position over every code tile) 2.7 ms of VQ's 14 ms forward + backward. The walks now carry only loads
+and adds, and the work per position runs with every block at once.
 
 Runs on CUDA or on CPU under Triton's interpreter (``TRITON_INTERPRET=1``: the tests); values fp32, bf16 or fp16.
 Two custom ops, ``tvq::code_means`` and ``tvq::code_means_backward`` (its gradient): ``torch.compile`` keeps them
@@ -33,20 +41,24 @@ from tvq_exp.attention.vq.cache import CacheMeans
 from tvq_exp.attention.vq.fused.support import unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
-# codes, positions per step and value columns per program, warps, per kernel: on sm_90a no spill, and each product's
-# rows a multiple of 64 per warpgroup (make kernel-report). The forward's product has a row per code (128 on 8 warps:
-# the values are read once per 128 codes), 32 positions a step (64 spill fp32 values under Triton 3.6, the lent GPUs'
-# version: make kernel-report-device); the backward's a row per position (64 on 4 warps)
-GPU_TILES = {"forward": (128, 32, 32, 8), "backward": (64, 64, 32, 4)}
-STAGES = 2  # software pipelining of both kernels' block loops, as make kernel-report compiles them
+# per kernel, on sm_90a without spills (make kernel-report): the block sums' (codes, positions a step, value columns,
+# warps): a product row per code, 128 on 8 warps (the values are read once per 128 codes); the walks' (codes,
+# columns, warps): small tiles, so that 32k tokens of 16 sequences make 512 programs; the code rows' (positions,
+# columns, warps)
+GPU_TILES: dict[str, tuple[int, ...]] = {
+    "sums": (128, 32, 64, 8), "forward": (32, 64, 4), "backward": (32, 64, 4), "rows": (64, 64, 4),
+}  # fmt: skip
+STAGES = 2  # software pipelining of the kernels' loops, as make kernel-report compiles them
 # the interpreter's: the smallest, so that small tests cross every tile edge
-INTERPRETED_TILES = (16, 16, 16, 4)
+INTERPRETED_TILES: dict[str, tuple[int, ...]] = {
+    "sums": (16, 16, 16, 4), "forward": (16, 16, 4), "backward": (16, 16, 4), "rows": (16, 16, 4),
+}  # fmt: skip
 
 
-def kernel_tiles(interpret: bool, kernel: str) -> tuple[int, int, int, int]:
-    """``(codes, positions, columns, warps)`` of ``kernel`` (``forward`` or ``backward``): the interpreter's or the
-    GPU's."""
-    return INTERPRETED_TILES if interpret else GPU_TILES[kernel]
+def kernel_tiles(interpret: bool, kernel: str) -> tuple[int, ...]:
+    """The tiles of ``kernel`` (``sums``, ``forward``, ``backward`` or ``rows``; see :data:`GPU_TILES`): the
+    interpreter's or the GPU's."""
+    return (INTERPRETED_TILES if interpret else GPU_TILES)[kernel]
 
 
 def prefix_kernels(interpret: bool) -> ModuleType:
@@ -94,7 +106,7 @@ def _dot(values: Tensor, interpret: bool) -> tuple[object, str]:
 def code_means(
     codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward kernel: ``codes (N, R, L)``, ``values (N, R, L, d_v)``, ``valid (R, L)``, the carried ``n0 (N, S)``
+    """The forward kernels: ``codes (N, R, L)``, ``values (N, R, L, d_v)``, ``valid (R, L)``, the carried ``n0 (N, S)``
     fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, the means of ``items`` items from block
     ``first`` ``(N, items, S, d_v)`` in the values' dtype, and entry ``state`` of the means ``(N, S, d_v)`` fp32."""
     interpret = values.device.type == "cpu"
@@ -103,13 +115,21 @@ def code_means(
     counts = n0.new_empty(n, r + 1, s)
     item_means = values.new_empty(n, items, s, d)
     state_means = mu0.new_empty(n, s, d)
+    block_sums = mu0.new_empty(n, r, s, d)
+    block_counts = mu0.new_empty(n, r, s)
     dot, prec = _dot(values, interpret)
-    bs, bt, bd, warps = kernel_tiles(interpret, "forward")
-    prefix_kernels(interpret).prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
-        codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(),
-        n0.contiguous(), mu0.contiguous(), counts, item_means, state_means,
-        r, length, s, d, first, items, state,
+    kernels = prefix_kernels(interpret)
+    bs, bt, bd, warps = kernel_tiles(interpret, "sums")
+    kernels.block_sums_kernel[(n * r, cdiv(s, bs), cdiv(d, bd))](
+        codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(), block_sums,
+        block_counts, r, length, s, d,
         BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=STAGES,
+    )  # fmt: skip
+    bs, bd, warps = kernel_tiles(interpret, "forward")
+    kernels.prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
+        block_sums, block_counts, n0.contiguous(), mu0.contiguous(), counts, item_means, state_means,
+        r, s, d, first, items, state,
+        BS=bs, BD=bd, num_warps=warps, num_stages=STAGES,
     )  # fmt: skip
     return counts, item_means, state_means
 
@@ -127,19 +147,26 @@ def _(
 def code_means_backward(
     grad_items: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, first: int, dtype: torch.dtype
 ) -> Tensor:
-    """The backward kernel: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from that of the items' means
+    """The backward kernels: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from that of the items' means
     ``(N, I, S, d_v)`` (any float dtype, read as it is), the items from block ``first``, and the forward's
     ``counts``."""
     interpret = codes.device.type == "cpu"
     n, r, length = codes.shape
     items, s, d = grad_items.shape[1:]
+    suffix = grad_items.new_empty(
+        n, r, s, d, dtype=dtype
+    )  # in the gradient's dtype: its rows are copied as they are
     dv = grad_items.new_empty(n, r, length, d, dtype=dtype)
-    bs, bt, bd, warps = kernel_tiles(interpret, "backward")
-    prefix_kernels(interpret).prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
-        grad_items.contiguous(), counts.contiguous(), codes.to(torch.int32).contiguous(),
-        valid.to(torch.int8).contiguous(), dv,
-        r, length, s, d, first, items,
-        BS=bs, BT=bt, BD=bd, PREC="ieee" if interpret else "tf32x3", num_warps=warps, num_stages=STAGES,
+    kernels = prefix_kernels(interpret)
+    bs, bd, warps = kernel_tiles(interpret, "backward")
+    kernels.prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
+        grad_items.contiguous(), counts.contiguous(), suffix, r, s, d, first, items,
+        BS=bs, BD=bd, num_warps=warps, num_stages=STAGES,
+    )  # fmt: skip
+    bt, bd, warps = kernel_tiles(interpret, "rows")
+    kernels.code_rows_kernel[(n * r, cdiv(length, bt), cdiv(d, bd))](
+        suffix, codes.to(torch.int32).contiguous(), valid.to(torch.int8).contiguous(), dv, r, length, s, d,
+        BT=bt, BD=bd, num_warps=warps,
     )  # fmt: skip
     return dv
 

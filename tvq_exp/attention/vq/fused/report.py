@@ -206,29 +206,40 @@ def compile_nearest(d_k: int, dtype: str, t: Tiles | None = None) -> Row:
     return _row("nearest", d_k, 0, dtype, t, compiled)
 
 
-def compile_prefix(direction: str, dtype: str) -> Row:
-    """Compile the running code means' ``forward`` or ``backward`` kernel (:mod:`.prefix`, values ``dtype``, its GPU
-    tiles) for sm_90a."""
+def compile_prefix(kernel: str, dtype: str) -> Row:
+    """Compile one of the running code means' kernels (:mod:`.prefix`: ``sums``, ``forward``, ``backward`` or
+    ``rows``, values ``dtype``, its GPU tiles) for sm_90a. The row's ``BM×BN×BDV``: codes × positions a step ×
+    columns (the block sums), codes × 0 × columns (the walks), positions × 0 × columns (the code rows)."""
     import triton.language as tl
 
     from tvq_exp.attention.vq.fused import prefix
 
-    bs, bt, bd, warps = prefix.GPU_TILES[direction]
-    const: dict[str, object] = {"BS": bs, "BT": bt, "BD": bd, "PREC": "tf32x3"}
-    # the pointers of either kernel (each takes those it names)
-    common = {"z_ptr": "*i32", "ok_ptr": "*i8", "n_ptr": "*fp64", "n0_ptr": "*fp64", "state_ptr": "*fp32"}
-    if direction == "forward":
-        fn = prefix.prefix_kernels(False).prefix_forward_kernel
-        const |= {
-            "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
+    kernels = prefix.prefix_kernels(False)
+    tiles = prefix.GPU_TILES[kernel]
+    codes = {"z_ptr": "*i32", "ok_ptr": "*i8"}
+    if kernel == "sums":
+        fn, (bs, bt, bd, warps) = kernels.block_sums_kernel, tiles
+        const: dict[str, object] = {
+            "BS": bs, "BT": bt, "BD": bd, "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
             "PREC": "tf32" if dtype == "bf16" else "tf32x3",
-        }
-        pointers = common | {"v_ptr": f"*{dtype}", "mu0_ptr": "*fp32", "items_ptr": f"*{dtype}"}
+        }  # fmt: skip
+        pointers = codes | {"v_ptr": f"*{dtype}", "sums_ptr": "*fp32", "cnt_ptr": "*fp32"}
+        t = Tiles(bs, bt, bd, num_warps=warps, num_stages=prefix.STAGES)
+    elif kernel == "rows":
+        fn, (bt, bd, warps) = kernels.code_rows_kernel, tiles
+        const, pointers = {"BT": bt, "BD": bd}, codes | {"suffix_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}"}
+        t = Tiles(bt, 0, bd, num_warps=warps)
     else:
-        fn = prefix.prefix_kernels(False).prefix_backward_kernel
-        pointers = common | {"g_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}"}
-    t = Tiles(bs, bt, bd, num_warps=warps, num_stages=prefix.STAGES)
-    return _row(f"means {direction}", 0, 0, dtype, t, _compile(fn, pointers, const, {"L", "S", "D"}, t))
+        bs, bd, warps = tiles
+        const, t = {"BS": bs, "BD": bd}, Tiles(bs, 0, bd, num_warps=warps, num_stages=prefix.STAGES)
+        if kernel == "forward":
+            fn = kernels.prefix_forward_kernel
+            pointers = {"sums_ptr": "*fp32", "cnt_ptr": "*fp32", "n0_ptr": "*fp64", "mu0_ptr": "*fp32",
+                        "n_ptr": "*fp64", "items_ptr": f"*{dtype}", "state_ptr": "*fp32"}  # fmt: skip
+        else:
+            fn = kernels.prefix_backward_kernel
+            pointers = {"g_ptr": f"*{dtype}", "n_ptr": "*fp64", "suffix_ptr": f"*{dtype}"}
+    return _row(f"means {kernel}", 0, 0, dtype, t, _compile(fn, pointers, const, {"L", "S", "D"}, t))
 
 
 def _row(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: object) -> Row:
@@ -260,7 +271,9 @@ def report(
             rows.append(Row(**{**compile_one(kernel, const, d_k, d_v, dtype).__dict__, "flags": flags}))
     d_ks = sorted({d_k for d_k, _ in heads}, reverse=True)
     rows += [compile_nearest(d_k, dtype) for d_k in d_ks for dtype in dtypes]
-    rows += [compile_prefix(direction, dtype) for direction in ("forward", "backward") for dtype in dtypes]
+    from tvq_exp.attention.vq.fused.prefix import GPU_TILES
+
+    rows += [compile_prefix(kernel, dtype) for kernel in GPU_TILES for dtype in dtypes]
     return rows
 
 
