@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor, nn
 
 
@@ -122,3 +123,17 @@ class StatePosition(Callback):
         state = pl_module.train_state
         with self.path.open("a") as file:
             file.write(json.dumps({"step": trainer.global_step, "t": state[0].position}) + "\n")
+
+
+class ScalarAtValidation(Callback):
+    """Adds the scalar ``tag`` (value 1) straight to every TensorBoard logger's writer at the end of each
+    validation, before the checkpoint of that step is written: a callback's direct write, as the sample and codebook
+    callbacks make, which Lightning does not wait for as it does after ``self.log``."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_scalar(self.tag, 1.0, trainer.global_step)

@@ -457,6 +457,11 @@ class AutoregressiveLitModule(L.LightningModule):
     # ------------------------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # what was logged before the checkpoint is in the log files before it is written (a kill -9 after it
+        # loses none): TensorBoard writes its events from a thread, and Lightning waits for it (``save()``) only
+        # after its own ``self.log`` values, not after a callback's direct writes (samples, codebook health)
+        for logger in self.loggers:
+            logger.save()
         checkpoint["tvq_format"] = FORMAT
         checkpoint["train_state"] = (
             None if self.train_state is None else [s.to_plain() for s in self.train_state]

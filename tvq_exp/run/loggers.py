@@ -4,7 +4,8 @@ Lightning's ``CSVLogger`` deletes an existing ``metrics.csv`` when it starts (wi
 kept only the rows after the resume. :class:`CSVLogger` here keeps the rows written before the checkpoint the run
 resumes from was saved, drops those a killed process wrote after it, and appends; it writes every row at once
 (Lightning's buffers rows for 100 steps, so a ``kill -9`` lost the last validation row). TensorBoard's event files
-are cut the same way (:func:`drop_events_after`), so they hold every step once.
+are cut the same way (:func:`drop_events_after`), so they hold every step once, and the resumed run's event file
+is named to be read after them (:func:`wait_to_sort_last`).
 
 The cut (:class:`ResumePoint`) is by step and time: Lightning logs optimiser step ``k`` at index ``k - 1`` and our
 validation and callbacks at ``k``, so at a checkpoint of ``global_step`` ``K`` the rows at index ``K`` are the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,9 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from tvq_exp.files import atomic_write
 
 WALL_TIME = "wall_time"  # the column of metrics.csv that says when a row was logged (time.time())
+EVENT_GLOB = "events.out.tfevents.*"
+# TensorBoard's event file name: events.out.tfevents.<second it was made, 10 digits>.<host>.<pid>.<counter>
+CREATED = re.compile(r"events\.out\.tfevents\.(\d+)\.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,16 +125,35 @@ def resume_options(target: type, resumed: ResumePoint | None) -> dict[str, Any]:
 def continue_history(logger: Logger, resumed: ResumePoint | None) -> None:
     """Before a run logs: cut a TensorBoard logger's event files at ``resumed`` (:func:`drop_events_after`); a
     run that starts at step 0 in a folder with old events (``None``: killed before its first checkpoint and
-    launched again) drops them all, as a :class:`CSVLogger` starts its file again (``keep_until``)."""
+    launched again) drops them all, as a :class:`CSVLogger` starts its file again (``keep_until``). The file the
+    run then makes is read after them (:func:`wait_to_sort_last`)."""
     if isinstance(logger, TensorBoardLogger) and os.path.isdir(logger.log_dir):
         drop_events_after(Path(logger.log_dir), resumed or START)
+        wait_to_sort_last(Path(logger.log_dir))
+
+
+def wait_to_sort_last(folder: Path, limit_s: float = 2.0) -> float:
+    """Wait until an event file made now sorts after every one in ``folder``; the seconds waited.
+
+    TensorBoard reads a folder's event files in the order of their names, which start with the second the file
+    was made (:data:`CREATED`) and go on with the host and the pid. A run resumed in the second its killed
+    process made its file (a short run) made one of the same second, sorted by pid: the resumed process's, often
+    the lower, came first, and TensorBoard read the continued curve before the steps it continues (steps 4.. then
+    0..3). A file of a later second sorts after, so this waits for the clock to pass the newest file's second
+    (under a second, only right after such a run); at most ``limit_s``: a name from a clock further ahead
+    (another host's) is left where it sorts."""
+    made = [int(match[1]) for path in folder.glob(EVENT_GLOB) if (match := CREATED.match(path.name))]
+    start = time.monotonic()
+    while made and 0 < (delay := max(made) + 1 - time.time()) <= limit_s:
+        time.sleep(delay)
+    return time.monotonic() - start
 
 
 def drop_events_after(folder: Path, resumed: ResumePoint) -> int:
     """Rewrite each TensorBoard event file in ``folder`` without the scalar events ``resumed`` does not keep (what
     a killed process logged after its checkpoint; the resumed run logs those steps again); the number dropped."""
     dropped = 0
-    for path in sorted(folder.glob("events.out.tfevents.*")):
+    for path in sorted(folder.glob(EVENT_GLOB)):
         records = list(RawEventFileLoader(str(path)).Load())
         events = [event_pb2.Event.FromString(r) for r in records]
         kept = [
@@ -147,4 +171,11 @@ def drop_events_after(folder: Path, resumed: ResumePoint) -> int:
     return dropped
 
 
-__all__ = ["CSVLogger", "ResumePoint", "continue_history", "drop_events_after", "resume_options"]
+__all__ = [
+    "CSVLogger",
+    "ResumePoint",
+    "continue_history",
+    "drop_events_after",
+    "resume_options",
+    "wait_to_sort_last",
+]
