@@ -59,8 +59,9 @@ def test_fused_code_means_equal_the_reference_fp32(case: dict, reads: object, de
 
 
 def test_the_gpu_tiles_equal_the_reference_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU's tiles (:data:`~tvq_exp.attention.vq.fused.prefix.GPU_TILES`: 128 codes a program forward, 64
-    backward) under the interpreter, across their edges: 300 codes, 200 positions a block, 70 columns."""
+    """The GPU's tiles (:data:`~tvq_exp.attention.vq.fused.prefix.GPU_TILES`: a block's sums 128 codes × 64
+    columns, the walks 32 × 64, the code rows 64 positions × 64 columns) under the interpreter, across their edges:
+    300 codes, 200 positions a block, 70 columns."""
     monkeypatch.setattr(prefix, "kernel_tiles", lambda interpret, kernel: prefix.GPU_TILES[kernel])
     check_against_the_reference(dict(n=1, r=3, length=200, s=300, d=70, pad=30), "cpu", 0, 3, 2)
 

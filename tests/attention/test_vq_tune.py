@@ -127,3 +127,30 @@ def test_the_search_leaves_the_comparison_of_lengths_its_share_of_the_budget(
     assert [r.get("error") for r in records if r["section"] == "tiles"] == [None, "skipped: budget"]
     lengths = [r for r in records if r["section"] == "lengths"]
     assert len(lengths) == 4 and all("ms" in r for r in lengths), lengths
+
+
+def test_the_search_takes_the_cache_means_block_sums_tiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The block sums of the cache's means (``block_sums``) are searched first: the shipped GPU tiles, then the
+    candidates, each computing what the shipped one does, timed forward; the op's kernels keep their tiles. A
+    candidate the kernel cannot take (24 codes: not a power of 2) is recorded with its error: the tiles reach it."""
+    monkeypatch.setattr(tune, "SUMS_CANDIDATES", ((32, 16, 16, 4, 1), (24, 16, 16, 4, 1)))
+    kernel_tiles = tune.prefix.kernel_tiles
+    out = tmp_path / "tune.json"
+    argv = ["--device", "cpu", "--seq-len", "64", "--lengths", "64", "--block", "16", "--head-dim", "16", "--tokens", "256",
+            "--reps", "1", "--kernels", "block_sums", "--out", str(out)]  # fmt: skip
+    assert tune.main(argv) == 0
+    assert tune.prefix.kernel_tiles is kernel_tiles  # put back
+    report = json.loads(out.read_text())
+    run = [r for r in report["records"] if r["section"] == "tiles"]
+    assert "error" in run.pop() and all("error" not in r for r in run)
+    shipped = tune.prefix.GPU_TILES["sums"]
+    assert [(r["kernel"], r["bm"], r["bn"], r["bdv"], r["num_warps"], r["num_stages"], r["mode"]) for r in run] == [
+        ("block_sums", *shipped, "fwd"), ("block_sums", 32, 16, 16, 4, 1, "fwd")
+    ]  # fmt: skip
+    assert all(r["rel_err"] <= 1e-5 for r in run), run
+    assert report["best"]["block_sums"]["bm"] in (shipped[0], 32)
+    with tune.using({"block_sums": tune.Tiles(32, 16, 16, 4, 1)}):
+        assert tune.prefix.kernel_tiles(True, "sums") == (32, 16, 16, 4, 1)
+        assert tune.prefix.kernel_tiles(True, "forward") == kernel_tiles(True, "forward")

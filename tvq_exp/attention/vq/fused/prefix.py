@@ -41,23 +41,23 @@ from tvq_exp.attention.vq.cache import CacheMeans
 from tvq_exp.attention.vq.fused.support import unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
-# per kernel, on sm_90a without spills (make kernel-report): the block sums' (codes, positions a step, value columns,
-# warps): a product row per code, 128 on 8 warps (the values are read once per 128 codes); the walks' (codes,
-# columns, warps): small tiles, so that 32k tokens of 16 sequences make 512 programs; the code rows' (positions,
-# columns, warps)
+# per kernel, on sm_90a without spills (make kernel-report), the last two numbers warps and software-pipelining stages:
+# the block sums' (codes, positions a step, value columns): a product row per code, 128 on 8 warps (the values are
+# read once per 128 codes); the walks' (codes, columns): small tiles, so that 32k tokens of 16 sequences make 512
+# programs; the code rows' (positions, columns). The block sums' tiles are searched on a GPU by
+# ``python -m tvq_exp.attention.vq.fused.tune`` (kernel ``block_sums``)
 GPU_TILES: dict[str, tuple[int, ...]] = {
-    "sums": (128, 32, 64, 8), "forward": (32, 64, 4), "backward": (32, 64, 4), "rows": (64, 64, 4),
+    "sums": (128, 32, 64, 8, 2), "forward": (32, 64, 4, 2), "backward": (32, 64, 4, 2), "rows": (64, 64, 4, 1),
 }  # fmt: skip
-STAGES = 2  # software pipelining of the kernels' loops, as make kernel-report compiles them
 # the interpreter's: the smallest, so that small tests cross every tile edge
 INTERPRETED_TILES: dict[str, tuple[int, ...]] = {
-    "sums": (16, 16, 16, 4), "forward": (16, 16, 4), "backward": (16, 16, 4), "rows": (16, 16, 4),
+    "sums": (16, 16, 16, 4, 1), "forward": (16, 16, 4, 1), "backward": (16, 16, 4, 1), "rows": (16, 16, 4, 1),
 }  # fmt: skip
 
 
 def kernel_tiles(interpret: bool, kernel: str) -> tuple[int, ...]:
-    """The tiles of ``kernel`` (``sums``, ``forward``, ``backward`` or ``rows``; see :data:`GPU_TILES`): the
-    interpreter's or the GPU's."""
+    """The tiles of ``kernel`` (``sums``, ``forward``, ``backward`` or ``rows``; see :data:`GPU_TILES`), then its
+    warps and stages: the interpreter's or the GPU's."""
     return (INTERPRETED_TILES if interpret else GPU_TILES)[kernel]
 
 
@@ -119,17 +119,17 @@ def code_means(
     block_counts = mu0.new_empty(n, r, s)
     dot, prec = _dot(values, interpret)
     kernels = prefix_kernels(interpret)
-    bs, bt, bd, warps = kernel_tiles(interpret, "sums")
-    kernels.block_sums_kernel[(n * r, cdiv(s, bs), cdiv(d, bd))](
+    bs, bt, bd, warps, stages = kernel_tiles(interpret, "sums")
+    kernels.block_sums_kernel[(n * r * cdiv(s, bs) * cdiv(d, bd),)](
         codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(), block_sums,
         block_counts, r, length, s, d,
-        BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=STAGES,
+        BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    bs, bd, warps = kernel_tiles(interpret, "forward")
+    bs, bd, warps, stages = kernel_tiles(interpret, "forward")
     kernels.prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         block_sums, block_counts, n0.contiguous(), mu0.contiguous(), counts, item_means, state_means,
         r, s, d, first, items, state,
-        BS=bs, BD=bd, num_warps=warps, num_stages=STAGES,
+        BS=bs, BD=bd, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return counts, item_means, state_means
 
@@ -158,15 +158,15 @@ def code_means_backward(
     )  # in the gradient's dtype: its rows are copied as they are
     dv = grad_items.new_empty(n, r, length, d, dtype=dtype)
     kernels = prefix_kernels(interpret)
-    bs, bd, warps = kernel_tiles(interpret, "backward")
+    bs, bd, warps, stages = kernel_tiles(interpret, "backward")
     kernels.prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
         grad_items.contiguous(), counts.contiguous(), suffix, r, s, d, first, items,
-        BS=bs, BD=bd, num_warps=warps, num_stages=STAGES,
+        BS=bs, BD=bd, num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    bt, bd, warps = kernel_tiles(interpret, "rows")
+    bt, bd, warps, stages = kernel_tiles(interpret, "rows")
     kernels.code_rows_kernel[(n * r, cdiv(length, bt), cdiv(d, bd))](
         suffix, codes.to(torch.int32).contiguous(), valid.to(torch.int8).contiguous(), dv, r, length, s, d,
-        BT=bt, BD=bd, num_warps=warps,
+        BT=bt, BD=bd, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dv
 
@@ -198,7 +198,6 @@ code_means.register_autograd(_backward, setup_context=_setup_context)
 
 __all__ = [
     "GPU_TILES",
-    "STAGES",
     "code_means",
     "code_means_backward",
     "fused_cache_means",

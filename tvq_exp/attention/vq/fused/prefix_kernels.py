@@ -32,10 +32,14 @@ def block_sums_kernel(
     R, L, S, D,
     BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(N·R, cdiv(S, BS), cdiv(D, BD))``: block ``r`` of sequence ``n``'s sums ``(BS, BD)`` of codes ``s``,
+    """Grid ``(N·R·cdiv(S, BS)·cdiv(D, BD),)``: block ``r`` of sequence ``n``'s sums ``(BS, BD)`` of codes ``s``,
     columns ``d`` (fp32, into ``sums (N, R, S, D)``) and, by the programs of column block 0, its counts (fp32, into
-    ``cnt (N, R, S)``)."""
-    nr, sb, db = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ``cnt (N, R, S)``). A block's programs are consecutive, so that they run together and read its values from L2
+    (the values are read once per ``BS`` codes and ``BD`` columns)."""
+    pid, tiles_s, tiles_d = tl.program_id(0), (S + BS - 1) // BS, (D + BD - 1) // BD
+    db = pid % tiles_d
+    sb = (pid // tiles_d) % tiles_s
+    nr = pid // (tiles_d * tiles_s)
     n, r = nr // R, nr % R
     s = sb * BS + tl.arange(0, BS)
     d = db * BD + tl.arange(0, BD)

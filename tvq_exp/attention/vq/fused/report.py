@@ -1,6 +1,9 @@
 """The sm_90a compile report of the fused kernels: ``python -m tvq_exp.attention.vq.fused.report`` (``make
 kernel-report``).
 
+Over 300 lines: one compile (:func:`_compile`, :func:`_row`) shared by the window + cache kernels, the code search
+and the cache means' four kernels, each needing its own pointer types and constants.
+
 Compiles every configuration :mod:`.config` ships (each kernel with the flags that make it largest, at the head
 sizes of :data:`~tvq_exp.attention.vq.fused.config.SHIPPED`, bf16 and fp32 operands) for an H100 (sm_90a) with
 Triton's bundled ``ptxas``: no GPU nor driver is needed. The first line names the Triton that compiled them:
@@ -218,20 +221,20 @@ def compile_prefix(kernel: str, dtype: str) -> Row:
     tiles = prefix.GPU_TILES[kernel]
     codes = {"z_ptr": "*i32", "ok_ptr": "*i8"}
     if kernel == "sums":
-        fn, (bs, bt, bd, warps) = kernels.block_sums_kernel, tiles
+        fn, (bs, bt, bd, warps, stages) = kernels.block_sums_kernel, tiles
         const: dict[str, object] = {
             "BS": bs, "BT": bt, "BD": bd, "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
             "PREC": "tf32" if dtype == "bf16" else "tf32x3",
         }  # fmt: skip
         pointers = codes | {"v_ptr": f"*{dtype}", "sums_ptr": "*fp32", "cnt_ptr": "*fp32"}
-        t = Tiles(bs, bt, bd, num_warps=warps, num_stages=prefix.STAGES)
+        t = Tiles(bs, bt, bd, num_warps=warps, num_stages=stages)
     elif kernel == "rows":
-        fn, (bt, bd, warps) = kernels.code_rows_kernel, tiles
+        fn, (bt, bd, warps, stages) = kernels.code_rows_kernel, tiles
         const, pointers = {"BT": bt, "BD": bd}, codes | {"suffix_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}"}
-        t = Tiles(bt, 0, bd, num_warps=warps)
+        t = Tiles(bt, 0, bd, num_warps=warps, num_stages=stages)
     else:
-        bs, bd, warps = tiles
-        const, t = {"BS": bs, "BD": bd}, Tiles(bs, 0, bd, num_warps=warps, num_stages=prefix.STAGES)
+        bs, bd, warps, stages = tiles
+        const, t = {"BS": bs, "BD": bd}, Tiles(bs, 0, bd, num_warps=warps, num_stages=stages)
         if kernel == "forward":
             fn = kernels.prefix_forward_kernel
             pointers = {"sums_ptr": "*fp32", "cnt_ptr": "*fp32", "n0_ptr": "*fp64", "mu0_ptr": "*fp32",

@@ -1,15 +1,19 @@
 """Block-size tuning of the fused window + cache kernels on one CUDA device:
 ``python -m tvq_exp.attention.vq.fused.tune --out tune.json``.
 
-The case is the GPU check's ``vq_triton`` attention (:mod:`tvq_exp.tools.bench.gpu_attention`: bf16, ``S = L =
-512``, ``B·H·T`` = 512k tokens, head dim ``--head-dim``) at ``--seq-len``. For each kernel of
-:data:`~tvq_exp.attention.vq.fused.config.KERNEL_NAMES` in turn, each candidate :class:`~.config.Tiles` of
-:data:`CANDIDATES` replaces the shipped tiles of that kernel alone (the others keep theirs): the forward kernel is
-timed forward, the three backward kernels forward + backward. Every candidate's output and gradients are compared
-with the shipped configuration's (relative error; a tiling only reorders fp32 sums, so a large error is a defect,
-not rounding). First a profile of the shipped configuration (time per device kernel) at ``--seq-len``; then the
-tile search, in ``--search-share`` of ``--budget``; then the best tiles of each kernel together against the
-shipped ones at ``--lengths``.
+Over 300 lines: one search (its case, candidates, records, choice and table) over the fused op's kernels and the
+cache means' block sums, which share its timing, its checks and its report.
+
+The case is the GPU check's ``vq_triton`` attention (:mod:`tvq_exp.tools.bench.gpu_attention`: bf16, ``S = L``
+= 512 (``--block``), ``B·H·T`` = 512k tokens, head dim ``--head-dim``) at ``--seq-len``. For each kernel of
+:data:`TUNED` in turn (the cache means' block sums, then
+:data:`~tvq_exp.attention.vq.fused.config.KERNEL_NAMES`), each candidate :class:`~.config.Tiles` of
+:data:`SUMS_CANDIDATES` or :data:`CANDIDATES` replaces the shipped tiles of that kernel alone (the others keep
+theirs): the block sums and the forward kernel are timed forward, the three backward kernels forward + backward.
+Every candidate's output and gradients are compared with the shipped configuration's (relative error; a tiling only
+reorders fp32 sums, so a large error is a defect, not rounding). First a profile of the shipped configuration (time
+per device kernel) at ``--seq-len``; then the tile search, in ``--search-share`` of ``--budget``; then the best
+tiles of each kernel together against the shipped ones at ``--lengths``.
 
 One ``TUNE {json}`` line per record as it is done, the JSON file rewritten after each, a table at the end. On a CPU
 (``--device cpu``, under ``TRITON_INTERPRET=1``) it runs the same steps on small sizes: a check of this tool, not
@@ -31,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.vq.fused import config, op
+from tvq_exp.attention.vq.fused import config, op, prefix
 from tvq_exp.attention.vq.fused.config import KERNEL_NAMES, Tiles
 from tvq_exp.measure.profile import profile_calls
 from tvq_exp.measure.timing import time_calls
@@ -50,28 +54,47 @@ CANDIDATES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "window_key": ((16, 128, 8, 2), (32, 64, 8, 1), (64, 64, 8, 1), (32, 128, 8, 1), (32, 64, 4, 1), (64, 128, 8, 1)),
     "code": ((32, 128, 8, 2), (64, 64, 8, 1), (32, 128, 8, 1), (32, 64, 4, 1), (64, 128, 8, 1), (128, 128, 8, 1)),
 }  # fmt: skip
+# the cache means' block sums (:mod:`.prefix`, ``block_sums_kernel``: 0.89 ms of VQ's 9.9 at 32k, the largest
+# means kernel on an H200, 2026-11-29), as (codes, positions a step, columns, warps, stages): the whole head's columns
+# (half the programs, the codes compared once), more positions a step, deeper pipelines, fewer codes a program
+SUMS = "block_sums"
+SUMS_CANDIDATES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 32, 128, 8, 2), (128, 64, 64, 8, 2), (128, 32, 64, 8, 3), (128, 32, 64, 8, 4), (64, 32, 64, 4, 3),
+    (64, 64, 128, 4, 2), (256, 32, 64, 8, 2),
+)  # fmt: skip
+TUNED = (SUMS, *KERNEL_NAMES)  # the kernels whose tiles are searched, in this order
+FORWARD_ONLY = ("forward", SUMS)  # timed forward; the others forward + backward
 TOLERANCE = 1e-2  # bf16 results: a different tiling's rounding stays far under this
 
 
 @contextmanager
 def using(chosen: dict[str, Tiles]) -> Iterator[None]:
-    """The fused op takes ``chosen[kernel]`` for the kernels named there, the shipped tiles elsewhere."""
-    shipped = op.tiles
+    """The fused op (and the cache means' block sums, :data:`SUMS`) take ``chosen[kernel]`` for the kernels named
+    there, the shipped tiles elsewhere."""
+    shipped, shipped_means = op.tiles, prefix.kernel_tiles
 
     def pick(kernel: str, *args: Any, **kwargs: Any) -> Tiles:  # config.tiles' arguments
         return chosen.get(kernel) or shipped(kernel, *args, **kwargs)
 
-    op.tiles = pick
+    def pick_means(interpret: bool, kernel: str) -> tuple[int, ...]:
+        t = chosen.get(SUMS) if kernel == "sums" else None
+        return (t.bm, t.bn, t.bdv, t.num_warps, t.num_stages) if t else shipped_means(interpret, kernel)
+
+    op.tiles, prefix.kernel_tiles = pick, pick_means
     try:
         yield
     finally:
-        op.tiles = shipped
+        op.tiles, prefix.kernel_tiles = shipped, shipped_means
 
 
 def candidates(kernel: str, d_k: int, d_v: int, block: int) -> list[Tiles]:
     """The shipped tiles of ``kernel`` for blocks of ``block`` keys and as many codes first (then, where they load
     through tensor descriptors, the same tiles by pointers), then the other shapes of :data:`CANDIDATES` (through
-    descriptors where :func:`~.config.loads_by_descriptor` takes their keys)."""
+    descriptors where :func:`~.config.loads_by_descriptor` takes their keys). The block sums' (:data:`SUMS`): the
+    GPU's shipped tiles, then :data:`SUMS_CANDIDATES` (``bm`` codes, ``bn`` positions a step, ``bdv`` columns)."""
+    if kernel == SUMS:
+        shipped = Tiles(*prefix.GPU_TILES["sums"])
+        return list(dict.fromkeys([shipped, *(Tiles(*c) for c in SUMS_CANDIDATES)]))
     base = config.tiles(kernel, d_k, d_v, block=block, codes=block)
     out = list(dict.fromkeys([base, dataclasses.replace(base, tma=False)]))
     for bm, bn, warps, stages in CANDIDATES[kernel]:
@@ -85,14 +108,16 @@ class Case:
     """The GPU check's ``vq_triton`` layer and bf16 inputs at one length: ``(B, H, T, d)`` views of ``(B, T, H,
     d)`` leaves, as a model's projections give them."""
 
-    def __init__(self, seq_len: int, head_dim: int, tokens: int, device: torch.device) -> None:
+    def __init__(
+        self, seq_len: int, head_dim: int, tokens: int, device: torch.device, block: int = 512
+    ) -> None:
         from tvq_exp.attention import build_attention
 
         self.device = device
         # bf16 on the GPU; fp32 under the interpreter (its bf16 dots and casts are not Triton's)
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         batch = max(1, tokens // (seq_len * HEADS))
-        self.block = block = min(512, seq_len)  # keys per block and codes
+        self.block = block = min(block, seq_len)  # keys per block and codes
         gen = torch.Generator(device="cpu").manual_seed(0)
         shape = (batch, seq_len, HEADS, head_dim)
         self.leaves = [
@@ -145,13 +170,14 @@ def timed(case: Case, train: bool, reps: int) -> dict[str, float]:
 
 def tile_record(kernel: str, t: Tiles, case: Case, want: list[Tensor], reps: int) -> dict[str, Any]:
     """One candidate of one kernel: its time and its error against the shipped configuration."""
+    train = kernel not in FORWARD_ONLY
     record: dict[str, Any] = {"kernel": kernel, **dataclasses.asdict(t),
-                              "mode": "fwd" if kernel == "forward" else "fwdbwd"}  # fmt: skip
+                              "mode": "fwdbwd" if train else "fwd"}  # fmt: skip
     try:
         with using({kernel: t}):
-            record |= timed(case, kernel != "forward", reps)
+            record |= timed(case, train, reps)
             record["rel_err"] = relative_error(case.results(), want)
-            record["kernel_ms"] = kernel_ms(profile(case, kernel != "forward"), kernel)
+            record["kernel_ms"] = kernel_ms(profile(case, train), kernel)
     except Exception as err:  # noqa: BLE001 - a candidate that does not compile or fit is recorded, the next runs
         record["error"] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
     finally:
@@ -186,7 +212,7 @@ def profile(case: Case, train: bool) -> dict[str, Any]:
 
 
 def kernel_ms(summary: dict[str, Any], kernel: str) -> float | None:
-    """The device time of the fused op's ``kernel`` (its Triton function ``{kernel}_kernel``) in a profile."""
+    """The device time of ``kernel`` (its Triton function ``{kernel}_kernel``) in a profile."""
     return next((r["ms_per_step"] for r in summary["rows"] if r["name"] == f"{kernel}_kernel"), None)
 
 
@@ -200,12 +226,12 @@ def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> di
         report["records"].append(record)
         save(report)
 
-    case = Case(args.seq_len, args.head_dim, args.tokens, device)
+    case = Case(args.seq_len, args.head_dim, args.tokens, device, args.block)
     want = case.results()
     report["profile"] = {mode: profile(case, mode == "fwdbwd") for mode in ("fwd", "fwdbwd")}
     report["device_ms"] = {mode: summary["ms_per_step"] for mode, summary in report["profile"].items()}
     save(report)
-    kernels = [k for k in KERNEL_NAMES if k in args.kernels.split(",")]
+    kernels = [k for k in TUNED if k in args.kernels.split(",")]
     for kernel in kernels:  # the search takes its share of the budget, the comparison of lengths the rest
         for t in candidates(kernel, args.head_dim, args.head_dim, case.block):
             if monotonic() - start > args.budget * args.search_share:
@@ -218,7 +244,7 @@ def tune(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> di
     report["best"] = {k: vars(t) for k, t in chosen.items()}
     del case
     for seq_len in (int(n) for n in args.lengths.split(",")):
-        case = Case(seq_len, args.head_dim, args.tokens, device)
+        case = Case(seq_len, args.head_dim, args.tokens, device, args.block)
         for train in (False, True):
             for name, tiles in (("shipped", {}), ("tuned", chosen)):
                 record = {
@@ -271,8 +297,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=32768, help="T of the tile search")
     p.add_argument("--lengths", default="8192,32768,131072", help="T of the tuned-against-shipped comparison")
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block", type=int, default=512, help="keys per block and codes (S = L, the check's 512)")
     p.add_argument("--tokens", type=int, default=512 * 1024, help="B·H·T of every case")
-    p.add_argument("--kernels", default=",".join(KERNEL_NAMES), help="the kernels whose tiles are searched")
+    p.add_argument("--kernels", default=",".join(TUNED), help="the kernels whose tiles are searched")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--budget", type=float, default=150.0, help="seconds after which the rest is skipped")
     p.add_argument("--search-share", type=float, default=0.6, help="the search's share of it")
