@@ -4,6 +4,7 @@ step (self device time, its share, calls) to ``device-profile.json`` and as torc
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.utils.data import DataLoader
 
+from tests.helpers.paths import REPO
 from tests.models.test_flops import tiny_preset
 from tvq_exp.callbacks.device_profile import DeviceProfile
 from tvq_exp.measure.profile import OUR_KERNELS, kernel_kind, profile_calls, profile_summary
@@ -138,3 +140,13 @@ def test_a_run_ending_inside_the_window_writes_what_it_profiled(tmp_path: Path) 
 def test_no_window_before_the_skip(tmp_path: Path) -> None:
     _fit(tmp_path, 3, DeviceProfile(str(tmp_path), skip=5, steps=2))
     assert not (tmp_path / "device-profile.json").exists()
+
+
+def test_every_triton_kernel_of_the_repository_is_counted_as_ours() -> None:
+    """Each ``@triton.jit`` function named ``*_kernel`` under ``tvq_exp/`` (the profiler's name for its launches)
+    is a ``fused_vq`` row: a kernel added without its name counted as ``other`` (the cache means' block sums and
+    code rows did, on an H200, 2026-11-29)."""
+    pattern = re.compile(r"@triton\.jit\s*\ndef (\w+_kernel)\(")
+    names = {name for path in (REPO / "tvq_exp").rglob("*.py") for name in pattern.findall(path.read_text())}
+    assert "block_sums_kernel" in names and len(names) >= 9
+    assert {name: kernel_kind(name) for name in names} == dict.fromkeys(names, "fused_vq")
