@@ -18,7 +18,7 @@ from tvq_exp.measure.timing import sync
 # the names the profiler gives them: their functions'
 OUR_KERNELS = (
     "forward_kernel", "dq_kernel", "window_key_kernel", "code_kernel", "block_sums_kernel", "prefix_forward_kernel",
-    "prefix_backward_kernel", "code_rows_kernel", "nearest_kernel",
+    "prefix_backward_kernel", "code_rows_kernel", "delta_kernel", "nearest_kernel",
 )  # fmt: skip
 # SDPA's flash, memory-efficient (fmha_cutlass) and cuDNN kernels
 ATTENTION_MARKS = ("flash", "fmha", "cudnn")

@@ -1,7 +1,7 @@
 """The Triton kernels of the fused window + cache step (see :mod:`.op` for the layout and the algorithm).
 
-Over 300 lines: one forward and three backward kernels sharing their tile steps; splitting them would
-scatter one algorithm over several files.
+Over 300 lines: one forward and three backward kernels (and the backward's row term) sharing their tile steps;
+splitting them would scatter one algorithm over several files.
 
 Loaded by :func:`tvq_exp.attention.vq.fused.support.kernels` (never imported directly): Triton reads
 ``TRITON_INTERPRET`` when a kernel is decorated, so the module is loaded once per mode (compiled, or
@@ -268,6 +268,23 @@ def forward_kernel(
     tl.store(out_ptr + row[:, None] * dv + dvo[None, :], out.to(out_ptr.dtype.element_ty),
              mask=p_ok[:, None] & dv_ok[None, :])  # fmt: skip
     tl.store(lse_ptr + row, m_i + tl.log2(l_safe), mask=p_ok & (dc == 0))
+
+
+@triton.jit
+def delta_kernel(do_ptr, o_ptr, delta_ptr, ROWS, D, BM: tl.constexpr, BD: tl.constexpr):
+    """Grid ``(cdiv(ROWS, BM),)``: the backward kernels' row term ``Σ_d dO·O`` of ``ROWS`` rows of ``D`` values
+    (FlashAttention-2's preprocessing), both read once, products and sums in fp32."""
+    row = tl.program_id(0) * BM + tl.arange(0, BM)
+    ok = row < ROWS
+    acc = tl.full([BM], 0.0, tl.float32)
+    for d0 in range(0, D, BD):
+        d = d0 + tl.arange(0, BD)
+        cell = row[:, None] * D + d[None, :]
+        m = ok[:, None] & (d < D)[None, :]
+        do = tl.load(do_ptr + cell, mask=m, other=0.0).to(tl.float32)
+        o = tl.load(o_ptr + cell, mask=m, other=0.0).to(tl.float32)
+        acc += _row_sum(do * o)
+    tl.store(delta_ptr + row, acc, mask=ok)
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """The sm_90a compile report of the fused kernels: ``python -m tvq_exp.attention.vq.fused.report`` (``make
 kernel-report``).
 
-Over 300 lines: one compile (:func:`_compile`, :func:`_row`) shared by the window + cache kernels, the code search
-and the cache means' four kernels, each needing its own pointer types and constants.
+Over 300 lines: one compile (:func:`_compile`, :func:`_row`) shared by the window + cache kernels, their backward's
+row term, the code search and the cache means' four kernels, each needing its own pointer types and constants.
 
 Compiles every configuration :mod:`.config` ships (each kernel with the flags that make it largest, at the head
 sizes of :data:`~tvq_exp.attention.vq.fused.config.SHIPPED`, bf16 and fp32 operands) for an H100 (sm_90a) with
@@ -71,10 +71,12 @@ class Row:
     @property
     def gated(self) -> bool:
         """Whether spills and repeated products fail the report: bf16 (the path trained and benchmarked), the
-        nearest-code search (fp32 only, and on every path) and the running code means (every dtype). fp32 operands
+        nearest-code search (fp32 only, and on every path), the running code means and the row term (every dtype). fp32 operands
         of the attention kernels (three tf32 products per dot) are the GPU's correctness path: their spills and
         repeats are reported, not refused."""
-        return self.dtype != "fp32" or self.kernel == "nearest" or self.kernel.startswith("means")
+        return (
+            self.dtype != "fp32" or self.kernel in ("nearest", "row term") or self.kernel.startswith("means")
+        )
 
     @property
     def ok(self) -> bool:
@@ -209,6 +211,18 @@ def compile_nearest(d_k: int, dtype: str, t: Tiles | None = None) -> Row:
     return _row("nearest", d_k, 0, dtype, t, compiled)
 
 
+def compile_row_term(dtype: str) -> Row:
+    """Compile the backward's row term (``delta_kernel``: ``Σ dO·O`` per row, :data:`.op.DELTA_TILES`) for sm_90a."""
+    from tvq_exp.attention.vq.fused.op import DELTA_TILES
+    from tvq_exp.attention.vq.fused.support import kernels
+
+    rows, columns = DELTA_TILES[False]
+    t = Tiles(rows, 0, columns)
+    pointers = {"do_ptr": f"*{dtype}", "o_ptr": f"*{dtype}", "delta_ptr": "*fp32"}
+    fn = kernels(interpret=False).delta_kernel
+    return _row("row term", 0, 0, dtype, t, _compile(fn, pointers, {"BM": rows, "BD": columns}, {"D"}, t))
+
+
 def compile_prefix(kernel: str, dtype: str) -> Row:
     """Compile one of the running code means' kernels (:mod:`.prefix`: ``sums``, ``forward``, ``backward`` or
     ``rows``, values ``dtype``, its GPU tiles) for sm_90a. The row's ``BM×BN×BDV``: codes × positions a step ×
@@ -277,6 +291,7 @@ def report(
     from tvq_exp.attention.vq.fused.prefix import GPU_TILES
 
     rows += [compile_prefix(kernel, dtype) for kernel in GPU_TILES for dtype in dtypes]
+    rows += [compile_row_term(dtype) for dtype in dtypes]
     return rows
 
 
