@@ -153,9 +153,8 @@ def code_means_backward(
     interpret = codes.device.type == "cpu"
     n, r, length = codes.shape
     items, s, d = grad_items.shape[1:]
-    suffix = grad_items.new_empty(
-        n, r, s, d, dtype=dtype
-    )  # in the gradient's dtype: its rows are copied as they are
+    # in the values' gradient's dtype: the code rows copy it as it is
+    suffix = grad_items.new_empty(n, r, s, d, dtype=dtype)
     dv = grad_items.new_empty(n, r, length, d, dtype=dtype)
     kernels = prefix_kernels(interpret)
     bs, bd, warps, stages = kernel_tiles(interpret, "backward")
