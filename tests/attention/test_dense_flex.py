@@ -20,7 +20,7 @@ import torch
 from tests.attention.backends import build
 from tests.helpers.xl_bias import content_query, xl_bias_matrix
 from tvq_exp.attention.base import causal_mask
-from tvq_exp.attention.dense.flex import causal_mask_mod
+from tvq_exp.attention.dense.flex import SPARSE_BLOCK, block_mask, causal_mask_mod
 from tvq_exp.attention.dense.naive import softmax_attention
 from tvq_exp.attention.flex_runtime import (
     FLEX_AVAILABLE,
@@ -159,6 +159,44 @@ def test_mask_mod_matches_causal_mask(past: int, window: int | None, causal: boo
     if window is not None:
         expected &= distance.abs() <= window
     assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize(
+    ("t_q", "t_k", "past", "window", "causal"),
+    [
+        (300, 300, 0, None, True), (256, 512, 256, None, True), (200, 331, 131, None, True),
+        (384, 384, 0, 100, True), (300, 700, 400, 250, True), (520, 520, 0, 128, True),
+        (300, 300, 0, 150, False), (256, 384, 128, 127, False), (129, 129, 0, 1, True),
+    ],
+)  # fmt: skip
+def test_the_block_mask_is_the_one_torch_builds_from_the_mask(
+    t_q: int, t_k: int, past: int, window: int | None, causal: bool
+) -> None:
+    """:func:`block_mask` builds its blocks from distances, not from the ``(t_q, t_k)`` mask; it equals what torch's
+    ``create_block_mask`` makes of :func:`causal_mask_mod`: the same partial and full blocks in the same order, both
+    ways (keys per query block, queries per key block), and the same elementwise mask. Lengths off the 128-block
+    grid, past offsets, windows of a block and off it, encoders."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    ours = block_mask(t_q, t_k, "cpu", past=past, causal=causal, window=window)
+    torch_mask = create_block_mask(causal_mask_mod(past, causal, window), None, None, t_q, t_k, device="cpu")
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                 "q_indices", "full_q_num_blocks", "full_q_indices"):  # fmt: skip
+        assert torch.equal(getattr(ours, name), getattr(torch_mask, name)), name
+    assert ours.seq_lengths == torch_mask.seq_lengths and ours.BLOCK_SIZE == torch_mask.BLOCK_SIZE
+    assert torch.equal(ours.to_dense(), torch_mask.to_dense())
+
+
+def test_the_block_mask_of_a_long_sequence_needs_no_elementwise_mask() -> None:
+    """At T = 128k the elementwise mask torch's ``create_block_mask`` evaluates is 16 GiB (the allocation that failed
+    on an H200, 2026-11-29); :func:`block_mask` builds the causal mask from its 1024 × 1024 blocks: block row ``i``
+    has ``i`` full blocks and its diagonal one partial."""
+    t = 131072
+    mask = block_mask(t, t, "cpu")
+    rows = torch.arange(t // SPARSE_BLOCK, dtype=torch.int32)
+    assert torch.equal(mask.full_kv_num_blocks[0, 0], rows)
+    assert torch.equal(mask.kv_num_blocks[0, 0], torch.ones_like(rows))
+    assert torch.equal(mask.kv_indices[0, 0, :, 0], rows)
 
 
 def test_unsupported_options_say_why() -> None:

@@ -31,7 +31,6 @@ from torch import Tensor
 from tvq_exp.attention.flex_runtime import (
     BlockMask,
     FlexSupport,
-    create_block_mask,
     flex_attention,
     flex_support,
     kernel_options,
@@ -89,15 +88,43 @@ def block_mask(
 ) -> BlockMask | None:
     """The :class:`BlockMask` for ``t_q`` queries starting ``past`` positions after ``t_k`` keys (see
     :func:`causal_mask_mod`), shared by batch and heads; None when everything is visible (non-causal,
-    no window). Cached per arguments: building one for ``T = 8192`` takes ~0.3 s on CPU."""
+    no window). Cached per arguments."""
     if not causal and window is None:
         return None
     return _block_mask(t_q, t_k, str(torch.device(device)), past, causal, window)
 
 
+SPARSE_BLOCK = 128  # flex's block size (torch's default), the rows and keys of one block of a BlockMask
+
+
 @functools.lru_cache(maxsize=64)
 def _block_mask(t_q: int, t_k: int, device: str, past: int, causal: bool, window: int | None) -> BlockMask:
-    return create_block_mask(causal_mask_mod(past, causal, window), None, None, t_q, t_k, device=device)
+    """:func:`block_mask`, from each block pair's range of distances ``past + i - j`` rather than from the
+    elementwise ``(t_q, t_k)`` mask torch's ``create_block_mask`` evaluates (16 GiB at T = 128k, more than a
+    device may give; these are ``(t_q/128, t_k/128)`` tensors). The same blocks, partial and full, as
+    ``create_block_mask(causal_mask_mod(...))``: a block is full where every pair is visible and it lies whole
+    inside the lengths (torch pads the last blocks with masked pairs)."""
+    lo = 0 if causal else -window  # visible: lo <= distance <= hi (the caller leaves no window for non-causal out)
+    hi = float("inf") if window is None else window
+    q0, k0 = (torch.arange(0, n, SPARSE_BLOCK, device=device) for n in (t_q, t_k))
+    q1, k1 = ((x + SPARSE_BLOCK).clamp_max(n) - 1 for x, n in ((q0, t_q), (k0, t_k)))
+    near = q0[:, None] + past - k1[None, :]  # each pair's smallest and largest distance
+    far = q1[:, None] + past - k0[None, :]
+    whole = ((q1 - q0 + 1 == SPARSE_BLOCK)[:, None]) & ((k1 - k0 + 1 == SPARSE_BLOCK)[None, :])
+    every = (near >= lo) & (far <= hi) & whole
+    partial = (far >= lo) & (near <= hi) & ~every
+    return BlockMask.from_kv_blocks(
+        *_ordered(partial), *_ordered(every), BLOCK_SIZE=SPARSE_BLOCK,
+        mask_mod=causal_mask_mod(past, causal, window), seq_lengths=(t_q, t_k),
+    )  # fmt: skip
+
+
+def _ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """A ``(Q/128, K/128)`` bool block table as a BlockMask's ``(1, 1, Q/128)`` counts and ``(1, 1, Q/128, K/128)``
+    key block indices: each row's blocks in order, then the others (as torch orders them)."""
+    table = blocks.to(torch.int32)[None, None]
+    count = table.sum(-1, dtype=torch.int32)
+    return count, torch.argsort(table, dim=-1, descending=True, stable=True).to(torch.int32)
 
 
 def xl_score_mod(distance_logits: Tensor, past: int = 0, causal: bool = True) -> ScoreMod:

@@ -7,6 +7,9 @@ item's cache means. One ``score_mod`` adds the window term (the XL bias looked u
 ``[(q + v)·r_0 .. (q + v)·r_M, 0, -inf]``, as the plain kernel) or the code's ``log n_s``; the causal part
 of the window is a block mask shared by all items, so flex skips the key blocks no query of a query block
 can see. Flex's fused kernel keeps the ``R × (W + S)`` scores out of memory, as the plain kernel's chunks do.
+The ``score_mod`` and the mask compute each key's table column from its distance to the row
+(:class:`~tvq_exp.attention.vq.kernel.WindowIndex`), as the fused Triton kernels do: they load no index table
+(an int64 ``(BLOCK_M, BLOCK_N)`` tile per key tile, more bytes than the keys and values it sat beside).
 
 Where it runs (:func:`tvq_exp.attention.flex_runtime.flex_support`): compiled on CUDA for heads of at least 16
 (torch's CUDA kernel), compiled and forward-only on CPU (torch 2.14 has no compiled CPU backward); with gradients
@@ -31,7 +34,7 @@ from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
 from tvq_exp.attention.flex_runtime import create_block_mask, flex_attention, kernel_options, run_flex
-from tvq_exp.attention.vq.kernel import WindowIndex, WindowInputs
+from tvq_exp.attention.vq.kernel import WindowIndex, WindowInputs, window_index
 
 
 def flex_window_cache_attention(
@@ -65,13 +68,11 @@ def flex_window_cache_attention(
     k, v = (torch.cat(x, dim=2).flatten(0, 1)[:, None] for x in (keys, values))  # (N·I, 1, W [+ S], d)
     acc = accumulation_dtype(q.dtype)
     table = _window_table(bias_q, rel, rows, acc, q.device)  # (N·I, R, M + 3), or (1, 1, 2) without the bias
-    row_index = index.table(q.device).repeat(rows // index.rows, 1)  # (R, W): the same for every head
     cache = (
         q.new_zeros(1, 1, dtype=acc) if log_n is None else log_n.to(acc).flatten(0, 1)
     )  # (N·I, S): log counts
-    masked = table.shape[-1] - 1  # the table's -inf column
-    mask = _block_mask(index, rows // index.rows, k.shape[2], masked, str(q.device))
-    args = (q.flatten(0, 1)[:, None], k, v, mask, table, row_index, cache, log_n is not None, items, block,
+    mask = _block_mask(index, rows // index.rows, k.shape[2], str(q.device))
+    args = (q.flatten(0, 1)[:, None], k, v, mask, table, index, cache, log_n is not None, items, block,
             prev_masked)  # fmt: skip
     out = run_flex(_kernel, args, compiled)
     return out.view(n, items, rows, -1)
@@ -91,17 +92,22 @@ def _window_table(
     return torch.cat([logits, edge], dim=-1)
 
 
+def _columns(index: WindowIndex, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """The table column of window key ``kv_idx`` for flex row ``q_idx`` (``heads`` groups of ``index.rows`` rows,
+    the same window for each): :meth:`WindowIndex.table` computed where it is read. Codes (``kv_idx >= W``) get a
+    column too; the callers do not use it."""
+    return window_index(index.first + q_idx % index.rows - kv_idx, index.max_distance, index.span)
+
+
 @functools.lru_cache(maxsize=32)
-def _block_mask(index: WindowIndex, heads: int, columns: int, masked: int, device: str):  # noqa: ANN202
+def _block_mask(index: WindowIndex, heads: int, columns: int, device: str):  # noqa: ANN202
     """The causal window as a block mask, shared by every item and head (cached per layout, ``heads`` groups of
-    ``index.rows`` rows): window key ``j`` of row ``r`` is visible unless its table column is ``masked`` (the
-    ``-inf`` one); the codes always are."""
-    width = index.width
-    row_index = index.table(device).repeat(heads, 1)
+    ``index.rows`` rows): window key ``j`` of row ``r`` is visible unless its column is the ``-inf`` one; the
+    codes always are."""
+    masked = (-1 if index.max_distance is None else index.max_distance) + 2  # window_index's -inf column
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        in_window = kv_idx < width
-        return ~in_window | (row_index[q_idx, kv_idx.clamp(max=width - 1)] != masked)
+        return (kv_idx >= index.width) | (_columns(index, q_idx, kv_idx) != masked)
 
     return create_block_mask(mask_mod, None, None, heads * index.rows, columns, device=device)
 
@@ -112,19 +118,19 @@ def _kernel(
     v: Tensor,
     mask: object,
     table: Tensor,
-    row_index: Tensor,
+    index: WindowIndex,
     cache: Tensor,
     has_cache: bool,
     items: int,
     block: int,
     prev_masked: bool,
 ) -> Tensor:
-    width = row_index.shape[1]
+    width = index.width
     per_row = table.shape[0] > 1  # a table per item and row (the XL bias), else the shared [0, -inf]
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         in_window = kv_idx < width
-        column = row_index[q_idx, kv_idx.clamp(max=width - 1)]
+        column = _columns(index, q_idx, kv_idx.clamp(max=width - 1))
         term = table[b, q_idx, column] if per_row else table[0, 0, column]
         if has_cache:
             term = torch.where(in_window, term, cache[b, (kv_idx - width).clamp(min=0)])
