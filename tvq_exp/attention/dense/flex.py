@@ -104,7 +104,8 @@ def _block_mask(t_q: int, t_k: int, device: str, past: int, causal: bool, window
     device may give; these are ``(t_q/128, t_k/128)`` tensors). The same blocks, partial and full, as
     ``create_block_mask(causal_mask_mod(...))``: a block is full where every pair is visible and it lies whole
     inside the lengths (torch pads the last blocks with masked pairs)."""
-    lo = 0 if causal else -window  # visible: lo <= distance <= hi (the caller leaves no window for non-causal out)
+    # visible: lo <= distance <= hi (non-causal masks come with a window: block_mask returns None without one)
+    lo = 0 if causal else -window
     hi = float("inf") if window is None else window
     q0, k0 = (torch.arange(0, n, SPARSE_BLOCK, device=device) for n in (t_q, t_k))
     q1, k1 = ((x + SPARSE_BLOCK).clamp_max(n) - 1 for x, n in ((q0, t_q), (k0, t_k)))
