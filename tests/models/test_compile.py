@@ -176,3 +176,66 @@ def test_compiled_blocks_hold_the_fused_kernel_in_their_graphs(monkeypatch: pyte
     for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
     assert dict(counters["graph_break"]) == {}
+
+
+@pytest.mark.parametrize("scope", ["step", "blocks"])
+def test_the_compile_mode_reaches_the_forward_and_backward_and_not_the_codebook_update(
+    scope: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compile_mode`` is torch.compile's mode for what computes the loss and its gradients (the whole step, or
+    each block); the codebook update, which writes its buffers in place, keeps the default mode. With a CUDA graph
+    mode the carried state is a copy: it shares no memory with the step's output (a replay overwrites that)."""
+    calls: list[tuple[str, str | None]] = []
+
+    def spy(fn: Any, **options: Any) -> Any:  # records what is compiled how, and runs it eager
+        calls.append((getattr(fn, "__name__", type(fn).__name__), options.get("mode")))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", spy)
+    eager, module = twin_vq_stacks(2)
+    module.compile_scope, module.compile_mode, module.compile = scope, "reduce-overhead", True
+    module.compile_step()
+    expected = {  # the blocks' two quantisers' update is one function: made twice, the last kept
+        "step": [("training_loss", "reduce-overhead"), ("codebook_step", None)],
+        "blocks": [("_call_impl", "reduce-overhead")] * 2 + [("update", None)] * 2,
+    }
+    assert calls == expected[scope]
+    assert module.cuda_graphs() and not eager.cuda_graphs()
+    _, out = module.step_loss(*_tokens(), None)
+    carried = module.carried(out.state)
+    for ours, theirs in zip(carried, out.state, strict=True):
+        for a, b in zip(ours.tensors(), theirs.tensors(), strict=True):
+            assert torch.equal(a, b) and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+            assert not a.requires_grad
+
+
+def _tokens() -> tuple[Tensor, Tensor]:
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    return x[:, :-1], x[:, 1:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graphs_of_compiled_blocks_train_as_eager_does() -> None:
+    """``compile_mode=reduce-overhead`` by blocks on a CUDA device (the paper preset's scope): three TBPTT steps of
+    a three-block stack, each carrying its state to the next, forward, backward and codebook update replayed from
+    CUDA graphs, equal eager's: losses, gradients, codebook buffers (fp32, TF32 off)."""
+    torch._dynamo.reset()
+    eager, compiled = (m.cuda() for m in twin_vq_stacks(3))
+    compiled.compile, compiled.compile_mode = True, "reduce-overhead"
+    compiled.compile_step()
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1)).cuda()
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    with torch.backends.cuda.matmul.flags(allow_tf32=False), torch.backends.cudnn.flags(allow_tf32=False):
+        for _ in range(3):
+            losses = []
+            for i, module in enumerate((eager, compiled)):
+                module.zero_grad(set_to_none=True)
+                module.start_step()
+                loss, out = training_step(module, x, states[i])
+                states[i] = module.carried(out.state)
+                losses.append(loss.item())
+            assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+            for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+                torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-4, atol=1e-5, msg=name)
+            for (name, b_e), b_c in zip(eager.named_buffers(), compiled.buffers(), strict=True):
+                torch.testing.assert_close(b_c, b_e, rtol=1e-4, atol=1e-5, msg=name)

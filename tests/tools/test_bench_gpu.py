@@ -130,6 +130,20 @@ def test_the_training_kernel_is_auto_unless_named_and_an_unknown_one_is_refused(
     assert "invalid choice: 'fused'" in capsys.readouterr().err
 
 
+def test_more_training_overrides_come_last_and_compose_into_a_valid_run() -> None:
+    """``--train-overrides``: Hydra overrides after the shape (so they win), composing into a configuration the run
+    accepts: the CUDA-graph training the paper step is timed with next to the default one."""
+    from tests.helpers.config import compose_config
+    from tvq_exp.run.validation import validate
+
+    extra = "+module.compile_mode=reduce-overhead data.batch_size=4"
+    shape = training_shape(parser().parse_args(["--train-overrides", extra]))
+    assert shape[-2:] == ("+module.compile_mode=reduce-overhead", "data.batch_size=4")
+    cfg = compose_config("train", shape)
+    validate(cfg)
+    assert cfg.module.compile_mode == "reduce-overhead" and cfg.module.compile_scope == "blocks"
+
+
 PROBE = """
 import time
 

@@ -41,6 +41,9 @@ from tvq_exp.options import (
 from tvq_exp.quantize.sync import all_reduce_sum
 
 EVAL_STAGES = ("val", "test")
+# torch.compile's modes (``module.compile_mode``); those that replay CUDA graphs
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def logging_step(trainer: L.Trainer, step: int) -> bool:
@@ -62,6 +65,12 @@ def finite_state(state: ModelState | None) -> ModelState | None:
         return None
     clean = lambda x: torch.nan_to_num(x, 0.0, 0.0, 0.0) if x.is_floating_point() else x  # noqa: E731
     return [s.map(clean) for s in state]
+
+
+def copy_state(state: ModelState | None) -> ModelState | None:
+    """The carried state detached, every tensor copied (out of a CUDA graph's memory, which its next replay
+    reuses)."""
+    return None if state is None else [s.map(lambda t: t.detach().clone()) for s in state]
 
 
 def state_on(state: ModelState, device: torch.device) -> ModelState:
@@ -99,6 +108,14 @@ class AutoregressiveLitModule(L.LightningModule):
             work is one block's however deep the model, where a whole 48-layer step takes minutes per TBPTT
             position; the embedding, head and loss run eager around them), and each quantiser's codebook update
             (one code, which every quantiser runs).
+        compile_mode: ``torch.compile``'s mode for the forward and backward ``compile`` compiles (the codebook
+            update, which changes buffers in place, keeps the default): ``default``; ``reduce-overhead``: CUDA
+            graphs (inductor's CUDA graph trees: each compiled graph's kernels replayed in one launch, against a
+            step the host's launches bound: the paper step on an H200 launched 7,100 kernels a step and kept the
+            device busy two thirds of it); ``max-autotune`` (autotuned kernels, with CUDA graphs) or
+            ``max-autotune-no-cudagraphs``. A replay overwrites its outputs, so with CUDA graphs every carried
+            state is copied out of them and each training step marks its start (``torch.compiler.cudagraph_mark_step_begin``). On CPU inductor makes
+            no CUDA graphs: the modes differ only in autotuning.
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
@@ -131,6 +148,7 @@ class AutoregressiveLitModule(L.LightningModule):
         position_bucket_len: PositiveInt = 128,
         compile: bool = False,
         compile_scope: Annotated[str, OneOf("step", "blocks")] = "step",
+        compile_mode: Annotated[str, OneOf(*COMPILE_MODES)] = "default",
         run_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -146,7 +164,7 @@ class AutoregressiveLitModule(L.LightningModule):
         )
         self.grad_clip = grad_clip
         self.kind = kind
-        self.compile, self.compile_scope = compile, compile_scope
+        self.compile, self.compile_scope, self.compile_mode = compile, compile_scope, compile_mode
         self._training_loss: Any = None  # compiled by compile_step (None: eager)
         self._codebook_step: Any = None
         self.train_state: ModelState | None = None
@@ -199,10 +217,12 @@ class AutoregressiveLitModule(L.LightningModule):
         ``fullgraph=True`` raises at a graph break instead of splitting the graph: the tests use it); with
         ``compile_scope="blocks"`` each block instead (in place: ``nn.Module.compile``) and each quantiser's update
         (one compiled :meth:`~tvq_exp.quantize.VectorQuantizer.update` per quantiser class, run by all of them: a
-        deep model's updates are a few kernels each, not a few dozen eager ops)."""
+        deep model's updates are a few kernels each, not a few dozen eager ops). The forward and backward take
+        :attr:`compile_mode`."""
+        mode = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
         if self.compile_scope == "blocks":
             for block in self.model.blocks:
-                block.compile(backend=backend, fullgraph=fullgraph, dynamic=False)
+                block.compile(backend=backend, fullgraph=fullgraph, dynamic=False, **mode)
             self._training_loss = self.training_loss
             updates = {
                 type(q): torch.compile(type(q).update, backend=backend, fullgraph=fullgraph, dynamic=False)
@@ -211,11 +231,26 @@ class AutoregressiveLitModule(L.LightningModule):
             self._codebook_step = functools.partial(_each_update, self.model.quantizers(), updates)
             return
         self._training_loss = torch.compile(
-            self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False
+            self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False, **mode
         )
         self._codebook_step = torch.compile(
             self.model.codebook_step, backend=backend, fullgraph=fullgraph, dynamic=False
         )
+
+    def cuda_graphs(self) -> bool:
+        """Whether the compiled step replays CUDA graphs (:attr:`compile_mode`; on a CUDA device)."""
+        return self.compile and self.compile_mode in CUDA_GRAPH_MODES
+
+    def start_step(self) -> None:
+        """A training step begins: with CUDA graphs, the last step's graph outputs are dead from here (their memory
+        is the next replay's)."""
+        if self.cuda_graphs():
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def carried(self, state: ModelState | None) -> ModelState | None:
+        """The state a step's output hands to the next batch: detached; with CUDA graphs also copied out of the
+        graphs' memory, which the next replay overwrites while it reads the state."""
+        return copy_state(state) if self.cuda_graphs() else detach_state(state)
 
     def step_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
         """:meth:`training_loss`, compiled after :meth:`compile_step`."""
@@ -247,8 +282,9 @@ class AutoregressiveLitModule(L.LightningModule):
     def training_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> Tensor:
         if self.compile and self._training_loss is None:
             self.compile_step()
+        self.start_step()
         loss, out = self.step_loss(batch["input"], batch["target"], self._continue(self.train_state, batch))
-        self.train_state = detach_state(out.state)
+        self.train_state = self.carried(out.state)
         if self.answer_buckets:  # a probe: accuracy at its answer positions
             answer = batch["target"] != IGNORE_INDEX
             right = (out.logits.argmax(-1) == batch["target"]) & answer
@@ -277,7 +313,7 @@ class AutoregressiveLitModule(L.LightningModule):
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         stage = self.eval_stage()
         nats, out = self._step(batch, self._continue(self.eval_state, batch))
-        self.eval_state = out.state
+        self.eval_state = self.carried(out.state)
         target = batch["target"]
         start = batch.get("position", torch.zeros(target.shape[0], dtype=torch.long, device=target.device))
         positions = start[:, None] + torch.arange(target.shape[1], device=target.device)

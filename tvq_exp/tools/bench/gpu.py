@@ -18,7 +18,8 @@ the start-up about 7.5 minutes in all):
    :func:`~tvq_exp.attention.vq.fused.support.value_chunks`; ``triton``: the fused kernels), the training step
    compiled (``module.compile``, on with ``trainer=gpu``), for ``--train-seconds`` (90 s) after its compilation
    (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
-   machines; the shape, not the corpus, sets the cost): tokens/s, TFLOP/s, MFU against the measured matmul rate
+   machines; the shape, not the corpus, sets the cost) with ``--train-overrides`` after it (``+module.compile_mode=
+   reduce-overhead``: the step from CUDA graphs): tokens/s, TFLOP/s, MFU against the measured matmul rate
    and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`). The
    per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
    run stopped at the budget still gives the figures of the rows it flushed;
@@ -167,6 +168,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data", default="gutenberg", help="the training figure's corpus (a conf/data name)")
     p.add_argument(
+        "--train-overrides",
+        default="",
+        help="more Hydra overrides for the training, space-separated (e.g. +module.compile_mode=reduce-overhead)",
+    )
+    p.add_argument(
         "--batch-sizes",
         default="auto",
         help="per-process batch sizes to try, first that fits; auto: the paper's 16 first on a device of at least "
@@ -209,8 +215,10 @@ def _batches(option: str) -> list[int]:
 
 
 def training_shape(args: argparse.Namespace) -> tuple[str, ...]:
-    """The training section's overrides: the paper's shape with ``--train-kernel`` and ``--data``."""
-    return (*TRAIN_SHAPE, f"model.attention.kernel={args.train_kernel}", f"data={args.data}")
+    """The training section's overrides: the paper's shape with ``--train-kernel`` and ``--data``, then
+    ``--train-overrides``."""
+    extra = args.train_overrides.split()
+    return (*TRAIN_SHAPE, f"model.attention.kernel={args.train_kernel}", f"data={args.data}", *extra)
 
 
 def jobs(args: argparse.Namespace) -> list[tuple[str, Job]]:
