@@ -78,7 +78,8 @@ def fused_cache_means(
     reason = why_not(values, mu0.shape[-2])
     if reason:
         raise ValueError(f"running code means in Triton: {reason}")
-    return CacheMeans(*code_means(codes, values, valid, n0.double(), mu0.float(), first, items, state))
+    kept = torch.where(valid, codes, -1).to(torch.int32)  # -1: a padded position, counted nowhere
+    return CacheMeans(*code_means(kept, values, n0.double(), mu0.float(), first, items, state))
 
 
 def why_not(values: Tensor, codes: int) -> str | None:
@@ -104,11 +105,12 @@ def _dot(values: Tensor, interpret: bool) -> tuple[object, str]:
 
 @torch.library.custom_op("tvq::code_means", mutates_args=(), device_types=("cpu", "cuda"))
 def code_means(
-    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
+    codes: Tensor, values: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward kernels: ``codes (N, R, L)``, ``values (N, R, L, d_v)``, ``valid (R, L)``, the carried ``n0 (N, S)``
-    fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, the means of ``items`` items from block
-    ``first`` ``(N, items, S, d_v)`` in the values' dtype, and entry ``state`` of the means ``(N, S, d_v)`` fp32."""
+    """The forward kernels: ``codes (N, R, L)`` int32 (``-1`` at a padded position), ``values (N, R, L, d_v)``, the
+    carried ``n0 (N, S)`` fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, the means of ``items``
+    items from block ``first`` ``(N, items, S, d_v)`` in the values' dtype, and entry ``state`` of the means
+    ``(N, S, d_v)`` fp32."""
     interpret = values.device.type == "cpu"
     n, r, length = codes.shape
     s, d = mu0.shape[1], values.shape[-1]
@@ -121,8 +123,7 @@ def code_means(
     kernels = prefix_kernels(interpret)
     bs, bt, bd, warps, stages = kernel_tiles(interpret, "sums")
     kernels.block_sums_kernel[(n * r * cdiv(s, bs) * cdiv(d, bd),)](
-        codes.to(torch.int32).contiguous(), values.contiguous(), valid.to(torch.int8).contiguous(), block_sums,
-        block_counts, r, length, s, d,
+        codes.contiguous(), values.contiguous(), block_sums, block_counts, r, length, s, d,
         BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     bs, bd, warps, stages = kernel_tiles(interpret, "forward")
@@ -136,7 +137,7 @@ def code_means(
 
 @code_means.register_fake
 def _(
-    codes: Tensor, values: Tensor, valid: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
+    codes: Tensor, values: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     n, r, _ = codes.shape
     s, d = mu0.shape[1:]
@@ -145,11 +146,11 @@ def _(
 
 @torch.library.custom_op("tvq::code_means_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def code_means_backward(
-    grad_items: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, first: int, dtype: torch.dtype
+    grad_items: Tensor, codes: Tensor, counts: Tensor, first: int, dtype: torch.dtype
 ) -> Tensor:
     """The backward kernels: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from that of the items' means
     ``(N, I, S, d_v)`` (any float dtype, read as it is), the items from block ``first``, and the forward's
-    ``counts``."""
+    ``codes`` (int32, ``-1`` padded) and ``counts``."""
     interpret = codes.device.type == "cpu"
     n, r, length = codes.shape
     items, s, d = grad_items.shape[1:]
@@ -164,33 +165,31 @@ def code_means_backward(
     )  # fmt: skip
     bt, bd, warps, stages = kernel_tiles(interpret, "rows")
     kernels.code_rows_kernel[(n * r, cdiv(length, bt), cdiv(d, bd))](
-        suffix, codes.to(torch.int32).contiguous(), valid.to(torch.int8).contiguous(), dv, r, length, s, d,
+        suffix, codes.contiguous(), dv, r, length, s, d,
         BT=bt, BD=bd, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dv
 
 
 @code_means_backward.register_fake
-def _(
-    grad_items: Tensor, codes: Tensor, valid: Tensor, counts: Tensor, first: int, dtype: torch.dtype
-) -> Tensor:
+def _(grad_items: Tensor, codes: Tensor, counts: Tensor, first: int, dtype: torch.dtype) -> Tensor:
     return grad_items.new_empty(*codes.shape, grad_items.shape[-1], dtype=dtype)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:  # noqa: ANN001
-    codes, values, valid, _n0, _mu0, first, _items, _state = inputs
+    codes, values, _n0, _mu0, first, _items, _state = inputs
     counts, _item_means, state_means = output
     ctx.mark_non_differentiable(counts, state_means)
-    ctx.save_for_backward(codes, valid, counts)
+    ctx.save_for_backward(codes, counts)
     ctx.values_dtype, ctx.first = values.dtype, first
 
 
 def _backward(ctx, _grad_counts: Tensor | None, grad_items: Tensor, _grad_state: Tensor | None) -> tuple:  # noqa: ANN001
     if grad_items is None:
-        return (None,) * 8
-    codes, valid, counts = ctx.saved_tensors
-    dv = code_means_backward(grad_items, codes, valid, counts, ctx.first, ctx.values_dtype)
-    return None, dv, None, None, None, None, None, None
+        return (None,) * 7
+    codes, counts = ctx.saved_tensors
+    dv = code_means_backward(grad_items, codes, counts, ctx.first, ctx.values_dtype)
+    return None, dv, None, None, None, None, None
 
 
 code_means.register_autograd(_backward, setup_context=_setup_context)

@@ -19,16 +19,16 @@ import triton.language as tl
 
 
 @triton.jit
-def _codes(z_ptr, ok_ptr, n, r, t, t_ok, R, L):
-    """The codes of positions ``t`` of block ``r`` of sequence ``n``, ``-1`` where padded (not counted)."""
-    z = tl.load(z_ptr + (n * R + r) * L + t, mask=t_ok, other=-1)
-    keep = tl.load(ok_ptr + r * L + t, mask=t_ok, other=0)
-    return tl.where(keep != 0, z, -1)
+def _codes(z_ptr, n, r, t, t_ok, R, L):
+    """The codes of positions ``t`` of block ``r`` of sequence ``n``, ``-1`` where padded (not counted): one load of
+    the codes the op masked before the launch (a second load in the block sums' loop, of the int8 mask, was too small
+    for an asynchronous copy, so each step waited for it: Triton 3.8's sm_90a TTGIR)."""
+    return tl.load(z_ptr + (n * R + r) * L + t, mask=t_ok, other=-1)
 
 
 @triton.jit
 def block_sums_kernel(
-    z_ptr, v_ptr, ok_ptr, sums_ptr, cnt_ptr,
+    z_ptr, v_ptr, sums_ptr, cnt_ptr,
     R, L, S, D,
     BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -48,7 +48,7 @@ def block_sums_kernel(
     for t0 in range(0, L, BT):
         t = t0 + tl.arange(0, BT)
         t_ok = t < L
-        z = _codes(z_ptr, ok_ptr, n, r, t, t_ok, R, L)
+        z = _codes(z_ptr, n, r, t, t_ok, R, L)
         hit = tl.where(s[:, None] == z[None, :], 1.0, 0.0)  # (BS, BT)
         v = tl.load(v_ptr + (nr * L + t)[:, None] * D + d[None, :],
                     mask=t_ok[:, None] & (d < D)[None, :], other=0.0)  # fmt: skip
@@ -164,7 +164,7 @@ def prefix_backward_kernel(
 
 @triton.jit
 def code_rows_kernel(
-    suffix_ptr, z_ptr, ok_ptr, dv_ptr,
+    suffix_ptr, z_ptr, dv_ptr,
     R, L, S, D,
     BT: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
@@ -176,7 +176,7 @@ def code_rows_kernel(
     t_ok = t < L
     d = db * BD + tl.arange(0, BD)
     d_ok = d < D
-    z = _codes(z_ptr, ok_ptr, n, r, t, t_ok, R, L)
+    z = _codes(z_ptr, n, r, t, t_ok, R, L)
     row = tl.load(suffix_ptr + (nr * S + z)[:, None] * D + d[None, :], mask=(z >= 0)[:, None] & d_ok[None, :],
                   other=0.0)  # fmt: skip
     tl.store(dv_ptr + (nr * L + t)[:, None] * D + d[None, :], row.to(dv_ptr.dtype.element_ty),

@@ -233,7 +233,7 @@ def compile_prefix(kernel: str, dtype: str) -> Row:
 
     kernels = prefix.prefix_kernels(False)
     tiles = prefix.GPU_TILES[kernel]
-    codes = {"z_ptr": "*i32", "ok_ptr": "*i8"}
+    codes = {"z_ptr": "*i32"}
     if kernel == "sums":
         fn, (bs, bt, bd, warps, stages) = kernels.block_sums_kernel, tiles
         const: dict[str, object] = {
