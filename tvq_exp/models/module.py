@@ -114,8 +114,9 @@ class AutoregressiveLitModule(L.LightningModule):
             step the host's launches bound: the paper step on an H200 launched 7,100 kernels a step and kept the
             device busy two thirds of it); ``max-autotune`` (autotuned kernels, with CUDA graphs) or
             ``max-autotune-no-cudagraphs``. A replay overwrites its outputs, so with CUDA graphs every carried
-            state is copied out of them and each training step marks its start (``torch.compiler.cudagraph_mark_step_begin``). On CPU inductor makes
-            no CUDA graphs: the modes differ only in autotuning.
+            state is copied out of them and each training step marks its start
+            (``torch.compiler.cudagraph_mark_step_begin``). On CPU inductor makes no CUDA graphs: the modes differ
+            only in autotuning.
         run_config: the resolved run configuration, stored in checkpoints so ``eval``/``sample`` can rebuild
             the model.
 
