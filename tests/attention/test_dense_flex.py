@@ -187,11 +187,18 @@ def test_the_block_mask_is_the_one_torch_builds_from_the_mask(
     assert torch.equal(ours.to_dense(), torch_mask.to_dense())
 
 
-def test_the_block_mask_of_a_long_sequence_needs_no_elementwise_mask() -> None:
+def test_the_block_mask_of_a_long_sequence_needs_no_elementwise_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """At T = 128k the elementwise mask torch's ``create_block_mask`` evaluates is 16 GiB (the allocation that failed
-    on an H200, 2026-11-29); :func:`block_mask` builds the causal mask from its 1024 × 1024 blocks: block row ``i``
-    has ``i`` full blocks and its diagonal one partial."""
-    t = 131072
+    on an H200, 2026-11-29); :func:`block_mask` builds the causal mask from its 1024 × 1024 blocks, never evaluating
+    the elementwise one (torch's ``create_mask`` refuses here): block row ``i`` has ``i`` full blocks and its
+    diagonal one partial."""
+    import torch.nn.attention.flex_attention as flex
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the elementwise T x T mask was evaluated")
+
+    monkeypatch.setattr(flex, "create_mask", refuse)
+    t = 131072 + SPARSE_BLOCK  # a length no other test builds (the masks are cached)
     mask = block_mask(t, t, "cpu")
     rows = torch.arange(t // SPARSE_BLOCK, dtype=torch.int32)
     assert torch.equal(mask.full_kv_num_blocks[0, 0], rows)
