@@ -29,7 +29,6 @@ from tvq_exp.options import (
     checked,
 )
 from tvq_exp.quantize.affine import AffineUpdate
-from tvq_exp.quantize.code_error import code_error
 from tvq_exp.quantize.ema import EMAUpdate, decay_into
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
 from tvq_exp.quantize.gradient import GradientUpdate
@@ -205,10 +204,7 @@ class VectorQuantizer(nn.Module):
         # (H, N, d), the layout of the search, the statistics and the losses (none needs (B, H, T, d)): a view where
         # the keys come as (B, T, H, d), else one copy in their dtype
         kh = k.transpose(0, 1).reshape(h, b * t, d)
-        # where the search is fused the per-key work is too (:mod:`.code_error`), on the keys as they are; else an
-        # fp32 copy, once, for the search and the losses (a bf16 key tensor cast once, not twice)
-        fused = self._fused_keys(k)
-        kf = kh if fused else kh.float()
+        kf = kh.float()  # once, for the search and the losses (a bf16 key tensor cast once, not twice)
         flat = kf.detach()
         learning = self.training and torch.is_grad_enabled() and not _FROZEN.get()
         if learning and not self.initialized_on_host:
@@ -224,22 +220,17 @@ class VectorQuantizer(nn.Module):
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
         if training and self.assignment == "sampled":
             codes, noise = self._draw(flat, codebook.detach(), nearest)
+        index = codes[..., None].expand(h, b * t, d)
+        quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
+        # the value the attention reads, in the keys' dtype: the codebook's S rows cast, then gathered (not N rows
+        # gathered, then cast: a key-sized read and write less)
+        value = quant if k.dtype == codebook.dtype else torch.gather(codebook.detach().to(k.dtype), 1, index)
         counts = code_counts(codes, self.codebook_size)
         weighted = self.fit_weight == "fisher"
         if learning and not weighted:
             self._accumulate(flat, codes, counts)
-        if fused:  # the squared errors and norms per key, and the codes' rows in the keys' dtype
-            err, sq, value = code_error(kh, codebook.detach(), codes)
-            quant = None
-            aux = self._aux(err.sum() / kh.numel(), sq.detach().sum() / kh.numel(), counts)
-        else:
-            index = codes[..., None].expand(h, b * t, d)
-            quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
-            # the value the attention reads, in the keys' dtype: the codebook's S rows cast, then gathered (not N
-            # rows gathered, then cast: a key-sized read and write less)
-            value = quant if k.dtype == codebook.dtype else torch.gather(codebook.detach().to(k.dtype), 1, index)
-            aux = self._plain_aux(kf, quant, counts)
-        value = value.view(h, b, t, d).transpose(0, 1)
+        aux = self._aux(kf, quant, counts)
+        quant, value = (x.view(h, b, t, d).transpose(0, 1) for x in (quant, value))
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, value.detach())
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
@@ -248,8 +239,7 @@ class VectorQuantizer(nn.Module):
             k_hat = k_hat + term.view(h, b, t, d).transpose(0, 1).to(k.dtype)
         if training and self.hard_warmup:  # + (1 - α)·sg(k' - C_z): the value moves from the key to the code
             soft = 1 - self.hard_fraction()
-            quant = quant.detach().view(h, b, t, d).transpose(0, 1)  # (never fused: see _fused_keys)
-            k_hat = k_hat + (soft * (k.detach().float() - quant.float())).to(k.dtype)
+            k_hat = k_hat + (soft * (k.detach().float() - quant.detach().float())).to(k.dtype)
         if learning and weighted and k_hat.requires_grad:
             _weigh_in_backward(k_hat, functools.partial(self._accumulate_weighted, flat, codes))
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
@@ -271,7 +261,7 @@ class VectorQuantizer(nn.Module):
         self.rule.accumulate(self, flat, codes)
         if self.reseed_fraction > 0:
             take = torch.randperm(flat.shape[1], device=flat.device)[: self.sample_keys]
-            self.recent_keys = flat[:, take].float()  # (the keys' dtype where the per-key work is fused)
+            self.recent_keys = flat[:, take]
 
     def _accumulate_weighted(self, flat: Tensor, codes: Tensor, grad: Tensor) -> None:
         """``fit_weight=fisher``: :meth:`_accumulate` with each key weighted by ``||∂L/∂k_hat||²`` (``grad (B, H, T,
@@ -289,30 +279,16 @@ class VectorQuantizer(nn.Module):
             take = torch.multinomial(weight.float() + 1e-12, min(n, self.sample_keys), replacement=True)
             self.recent_keys = flat.gather(1, take[..., None].expand(h, take.shape[1], d))
 
-    def _fused_keys(self, k: Tensor) -> bool:
-        """Whether the per-key work runs in the Triton kernels of :mod:`.code_error`: where the search is fused
-        (:func:`.kmeans.fused_search`), for the official setting: nearest codes, the EMA rule, uniform fit, no
-        hard warm-up (the others read the quantised keys as a tensor)."""
-        official = self.assignment == "nearest" and self.fit_weight == "uniform" and not self.hard_warmup
-        return official and isinstance(self.rule, EMAUpdate) and fused_search(k)
-
-    def _plain_aux(self, kf: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
-        """:meth:`_aux` of keys ``kf`` (fp32, ``(H, N, d)``) quantised to ``quant`` (``(H, N, d)``), with the
-        trainable rules' ``codebook_loss``."""
+    def _aux(self, kf: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
+        """The losses and metrics of keys ``kf`` (fp32, ``(H, N, d)``) quantised to ``quant`` (``(H, N, d)``)."""
         commit = F.mse_loss(kf, quant.detach().float())
-        mean_square = torch.linalg.vector_norm(kf.detach()).square() / kf.numel()  # one read, no squared copy
-        aux = self._aux(commit, mean_square, counts)
-        if self.rule.trainable:
-            aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
-        return aux
-
-    def _aux(self, commit: Tensor, mean_square: Tensor, counts: Tensor) -> dict[str, Tensor]:
-        """The losses and metrics of the keys' mean squared error to their codes ``commit`` (a gradient to the
-        keys), the keys' mean square and the codes' ``counts (H, S)``."""
         aux = {
             "commit_loss": self.commit_weight * commit * (self.heads * self.dim)
         }  # summed over heads, dims
+        if self.rule.trainable:
+            aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
         aux["perplexity"] = usage_perplexity(counts).mean().detach()
+        mean_square = torch.linalg.vector_norm(kf.detach()).square() / kf.numel()  # one read, no squared copy
         aux["quant_error"] = (commit / mean_square.clamp_min(1e-12)).detach()
         aux["dead_codes"] = (dead_fraction(counts).mean() * self.codebook_size).detach()
         return aux

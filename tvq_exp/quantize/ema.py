@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tvq_exp.quantize.code_error import add_code_sums
-from tvq_exp.quantize.kmeans import fused_search
 from tvq_exp.quantize.sync import all_reduce_sum
 from tvq_exp.quantize.update import CodebookUpdate
 
@@ -46,11 +44,6 @@ class EMAUpdate(CodebookUpdate):
         owner.ema_sum.copy_(torch.where(mask[..., None], vectors * owner.ema_count[..., None], owner.ema_sum))
 
     def accumulate(self, owner: nn.Module, keys: Tensor, codes: Tensor) -> None:
-        """The keys ``(H, N, d)`` added into their codes' ``pending_sum``: where the search is fused in one kernel
-        that reads them in their dtype (:func:`.code_error.add_code_sums`), else an fp32 ``scatter_add_``."""
-        if fused_search(keys):
-            add_code_sums(keys, codes, owner.pending_sum)
-            return
         h, n, d = keys.shape
         owner.pending_sum.scatter_add_(1, codes[..., None].expand(h, n, d), keys.to(owner.pending_sum.dtype))
 
