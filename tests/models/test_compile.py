@@ -215,7 +215,7 @@ def _tokens() -> tuple[Tensor, Tensor]:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_cuda_graphs_of_compiled_blocks_train_as_eager_does() -> None:
+def test_cuda_graphs_of_compiled_blocks_train_as_eager_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """``compile_mode=reduce-overhead`` by blocks on a CUDA device (the paper preset's scope): three TBPTT steps of
     a three-block stack, each carrying its state to the next, forward, backward and codebook update replayed from
     CUDA graphs, equal eager's: losses, gradients, codebook buffers (fp32, TF32 off)."""
@@ -225,7 +225,8 @@ def test_cuda_graphs_of_compiled_blocks_train_as_eager_does() -> None:
     compiled.compile_step()
     x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1)).cuda()
     states: dict[int, ModelState | None] = {0: None, 1: None}
-    with torch.backends.cuda.matmul.flags(allow_tf32=False), torch.backends.cudnn.flags(allow_tf32=False):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # (it has no flags() context)
+    with torch.backends.cudnn.flags(allow_tf32=False):
         for _ in range(3):
             losses = []
             for i, module in enumerate((eager, compiled)):
