@@ -17,7 +17,13 @@ from torch.utils.data import DataLoader
 from tests.helpers.paths import REPO
 from tests.models.test_flops import tiny_preset
 from tvq_exp.callbacks.device_profile import DeviceProfile
-from tvq_exp.measure.profile import OUR_KERNELS, kernel_kind, profile_calls, profile_summary
+from tvq_exp.measure.profile import (
+    OUR_KERNELS,
+    compile_summary,
+    kernel_kind,
+    profile_calls,
+    profile_summary,
+)
 from tvq_exp.models.module import AutoregressiveLitModule
 
 
@@ -34,8 +40,17 @@ def _fit(tmp_path: Path, steps: int, profiler: DeviceProfile) -> None:
 
 
 def test_the_window_is_written_per_step(tmp_path: Path) -> None:
+    torch._dynamo.utils.counters.clear()
     _fit(tmp_path, 7, DeviceProfile(str(tmp_path), skip=2, steps=3, rows=500))
     profile = json.loads((tmp_path / "device-profile.json").read_text())
+    # an eager step: nothing compiled
+    assert profile["compile"] == {
+        "graphs": 0,
+        "frames": 0,
+        "graph_breaks": 0,
+        "break_reasons": {},
+        "resumes": {},
+    }
     assert profile["device"] == "cpu" and profile["steps"] == 3
     rows = profile["rows"]
     times = [r["ms_per_step"] for r in rows]
@@ -52,6 +67,30 @@ def test_the_window_is_written_per_step(tmp_path: Path) -> None:
     assert profile["busy_share"] == pytest.approx(profile["ms_per_step"] / profile["wall_ms_per_step"])
     assert sum(profile["by_kind"].values()) == pytest.approx(profile["ms_per_step"])
     assert profile["by_kind"]["gemm"] > 0
+
+
+def test_the_compile_summary_names_the_breaks_and_where_the_frames_resume() -> None:
+    """A function compiled with one graph break (a ``print``), called for two values of an int it specialises on:
+    two frames compiled with a break each, their graphs, the break's reason and the function resumed after it."""
+
+    def step(x: torch.Tensor, n: int) -> torch.Tensor:
+        y = x * n
+        print("between", end="\r")  # noqa: T201 - the graph break under test
+        return y + 1
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(step, backend="eager", dynamic=False)
+    for n in (2, 2, 3):
+        compiled(torch.ones(2), n)
+    summary = compile_summary()
+    assert summary["graph_breaks"] == 2 and summary["frames"] >= 3 and summary["graphs"] >= 3
+    ((reason, count),) = summary["break_reasons"].items()
+    assert count == 2 and "print" in reason and "Developer debug context" in reason
+    assert summary["resumes"] == {
+        "torch_dynamo_resume_in_step_at_" + str(step.__code__.co_firstlineno + 2): 2
+    }  # the print's line
+    torch._dynamo.reset()
 
 
 def test_on_a_gpu_each_kernel_counts_once() -> None:

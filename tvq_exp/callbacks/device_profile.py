@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.profiler import ProfilerActivity, profile
 
 from tvq_exp.files import write_text
-from tvq_exp.measure.profile import profile_summary
+from tvq_exp.measure.profile import compile_summary, profile_summary
 from tvq_exp.options import NonNegativeInt, PositiveInt, checked
 
 
@@ -29,7 +29,9 @@ class DeviceProfile(Callback):
     host), ``by_kind`` (``ms_per_step`` by :func:`~tvq_exp.measure.profile.kernel_kind`: the GEMMs', SDPA's, the
     fused VQ kernels', inductor's, the copies' and the rest's), ``calls_per_step`` (kernel launches per step on a
     GPU, ops on a CPU) and ``rows``: the ``rows`` largest by self time, each ``{"name", "ms_per_step", "share",
-    "calls_per_step"}`` (``share`` of ``ms_per_step``).
+    "calls_per_step"}`` (``share`` of ``ms_per_step``), and ``compile``: what ``torch.compile`` did in the process
+    up to the window's end (:func:`~tvq_exp.measure.profile.compile_summary`: graphs, frames, graph breaks and their
+    reasons, the functions resumed after them), so a profile of a compiled step says whether it compiled whole.
 
     On a GPU only the device's own events count. The host-side op that launched a kernel has the kernel's time as
     its self device time, so the host ops are left out: counted too, they counted each kernel twice. The text
@@ -86,6 +88,7 @@ class DeviceProfile(Callback):
             averages, key, max(steps, 1), self.rows, device_events=cuda, wall_ms=wall_ms
         )
         summary["device"] = "cuda" if cuda else "cpu"
+        summary["compile"] = compile_summary()  # after the window: the step's compilation is over
         self.dirpath.mkdir(parents=True, exist_ok=True)
         write_text("device-profile.json", self.dirpath, json.dumps(summary, indent=1) + "\n")
         write_text(

@@ -106,4 +106,28 @@ def profile_calls(
     return profile_summary(prof.key_averages(), key, calls, rows, device_events=cuda, wall_ms=wall_ms)
 
 
-__all__ = ["device_work", "kernel_kind", "profile_calls", "profile_summary"]
+def compile_summary(top: int = 5) -> dict[str, Any]:
+    """What ``torch.compile`` did in this process so far, from dynamo's counters: ``graphs`` (graphs compiled),
+    ``frames`` (frames compiled: a frame compiled again after its guards failed, for another TBPTT position say,
+    counts again), ``graph_breaks`` and their ``top`` most frequent ``break_reasons`` (each its first line and its
+    developer context, as dynamo words them, with its count), and ``resumes``: the functions that continue a frame
+    after a break, by name (``torch_dynamo_resume_in_forward_at_257``: a function ``forward`` after its break at
+    line 257), each with how often it was compiled. A step that compiles whole has no break and no resume."""
+    from torch._dynamo.utils import counters
+
+    reasons: dict[str, int] = {}
+    for reason, count in counters["graph_break"].items():
+        lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
+        context = [line for line in lines if line.startswith("Developer debug context")]
+        key = " | ".join(lines[:1] + context[:1])[:400]
+        reasons[key] = reasons.get(key, 0) + count
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "frames": counters["frames"]["total"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "break_reasons": dict(sorted(reasons.items(), key=lambda item: -item[1])[:top]),
+        "resumes": dict(counters["resumes"]),
+    }
+
+
+__all__ = ["compile_summary", "device_work", "kernel_kind", "profile_calls", "profile_summary"]

@@ -32,4 +32,5 @@ for name in ("gpu_default.json", "gpu_graphs.json"):
     if os.path.exists(path):
         t = json.load(open(path)).get("training", {})
         print(name, {k: v for k, v in t.items() if k not in ("command", "profile", "rows")})
+        print("  compile:", json.dumps(t.get("profile", {}).get("compile"))[:1500])
 PY

@@ -20,7 +20,9 @@ the start-up about 7.5 minutes in all):
    (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
    machines; the shape, not the corpus, sets the cost) with ``--train-overrides`` after it (``+module.compile_mode=
    reduce-overhead``: the step from CUDA graphs): tokens/s, TFLOP/s, MFU against the measured matmul rate
-   and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`). The
+   and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`), and the
+   step's device profile, whose ``compile`` part says whether the step compiled whole (graph breaks, the functions
+   resumed after them, frames compiled per TBPTT position). The
    per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
    run stopped at the budget still gives the figures of the rows it flushed;
 3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``), the fused kernels' files first, without the two
