@@ -114,6 +114,33 @@ def test_callback_equals_a_direct_computation_over_the_validation_keys() -> None
     assert not any(q._forward_hooks for q in model.quantizers())  # unhooked after the validation
 
 
+def test_compiled_blocks_take_the_hooks_without_a_graph_break_and_give_the_same_health() -> None:
+    """Blocks compiled whole (``fullgraph=True``: a graph break raises) run the quantisers' hooks inside their
+    graphs: the hooks only keep the keys, and the callback samples them after each batch, so a compiled validation
+    gives the eager one's numbers."""
+    batches = _batches()
+
+    def validate(compiled: bool) -> dict[str, dict[str, float]]:
+        module = _vq_module()
+        if compiled:
+            torch._dynamo.reset()
+            module.compile, module.compile_scope = True, "blocks"
+            module.compile_step(backend="aot_eager", fullgraph=True)
+        health = CodebookHealth(sample_keys=50, kmeans_iters=5, seed=2)  # a sample of 50 of the 384 keys
+        trainer = L.Trainer(accelerator="cpu", logger=False, callbacks=[health], enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.validate(
+            module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False
+        )
+        return health.results
+
+    eager, compiled = validate(compiled=False), validate(compiled=True)
+    assert list(compiled) == list(eager) == ["layer0", "layer1"]
+    for name, result in eager.items():
+        assert compiled[name] == pytest.approx(result, rel=1e-5), name
+    torch._dynamo.reset()
+
+
 def test_no_quantisers_no_results() -> None:
     attention = functools.partial(build_attention, "dense", window_len=8)
     module = AutoregressiveLitModule(Decoder(256, 16, 1, functools.partial(GAUBlock, d_k=8), attention))

@@ -36,6 +36,10 @@ class KeyTally:
     order they arrived. Each position draws a priority from ``generator`` and the highest ``capacity``
     are kept (bottom-k sampling), so the sample does not depend on how the keys are batched.
 
+    A forward hook :meth:`offer`s a batch's keys and codes, and :meth:`flush` adds what was offered: the hook runs
+    inside a compiled block, where the sampling (a CPU generator's draws, a pool whose size changes with every
+    batch) would break the block's graph, so it only keeps the tensors, and the callback adds them after the batch.
+
     Args:
         codebook: the quantiser's codebook ``(H, S, d)`` (its shape and device).
         capacity: the most key positions kept.
@@ -48,6 +52,18 @@ class KeyTally:
         self.counts = torch.zeros(h, s, device=codebook.device)
         self.keys = torch.zeros(h, 0, d, device=codebook.device)
         self.priority = torch.zeros(0)
+        self.pending: list[tuple[Tensor, Tensor]] = []
+
+    def offer(self, keys: Tensor, codes: Tensor) -> None:
+        """Keep ``keys (H, N, d)`` and ``codes (H, N)`` for :meth:`flush` (no work: traced whole inside a compiled
+        graph, as a list append)."""
+        self.pending.append((keys, codes))
+
+    def flush(self) -> None:
+        """:meth:`add` what was offered since the last flush, in order."""
+        for keys, codes in self.pending:
+            self.add(keys, codes)
+        self.pending = []
 
     def add(self, keys: Tensor, codes: Tensor) -> None:
         """Count ``codes (H, N)`` and offer ``keys (H, N, d)`` (search space) to the sample."""
@@ -77,7 +93,7 @@ def _observer(tally: KeyTally) -> Callable[..., None]:
     def observe(quantizer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         k = quantizer.search_keys((args[0] if args else kwargs["k"]).detach())
         h, d = k.shape[1], k.shape[-1]
-        tally.add(k.transpose(0, 1).reshape(h, -1, d), output[1].detach().transpose(0, 1).reshape(h, -1))
+        tally.offer(k.transpose(0, 1).reshape(h, -1, d), output[1].detach().transpose(0, 1).reshape(h, -1))
 
     return observe
 
@@ -131,6 +147,28 @@ class CodebookHealth(Callback):
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.start(getattr(pl_module, "model", pl_module))
 
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        idx: int,
+        dl: int = 0,
+    ) -> None:
+        self._flush()
+
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        idx: int,
+        dl: int = 0,
+    ) -> None:
+        self._flush()
+
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.finish(trainer, pl_module, "val")
 
@@ -172,6 +210,7 @@ class CodebookHealth(Callback):
         """Unhook and compute every layer's health from what was gathered since :meth:`start` (collective
         under DDP: every rank calls it)."""
         self._remove_hooks()
+        self._flush()
         results = {}
         for name, tally in self._tallies.items():
             counts = all_reduce_sum(tally.counts.clone())
@@ -215,6 +254,11 @@ class CodebookHealth(Callback):
                     f"warning: codebook {name} uses {usage:.1f} of {size} codes (< S/8) for {self.patience} "
                     f"validations in a row; see {ADVICE}"
                 )
+
+    def _flush(self) -> None:
+        """Add every tally's offered keys (after each batch: the hooks only keep them)."""
+        for tally in self._tallies.values():
+            tally.flush()
 
     def _remove_hooks(self) -> None:
         for hook in self._hooks:
