@@ -1,0 +1,32 @@
+"""The paper preset's compiled blocks as on CUDA, on CPU: graph breaks and graphs of 4 training steps and a
+validation batch (2 layers, d_model 64, bf16 autocast; the fused search's op given the plain search as its CPU
+kernel, as CUDA runs it). The figures of docs/benchmarks.md's 2026-11-30 section ("After the calls, on CPU"):
+
+    PYTHONPATH=. TVQ_DATA_DIR=../shared/datasets TORCH_LOGS=graph_breaks \\
+        .venv/bin/python docs/benchmarks_gpu/2026-11-30-h200/cpu_graph_breaks.py /tmp/breaks
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+import torch
+from torch._dynamo.utils import counters
+
+import tvq_exp.quantize.codebook as codebook
+import tvq_exp.quantize.fused_nearest  # noqa: F401 - registers tvq::nearest_code (CUDA)
+from tests.helpers.config import train_run
+
+kmeans = importlib.import_module("tvq_exp.quantize.kmeans")  # (the package's name kmeans is the function)
+torch.library.register_kernel("tvq::nearest_code", "cpu", kmeans.plain_nearest_code)
+kmeans.fused_search = codebook.fused_search = lambda x: True  # the quantiser takes the op, as on CUDA
+
+OVERRIDES = [
+    "experiment=enwik8_paper", "trainer=cpu", "trainer.devices=1", "trainer.precision=bf16-mixed",
+    "model.n_layers=2", "model.d_model=64", "++model.block.d_k=16", "data=kjv", "data.batch_size=2",
+    "trainer.max_steps=4", "module.compile=true", "logger=csv", "trainer.enable_progress_bar=false",
+    "trainer.limit_val_batches=1", "trainer.val_check_interval=1000000", "trainer.check_val_every_n_epoch=null",
+    "global_batch_size=null",
+]  # fmt: skip
+train_run(OVERRIDES, Path(sys.argv[1]))
+print("graph breaks", sum(counters["graph_break"].values()), "graphs", counters["stats"]["unique_graphs"])
