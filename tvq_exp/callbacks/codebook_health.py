@@ -158,16 +158,7 @@ class CodebookHealth(Callback):
     ) -> None:
         self._flush()
 
-    def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        idx: int,
-        dl: int = 0,
-    ) -> None:
-        self._flush()
+    on_test_batch_end = on_validation_batch_end  # the test loop's batches, likewise
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.finish(trainer, pl_module, "val")
