@@ -14,6 +14,7 @@ import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from torch._dynamo.utils import counters
 
 from tests.helpers.paths import CONF
 from tests.run.test_train import QUIET, needs_data, run_train, scalars
@@ -124,6 +125,7 @@ def test_compiled_blocks_take_the_hooks_without_a_graph_break_and_give_the_same_
         module = _vq_module()
         if compiled:
             torch._dynamo.reset()
+            counters.clear()
             module.compile, module.compile_scope = True, "blocks"
             module.compile_step(backend="aot_eager", fullgraph=True)
         health = CodebookHealth(sample_keys=50, kmeans_iters=5, seed=2)  # a sample of 50 of the 384 keys
@@ -132,6 +134,8 @@ def test_compiled_blocks_take_the_hooks_without_a_graph_break_and_give_the_same_
         trainer.validate(
             module, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False
         )
+        if compiled:  # the blocks ran compiled, hooks and all, in one graph each
+            assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
         return health.results
 
     eager, compiled = validate(compiled=False), validate(compiled=True)
