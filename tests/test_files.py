@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +70,36 @@ def test_a_link_as_the_file_or_a_folder_on_the_way_is_refused(root: Path, outsid
     assert outside.read_text() == "precious" and not (outside.parent / "deeper").exists()
     with pytest.raises(UnsafePathError, match=r"checkpoints: is a symbolic link \(to "):
         refuse_links(root)
+
+
+def test_a_folder_made_meanwhile_by_a_writer_beside_this_one_is_taken(
+    root: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two study jobs starting together both find ``runs/`` missing and make it: the second's ``mkdir`` meets the
+    first's folder, and its write goes on into it (it stopped the whole study, 2026-11-30); a link made there
+    meanwhile is still refused."""
+    import tvq_exp.files as files
+
+    real_mkdir = os.mkdir
+
+    def beside(made: Callable[[str, int], None]) -> Callable[..., None]:
+        def mkdir(part: str, *args: Any, dir_fd: int | None = None) -> None:
+            if dir_fd is not None:  # a part below the root: the other writer makes it first
+                made(part, dir_fd)
+            real_mkdir(part, *args, dir_fd=dir_fd)
+
+        return mkdir
+
+    monkeypatch.setattr(files.os, "mkdir", beside(lambda part, fd: real_mkdir(part, dir_fd=fd)))
+    assert make_dirs("runs/a", root) == root / "runs" / "a" and (root / "runs" / "a").is_dir()
+    write_text("logs/job.log", root, "x")
+    assert (root / "logs" / "job.log").read_text() == "x"
+    monkeypatch.setattr(
+        files.os, "mkdir", beside(lambda part, fd: os.symlink(outside.parent, part, dir_fd=fd))
+    )
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        make_dirs("checkpoints/deeper", root)
+    assert not (outside.parent / "deeper").exists()
 
 
 def test_a_link_planted_after_the_check_is_not_followed(root: Path, outside: Path) -> None:

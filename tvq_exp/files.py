@@ -25,7 +25,7 @@ import fcntl
 import os
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -92,12 +92,7 @@ def _open_folder(base: Path, parts: tuple[str, ...], create: bool) -> int:
     try:
         for part in parts:
             try:
-                child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, dir_fd=fd)
-                child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+                child = _open_part(part, fd, flags, create)
             except (NotADirectoryError, OSError) as error:
                 if error.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -111,6 +106,19 @@ def _open_folder(base: Path, parts: tuple[str, ...], create: bool) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _open_part(part: str, fd: int, flags: int, create: bool) -> int:
+    """A descriptor of the folder ``part`` of the folder ``fd``, opened with ``O_NOFOLLOW``; made first when missing
+    and ``create`` (made meanwhile by a writer beside this one, two study jobs starting together: taken as it is)."""
+    try:
+        return os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with suppress(FileExistsError):
+        os.mkdir(part, dir_fd=fd)
+    return os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
 
 
 def make_dirs(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> Path:
