@@ -2,7 +2,8 @@
 # prepared for the next device session (issue 40), not yet run: the paper step from CUDA graphs with torch's logs
 # (graph breaks, recompiles, CUDA-graph recordings and skips), then the default step timed by make bench-gpu's
 # training section on the same machine, so the two throughputs compare within one call; within 530 s. Run through
-# the device tool with carry [".gpu"] (2026-11-28-h200/run.sh says what .gpu/ holds) and a timeout of 540 s.
+# the device tool with carry [".gpu"] and a timeout of 540 s; .gpu/ (in .git/info/exclude) holds site/ (hydra,
+# omegaconf, antlr4 copied from .venv's site-packages: the lent machines lack them) and data/text/kjv_bible.txt.
 export PYTHONPATH=$PWD/.gpu/site:$PWD TVQ_DATA_DIR=$PWD/.gpu/data PYTHONUNBUFFERED=1
 t0=$SECONDS
 # 1. up to 60 steps from CUDA graphs, logged every 2 steps (throughput rows in metrics.csv), with torch's logs
