@@ -116,6 +116,25 @@ def test_vq_carried_state_is_detached() -> None:
     assert not any(x.requires_grad for x in state.tensors())
 
 
+@pytest.mark.parametrize("cache_keys", ["code", "mean"])
+def test_vq_carried_state_is_its_own_compact_copy_at_every_position(cache_keys: str) -> None:
+    """Segments of a sequence whose keys and values come as projections give them (``(B, T, H, d)`` transposed): each
+    carried state's tensors are contiguous copies of the window alone (not views holding the segment's keys), so
+    their strides are the same at every position (a compiled block guards on them)."""
+    attn = make_vq(4, cache_keys=cache_keys)
+    q, k, v = (torch.randn(2, 32, 2, d, dtype=torch.float64).transpose(1, 2) for d in (6, 6, 5))
+    state, strides = None, set()
+    for t in range(0, 32, 8):  # whole blocks a segment: the state's shapes are the same at every position
+        _, state, _ = attn(q[:, :, t : t + 8], k[:, :, t : t + 8], v[:, :, t : t + 8], state)
+        tensors = {name: x for name, x in vars(state).items() if isinstance(x, torch.Tensor)}
+        assert {"k", "v", "codes", "cache_n", "cache_mu"} <= tensors.keys()
+        for name, x in tensors.items():
+            assert x.is_contiguous(), name
+            assert x.untyped_storage().nbytes() == x.numel() * x.element_size(), f"{name} is a view of more"
+        strides.add(tuple((name, x.stride()) for name, x in sorted(tensors.items())))
+    assert len(strides) == 1
+
+
 @pytest.mark.parametrize("window_bias", [False, True])
 def test_vq_causal_by_jacobian(window_bias: bool) -> None:
     attn = make_vq(3, window_bias, window_len=3 if window_bias else None)

@@ -18,10 +18,20 @@ from tvq_exp.attention.vq.fused.prefix import fused_cache_means, why_not
 TOL = 1e-6  # relative error (‖got - want‖ / ‖want‖) in fp32
 
 
-def make_inputs(n: int, r: int, length: int, s: int, d: int, pad: int, device: str, dtype: torch.dtype):  # noqa: ANN201
-    """Codes over every code (some twice per block), values, the last ``pad`` positions padded, and a carried
-    state with some codes empty."""
-    codes = torch.randint(0, s, (n, r, length), device=device)
+def make_inputs(  # noqa: ANN201
+    n: int,
+    r: int,
+    length: int,
+    s: int,
+    d: int,
+    pad: int,
+    device: str,
+    dtype: torch.dtype,
+    used: int | None = None,
+):
+    """Codes over every code (some twice per block; over the first ``used`` codes where given), values, the last
+    ``pad`` positions padded, and a carried state with some codes empty."""
+    codes = torch.randint(0, s if used is None else used, (n, r, length), device=device)
     values = torch.randn(n, r, length, d, device=device).to(dtype).requires_grad_()
     valid = torch.ones(r, length, dtype=torch.bool, device=device)
     if pad:
@@ -41,6 +51,9 @@ CASES = {
     "several tiles of codes, positions and columns, padded": dict(n=2, r=3, length=70, s=70, d=70, pad=5),
     "one block, no padding": dict(n=1, r=1, length=16, s=20, d=16, pad=0),
     "many blocks": dict(n=1, r=9, length=16, s=16, d=16, pad=3),
+    # a collapsing codebook: every position's code in the first tile of 16 (one run of the sorted codes holds them
+    # all, the other tiles' runs are empty), the run crossing many steps of positions and of counted codes
+    "every position in one code tile": dict(n=2, r=2, length=70, s=70, d=20, pad=7, used=5),
 }
 # the items (first block, how many) and the state's entry, of R blocks: from block 0 (blocks 0 and 1 both read entry
 # 0), from a later block, and the last block alone, as a decoding step reads them
@@ -59,11 +72,12 @@ def test_fused_code_means_equal_the_reference_fp32(case: dict, reads: object, de
 
 
 def test_the_gpu_tiles_equal_the_reference_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU's tiles (:data:`~tvq_exp.attention.vq.fused.prefix.GPU_TILES`: a block's sums 128 codes × 64
-    columns, the walks 32 × 64, the code rows 64 positions × 64 columns) under the interpreter, across their edges:
-    300 codes, 200 positions a block, 70 columns."""
+    """The GPU's tiles (:data:`~tvq_exp.attention.vq.fused.prefix.GPU_TILES`: a block's sums 64 codes × 64
+    columns, 32 positions and 256 sorted codes a step, the walks 32 × 64, the code rows 64 positions × 64 columns)
+    under the interpreter, across their edges: 300 codes, 600 positions a block, 70 columns."""
     monkeypatch.setattr(prefix, "kernel_tiles", lambda interpret, kernel: prefix.GPU_TILES[kernel])
-    check_against_the_reference(dict(n=1, r=3, length=200, s=300, d=70, pad=30), "cpu", 0, 3, 2)
+    monkeypatch.setitem(prefix.RUN_STEP, True, prefix.RUN_STEP[False])
+    check_against_the_reference(dict(n=1, r=3, length=600, s=300, d=70, pad=30), "cpu", 0, 3, 2)
 
 
 def check_against_the_reference(case: dict, device: str, first: int, items: int, state: int) -> None:

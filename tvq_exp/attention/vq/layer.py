@@ -424,20 +424,24 @@ class VQAttention(BlockedAttention):
         t_new: int,
         p0: int,
     ) -> VQState:
-        """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``."""
+        """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``.
+
+        Every tensor contiguous, a copy of its cut: the state keeps the window, not the call's keys and values it
+        was cut from (a view would hold them until the next call), and its strides are the same at every position
+        (a compiled block guards on them: a view's, which depend on the call's layout, compiled it once more)."""
         t_end = t0 + t_new
         start = window_start(t_end, self.block_len)
         j = self._newest_entry(t_end, p0)
         state = VQState(
             position=t_end,
-            k=keys[:, :, start - p0 :].detach(),
-            v=values[:, :, start - p0 :].detach(),
-            codes=codes[:, :, start - p0 :],
+            k=keys[:, :, start - p0 :].detach().contiguous(),
+            v=values[:, :, start - p0 :].detach().contiguous(),
+            codes=codes[:, :, start - p0 :].contiguous(),
         )
         if prefix is not None:
             heads = keys.shape[:2]
-            state.cache_n = prefix.counts[:, j].unflatten(0, heads)
-            state.cache_mu = prefix.state.unflatten(0, heads)
+            state.cache_n = prefix.counts[:, j].unflatten(0, heads).contiguous()
+            state.cache_mu = prefix.state.unflatten(0, heads).contiguous()
         return state
 
     def _newest_entry(self, t_end: int, p0: int) -> int:
@@ -448,7 +452,10 @@ class VQAttention(BlockedAttention):
     def _next_keys(self, raw: Tensor, key_means: Tensor, t_end: int, p0: int) -> tuple[Tensor, Tensor]:
         """``cache_keys="mean"``'s part of the state after ``t_end``: the window's raw keys and the key means."""
         start = window_start(t_end, self.block_len) - p0
-        return raw[:, :, start:].detach(), key_means[:, :, self._newest_entry(t_end, p0)].detach()
+        return (
+            raw[:, :, start:].detach().contiguous(),
+            key_means[:, :, self._newest_entry(t_end, p0)].detach().contiguous(),
+        )
 
 
 def _to_blocks(

@@ -8,9 +8,13 @@ memory traffic for 272 MB of means (``(16, 65, 512, 128)`` fp32), and its backwa
 by flipping). Then the layer joins the entries its items read and casts them to the values' dtype: another pass over
 them forward and two back.
 
-Here the forward is two kernels. The first takes every block at once (a program per block, ``BS`` codes and ``BD``
-value columns): its per-code sums are one product on the tensor cores (the positions' one-hot codes times their
-values: exact products, fp32 sums), written once ``(N, R, S, d_v)`` fp32 with the blocks' counts. The second walks
+Here the forward is a sort and two kernels. The sort orders each block's codes (stable), so that the positions of
+``BS`` consecutive codes are one run. The first kernel takes every block at once (a program per block, ``BS`` codes
+and ``BD`` value columns): it reads only its codes' run, and its per-code sums are one product on the tensor cores
+(the run's one-hot codes times their values, gathered: exact products, fp32 sums), written once ``(N, R, S, d_v)``
+fp32 with the blocks' counts. Its products cost ``L·BS·d_v`` a block and its values are read once per ``BD``
+columns, where one product over every position cost ``L·S·d_v`` and read them once per ``BS`` codes (the paper
+step's largest kernel on an H200 on 2026-11-30: 31 of its 257 device ms, at ``S = 512``, ``d_v = 1536``). The second walks
 the blocks in order per sequence, codes and columns, adding each block's sums to running sums and counts held in
 fp64 (the reference's accumulation; see :mod:`tvq_exp.attention.vq.cache`), and writes each entry's means once,
 where the items read them, in the values' dtype (half an fp32 copy's bytes under bf16), with the one entry a carried
@@ -42,17 +46,20 @@ from tvq_exp.attention.vq.fused.support import unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
 # per kernel, on sm_90a without spills (make kernel-report), the last two numbers warps and software-pipelining stages:
-# the block sums' (codes, positions a step, value columns): a product row per code, 128 on 8 warps (the values are
-# read once per 128 codes); the walks' (codes, columns): small tiles, so that 32k tokens of 16 sequences make 512
+# the block sums' (codes, positions a step, value columns): a product row per code, 64 on 4 warps (each program reads
+# only its codes' positions, so its product costs L·BS·d_v: fewer codes, less work); the walks' (codes, columns): small tiles, so that 32k tokens of 16 sequences make 512
 # programs; the code rows' (positions, columns). The block sums' tiles are searched on a GPU by
 # ``python -m tvq_exp.attention.vq.fused.tune`` (kernel ``block_sums``)
 GPU_TILES: dict[str, tuple[int, ...]] = {
-    "sums": (128, 32, 64, 8, 2), "forward": (32, 64, 4, 2), "backward": (32, 64, 4, 2), "rows": (64, 64, 4, 1),
+    "sums": (64, 32, 64, 4, 2), "forward": (32, 64, 4, 2), "backward": (32, 64, 4, 2), "rows": (64, 64, 4, 1),
 }  # fmt: skip
 # the interpreter's: the smallest, so that small tests cross every tile edge
 INTERPRETED_TILES: dict[str, tuple[int, ...]] = {
     "sums": (16, 16, 16, 4, 1), "forward": (16, 16, 4, 1), "backward": (16, 16, 4, 1), "rows": (16, 16, 4, 1),
 }  # fmt: skip
+# sorted codes the block sums count a step (where a program's codes begin and end in its block's sorted codes): a
+# block's 512 in two steps on the GPU; under the interpreter few, so that the tests' blocks take several
+RUN_STEP = {False: 256, True: 8}
 
 
 def kernel_tiles(interpret: bool, kernel: str) -> tuple[int, ...]:
@@ -122,9 +129,12 @@ def code_means(
     dot, prec = _dot(values, interpret)
     kernels = prefix_kernels(interpret)
     bs, bt, bd, warps, stages = kernel_tiles(interpret, "sums")
+    # each block's codes sorted (stable: a code's values are summed in one order, run after run) and the positions in
+    # that order: a code tile's positions are one run of them
+    sorted_codes, order = codes.sort(dim=-1, stable=True)
     kernels.block_sums_kernel[(n * r * cdiv(s, bs) * cdiv(d, bd),)](
-        codes.contiguous(), values.contiguous(), block_sums, block_counts, r, length, s, d,
-        BS=bs, BT=bt, BD=bd, DOT=dot, PREC=prec, num_warps=warps, num_stages=stages,
+        sorted_codes, order, values.contiguous(), block_sums, block_counts, r, length, s, d,
+        BS=bs, BT=bt, BD=bd, BC=RUN_STEP[interpret], DOT=dot, PREC=prec, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     bs, bd, warps, stages = kernel_tiles(interpret, "forward")
     kernels.prefix_forward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](

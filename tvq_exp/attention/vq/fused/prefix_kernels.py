@@ -4,9 +4,9 @@ Loaded by :func:`tvq_exp.attention.vq.fused.prefix.prefix_kernels` (never import
 or interpreted on the CPU.
 
 Names: ``n`` the sequence, ``r`` a block of ``L`` positions ``t``, ``s`` a code, ``d`` a value column. The forward
-is two kernels: :func:`block_sums_kernel` (every block at once: its per-code sums, one product per ``BT`` positions:
-the one-hot ``(BS, BT)`` of the positions' codes times their values ``(BT, BD)``, exact products, 0 or 1 times a
-value, summed in fp32) and :func:`prefix_forward_kernel` (per codes and columns, the blocks in order: running sums
+is two kernels: :func:`block_sums_kernel` (every block at once: its per-code sums, one product per ``BT`` positions
+of a code tile's run in the block's sorted codes: the one-hot ``(BS, BT)`` of the positions' codes times their values
+``(BT, BD)``, exact products, 0 or 1 times a value, summed in fp32) and :func:`prefix_forward_kernel` (per codes and columns, the blocks in order: running sums
 and counts in fp64, the means where the items read them). The backward is two as well: :func:`prefix_backward_kernel`
 (per codes and columns, the blocks in reverse: the suffix sums of the items' gradients over the counts) and
 :func:`code_rows_kernel` (every position at once: its code's row of its block's suffix sums).
@@ -20,37 +20,55 @@ import triton.language as tl
 
 @triton.jit
 def _codes(z_ptr, n, r, t, t_ok, R, L):
-    """The codes of positions ``t`` of block ``r`` of sequence ``n``, ``-1`` where padded (not counted): one load of
-    the codes the op masked before the launch (a second load in the block sums' loop, of the int8 mask, was too small
-    for an asynchronous copy, so each step waited for it: Triton 3.8's sm_90a TTGIR)."""
+    """The codes of positions ``t`` of block ``r`` of sequence ``n``, ``-1`` where padded: one load of the codes the
+    op masked before the launch (a second load of an int8 mask in a loop is too small for an asynchronous copy, so
+    each step waits for it: Triton 3.8's sm_90a TTGIR)."""
     return tl.load(z_ptr + (n * R + r) * L + t, mask=t_ok, other=-1)
 
 
 @triton.jit
+def _run(zs_ptr, nr, low, high, L, BC: tl.constexpr):
+    """Where codes ``low..high-1`` begin and end in block ``nr``'s sorted codes: how many are below each (the padded
+    positions' ``-1`` come first, below every code), ``BC`` codes a step."""
+    first = 0
+    end = 0
+    for c0 in range(0, L, BC):
+        c = c0 + tl.arange(0, BC)
+        z = tl.load(zs_ptr + nr * L + c, mask=c < L, other=high)
+        first += tl.reduce(tl.where(z < low, 1, 0), 0, tl.standard._sum_combine)
+        end += tl.reduce(tl.where(z < high, 1, 0), 0, tl.standard._sum_combine)
+    return first, end
+
+
+@triton.jit
 def block_sums_kernel(
-    z_ptr, v_ptr, sums_ptr, cnt_ptr,
+    zs_ptr, order_ptr, v_ptr, sums_ptr, cnt_ptr,
     R, L, S, D,
-    BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
+    BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(N·R·cdiv(S, BS)·cdiv(D, BD),)``: block ``r`` of sequence ``n``'s sums ``(BS, BD)`` of codes ``s``,
     columns ``d`` (fp32, into ``sums (N, R, S, D)``) and, by the programs of column block 0, its counts (fp32, into
-    ``cnt (N, R, S)``). A block's programs are consecutive, so that they run together and read its values from L2
-    (the values are read once per ``BS`` codes and ``BD`` columns)."""
+    ``cnt (N, R, S)``), from the block's codes sorted (``zs (N, R, L)``, stable) and the positions in that order
+    (``order``). The positions of codes ``s`` are one run of the sorted order: a program reads only those (``L·BS/S``
+    when the codes are used evenly), ``BT`` a step, gathering their value rows, so a block's values are read once per
+    ``BD`` columns and its one-hot products cost ``L·BS·D`` multiply-adds, not ``L·S·D``. A block's programs are
+    consecutive, so that they run together and share its codes in L2."""
     pid, tiles_s, tiles_d = tl.program_id(0), (S + BS - 1) // BS, (D + BD - 1) // BD
     db = pid % tiles_d
     sb = (pid // tiles_d) % tiles_s
     nr = pid // (tiles_d * tiles_s)
-    n, r = nr // R, nr % R
     s = sb * BS + tl.arange(0, BS)
     d = db * BD + tl.arange(0, BD)
+    first, end = _run(zs_ptr, nr, sb * BS, tl.minimum(sb * BS + BS, S), L, BC)
     block = tl.full([BS, BD], 0.0, tl.float32)
     block_n = tl.full([BS], 0.0, tl.float32)
-    for t0 in range(0, L, BT):
+    for t0 in range(first, end, BT):
         t = t0 + tl.arange(0, BT)
-        t_ok = t < L
-        z = _codes(z_ptr, n, r, t, t_ok, R, L)
+        t_ok = t < end
+        z = tl.load(zs_ptr + nr * L + t, mask=t_ok, other=-1)
+        p = tl.load(order_ptr + nr * L + t, mask=t_ok, other=0)
         hit = tl.where(s[:, None] == z[None, :], 1.0, 0.0)  # (BS, BT)
-        v = tl.load(v_ptr + (nr * L + t)[:, None] * D + d[None, :],
+        v = tl.load(v_ptr + (nr * L + p)[:, None] * D + d[None, :],
                     mask=t_ok[:, None] & (d < D)[None, :], other=0.0)  # fmt: skip
         block += tl.dot(hit.to(DOT), v.to(DOT), input_precision=PREC)
         block_n += tl.reduce(hit, 1, tl.standard._sum_combine)

@@ -237,10 +237,16 @@ def compile_prefix(kernel: str, dtype: str) -> Row:
     if kernel == "sums":
         fn, (bs, bt, bd, warps, stages) = kernels.block_sums_kernel, tiles
         const: dict[str, object] = {
-            "BS": bs, "BT": bt, "BD": bd, "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
+            "BS": bs, "BT": bt, "BD": bd, "BC": prefix.RUN_STEP[False], "DOT": tl.bfloat16 if dtype == "bf16" else tl.float32,
             "PREC": "tf32" if dtype == "bf16" else "tf32x3",
         }  # fmt: skip
-        pointers = codes | {"v_ptr": f"*{dtype}", "sums_ptr": "*fp32", "cnt_ptr": "*fp32"}
+        pointers = {
+            "zs_ptr": "*i32",
+            "order_ptr": "*i64",
+            "v_ptr": f"*{dtype}",
+            "sums_ptr": "*fp32",
+            "cnt_ptr": "*fp32",
+        }
         t = Tiles(bs, bt, bd, num_warps=warps, num_stages=stages)
     elif kernel == "rows":
         fn, (bt, bd, warps, stages) = kernels.code_rows_kernel, tiles

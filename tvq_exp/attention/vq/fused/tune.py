@@ -55,12 +55,13 @@ CANDIDATES: dict[str, tuple[tuple[int, int, int, int], ...]] = {
     "code": ((32, 128, 8, 2), (64, 64, 8, 1), (32, 128, 8, 1), (32, 64, 4, 1), (64, 128, 8, 1), (128, 128, 8, 1)),
 }  # fmt: skip
 # the cache means' block sums (:mod:`.prefix`, ``block_sums_kernel``: 0.89 ms of VQ's 9.9 at 32k, the largest
-# means kernel on an H200, 2026-11-29), as (codes, positions a step, columns, warps, stages): the whole head's columns
-# (half the programs, the codes compared once), more positions a step, deeper pipelines, fewer codes a program
+# means kernel on an H200, 2026-11-29, when each program multiplied every position of its block; each reads only its
+# codes' run of the sorted codes since, untimed), as (codes, positions a step, columns, warps, stages): the whole
+# head's columns, more positions a step, deeper pipelines, more or fewer codes a program
 SUMS = "block_sums"
 SUMS_CANDIDATES: tuple[tuple[int, int, int, int, int], ...] = (
-    (128, 32, 128, 8, 2), (128, 64, 64, 8, 2), (128, 32, 64, 8, 3), (128, 32, 64, 8, 4), (64, 32, 64, 4, 3),
-    (64, 64, 128, 4, 2), (256, 32, 64, 8, 2),
+    (128, 32, 64, 8, 2), (128, 32, 128, 8, 2), (64, 32, 128, 4, 2), (64, 32, 64, 4, 3), (64, 64, 128, 4, 2),
+    (32, 32, 64, 4, 2), (32, 16, 128, 4, 2),
 )  # fmt: skip
 TUNED = (SUMS, *KERNEL_NAMES)  # the kernels whose tiles are searched, in this order
 FORWARD_ONLY = ("forward", SUMS)  # timed forward; the others forward + backward
