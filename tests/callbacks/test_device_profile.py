@@ -20,6 +20,7 @@ from tvq_exp.callbacks.device_profile import DeviceProfile
 from tvq_exp.measure.profile import (
     OUR_KERNELS,
     compile_summary,
+    host_summary,
     kernel_kind,
     profile_calls,
     profile_summary,
@@ -67,6 +68,9 @@ def test_the_window_is_written_per_step(tmp_path: Path) -> None:
     assert profile["busy_share"] == pytest.approx(profile["ms_per_step"] / profile["wall_ms_per_step"])
     assert sum(profile["by_kind"].values()) == pytest.approx(profile["ms_per_step"])
     assert profile["by_kind"]["gemm"] > 0
+    # on a CPU the host's ops are the ops themselves
+    host = profile["host"]
+    assert host["rows"] == rows and host["ms_per_step"] == pytest.approx(profile["ms_per_step"])
 
 
 def test_the_compile_summary_names_the_breaks_and_where_the_frames_resume() -> None:
@@ -120,6 +124,15 @@ def test_on_a_gpu_each_kernel_counts_once() -> None:
     ]
     summary = profile_summary(averages, "self_device_time_total", steps=2, rows=10, device_events=True)
     assert summary["ms_per_step"] == pytest.approx(5.25)  # (8 + 2 + 0.5) ms over 2 steps
+    # the host's side: its own ops by their self CPU time, none of the device's events
+    for e, cpu_us in zip(averages, (900.0, 0.0, 0.0, 300.0, 0.0, 0.0), strict=True):
+        e.self_cpu_time_total = cpu_us
+    host = host_summary(averages, steps=2, rows=10)
+    assert [(r["name"], r["ms_per_step"]) for r in host["rows"]] == [
+        ("tvq::window_cache_forward", pytest.approx(0.45)),
+        ("aten::mm", pytest.approx(0.15)),
+    ]
+    assert host["ms_per_step"] == pytest.approx(0.6) and host["calls_per_step"] == pytest.approx(3.0)
     assert [r["name"] for r in summary["rows"]] == ["forward_kernel", "nvjet_gemm", "Memcpy DtoD"]
     assert summary["calls_per_step"] == pytest.approx(4.0)
     assert sum(r["share"] for r in summary["rows"]) == pytest.approx(1.0)
@@ -167,6 +180,7 @@ def test_profiled_calls_are_summed_per_call_against_their_wall_clock() -> None:
     assert summary["steps"] == 3
     per_call = {r["name"]: r["calls_per_step"] for r in summary["rows"]}
     assert per_call["aten::mm"] == 1.0 and per_call["aten::relu"] == 1.0
+    assert {r["name"]: r["calls_per_step"] for r in summary["host"]["rows"]} == per_call
     assert 0 < summary["ms_per_step"] <= summary["wall_ms_per_step"]
     assert summary["busy_share"] == pytest.approx(summary["ms_per_step"] / summary["wall_ms_per_step"])
 

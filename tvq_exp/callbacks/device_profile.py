@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.profiler import ProfilerActivity, profile
 
 from tvq_exp.files import write_text
-from tvq_exp.measure.profile import compile_summary, profile_summary
+from tvq_exp.measure.profile import compile_summary, host_summary, profile_summary
 from tvq_exp.options import NonNegativeInt, PositiveInt, checked
 
 
@@ -31,7 +31,9 @@ class DeviceProfile(Callback):
     GPU, ops on a CPU) and ``rows``: the ``rows`` largest by self time, each ``{"name", "ms_per_step", "share",
     "calls_per_step"}`` (``share`` of ``ms_per_step``), and ``compile``: what ``torch.compile`` did in the process
     up to the window's end (:func:`~tvq_exp.measure.profile.compile_summary`: graphs, frames, graph breaks and their
-    reasons, the functions resumed after them), so a profile of a compiled step says whether it compiled whole.
+    reasons, the functions resumed after them), so a profile of a compiled step says whether it compiled whole, and
+    ``host``: the host's ops by their self CPU time (:func:`~tvq_exp.measure.profile.host_summary`: ``ms_per_step``,
+    ``calls_per_step``, ``rows``), what the host spent its step on where the device waited for it.
 
     On a GPU only the device's own events count. The host-side op that launched a kernel has the kernel's time as
     its self device time, so the host ops are left out: counted too, they counted each kernel twice. The text
@@ -88,6 +90,7 @@ class DeviceProfile(Callback):
             averages, key, max(steps, 1), self.rows, device_events=cuda, wall_ms=wall_ms
         )
         summary["device"] = "cuda" if cuda else "cpu"
+        summary["host"] = host_summary(averages, max(steps, 1), self.rows)
         summary["compile"] = compile_summary()  # after the window: the step's compilation is over
         self.dirpath.mkdir(parents=True, exist_ok=True)
         write_text("device-profile.json", self.dirpath, json.dumps(summary, indent=1) + "\n")

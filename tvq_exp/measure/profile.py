@@ -1,5 +1,5 @@
 """Where a call's or a training step's time goes: torch.profiler's rows summed with each kernel counted once
-(:func:`profile_summary`), and one profiled call (:func:`profile_calls`). The training step's profile is
+(:func:`profile_summary`), the host's side of it (:func:`host_summary`), and one profiled call (:func:`profile_calls`). The training step's profile is
 :class:`~tvq_exp.callbacks.device_profile.DeviceProfile`; the GPU check and the tile search profile single calls."""
 
 from __future__ import annotations
@@ -82,6 +82,17 @@ def profile_summary(
     return summary
 
 
+def host_summary(averages: Any, steps: int, rows: int) -> dict[str, Any]:
+    """The host's side of a profile: ``{"ms_per_step", "calls_per_step", "rows"}`` of the host's ops (and
+    ``record_function`` ranges) by their self CPU time per step of ``steps``, the ``rows`` largest. Where the device
+    waits for the host (``busy_share`` well under 1), these name the host's time: the Python and dispatch around the
+    launches, each launch's own cost (``cudaLaunchKernel``, Triton's launcher), the ops' bookkeeping."""
+    summary = profile_summary(
+        averages, "self_cpu_time_total", steps, rows
+    )  # the device's events take no CPU time
+    return {key: summary[key] for key in ("ms_per_step", "calls_per_step", "rows")}
+
+
 def device_work(event: Any) -> bool:
     """Whether a profiler row is the device's own work: a device event, not a user annotation's range."""
     return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
@@ -103,7 +114,10 @@ def profile_calls(
         sync(device)
         wall_ms = (time.perf_counter() - started) * 1e3
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    return profile_summary(prof.key_averages(), key, calls, rows, device_events=cuda, wall_ms=wall_ms)
+    averages = prof.key_averages()
+    summary = profile_summary(averages, key, calls, rows, device_events=cuda, wall_ms=wall_ms)
+    summary["host"] = host_summary(averages, calls, rows)
+    return summary
 
 
 def compile_summary(top: int = 5) -> dict[str, Any]:
@@ -130,4 +144,11 @@ def compile_summary(top: int = 5) -> dict[str, Any]:
     }
 
 
-__all__ = ["compile_summary", "device_work", "kernel_kind", "profile_calls", "profile_summary"]
+__all__ = [
+    "compile_summary",
+    "device_work",
+    "host_summary",
+    "kernel_kind",
+    "profile_calls",
+    "profile_summary",
+]
