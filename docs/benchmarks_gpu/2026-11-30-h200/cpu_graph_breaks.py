@@ -4,6 +4,11 @@ kernel, as CUDA runs it). The figures of docs/benchmarks.md's 2026-11-30 section
 
     PYTHONPATH=. TVQ_DATA_DIR=../shared/datasets TORCH_LOGS=graph_breaks \\
         .venv/bin/python docs/benchmarks_gpu/2026-11-30-h200/cpu_graph_breaks.py /tmp/breaks
+
+``--fused`` (with ``TRITON_INTERPRET=1``, and ``TORCH_LOGS=graph_breaks,recompiles``): every VQ op as the GPU takes it,
+the window + cache and the cache means through their custom ops too (``kernel=triton``, run under the interpreter), on
+a shorter TBPTT shape of the same form (updates of 128 tokens, sequences of 512, ``L = S = 32``): the twenty-seventh
+session's check (docs/benchmarks.md, 2026-11-30).
 """
 
 import importlib
@@ -28,5 +33,9 @@ OVERRIDES = [
     "trainer.limit_val_batches=1", "trainer.val_check_interval=1000000", "trainer.check_val_every_n_epoch=null",
     "global_batch_size=null",
 ]  # fmt: skip
-train_run(OVERRIDES, Path(sys.argv[1]))
+FUSED = [
+    "++model.attention.kernel=triton", "data.seq_len=128", "data.sequence_len=512", "block_len=32", "codebook_size=32",
+    "init_batches=1",
+]  # fmt: skip
+train_run(OVERRIDES + (FUSED if "--fused" in sys.argv else []), Path(sys.argv[1]))
 print("graph breaks", sum(counters["graph_break"].values()), "graphs", counters["stats"]["unique_graphs"])

@@ -1,39 +1,80 @@
 #!/bin/bash
-# prepared for the next device session (issue 40), not yet run: the paper step from CUDA graphs with torch's logs
-# (graph breaks, recompiles, CUDA-graph recordings and skips), then the default step timed by make bench-gpu's
-# training section on the same machine, so the two throughputs compare within one call; within 530 s. Run through
-# the device tool with carry [".gpu"] and a timeout of 540 s; .gpu/ (in .git/info/exclude) holds site/ (hydra,
-# omegaconf, antlr4 copied from .venv's site-packages: the lent machines lack them) and data/text/kjv_bible.txt.
+# prepared for the next device session (issue 40), not yet run. Two calls, each through the device tool with carry
+# [".gpu"] and a timeout of 540 s; .gpu/ (in .git/info/exclude) holds site/ (hydra, omegaconf, antlr4 copied from
+# .venv's site-packages: the lent machines lack them) and data/text/kjv_bible.txt.
+#
+#   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh a   # make bench-gpu in full: attention, the paper step, the CUDA
+#                                                         # tests (the targets, timed on what changed since 2026-11-30:
+#                                                         # the sorted block sums, the aligned XL table, the carried
+#                                                         # state's copy); the 32k profiles now name the host's ops
+#   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh b   # the paper step from CUDA graphs with torch's logs, then the
+#                                                         # block sums' tile search at 32k
+#
+# The figures to read: gpu.json's attention.records (ms, flash_time_ratio; the 32k vq_triton profile's "host" rows:
+# what the host spends the eager layer's call on), training (tokens_per_s, mfu, profile.by_kind, profile.host,
+# profile.compile), tests; in call b graphs.log (graph breaks, recompiles, CUDA-graph skips) and tune.log.
 export PYTHONPATH=$PWD/.gpu/site:$PWD TVQ_DATA_DIR=$PWD/.gpu/data PYTHONUNBUFFERED=1
 t0=$SECONDS
-# 1. up to 60 steps from CUDA graphs, logged every 2 steps (throughput rows in metrics.csv), with torch's logs
-TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout 270 python3 train.py experiment=enwik8_paper \
-  trainer=gpu trainer.devices=1 global_batch_size=null trainer.check_val_every_n_epoch=null \
-  trainer.val_check_interval=1000000 trainer.limit_val_batches=1 trainer.max_steps=60 trainer.log_every_n_steps=2 \
-  logger=csv trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
-  +module.compile_mode=reduce-overhead hydra.run.dir=/tmp/graphs > $OUT/graphs.log 2>&1
-echo "graphs rc=$? $((SECONDS-t0)) s"
-cp /tmp/graphs/csv/metrics.csv $OUT/graphs_metrics.csv 2>/dev/null
-echo "graph breaks: $(grep -c 'Graph break in user code' $OUT/graphs.log)"
-grep "Graph break in user code" $OUT/graphs.log | sed 's/.*user code at //' | sort | uniq -c | head
-grep -i "skipping cudagraphs\|re-record" $OUT/graphs.log | cut -c1-240 | sort | uniq -c | head
-python3 - <<'PY'
+( nvidia-smi -L; python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" ) > $OUT/env.txt 2>&1
+cat $OUT/env.txt
+summary() {
+  python3 - "$@" <<'PY'
+import json, os, sys
+for name in sys.argv[1:]:
+    path = os.path.join(os.environ["OUT"], name)
+    if not os.path.exists(path):
+        print(name, "missing"); continue
+    d = json.load(open(path))
+    a = d.get("attention", {})
+    if a: print("mm", a.get("mm_tflops"))
+    for r in a.get("records", []):
+        print({k: r.get(k) for k in ("kernel", "seq_len", "mode", "ms", "tflops_per_s", "flash_time_ratio", "error")})
+        p = r.get("profile")
+        if p and "host" in p:
+            print("  device", round(p["ms_per_step"], 2), "wall", round(p["wall_ms_per_step"], 2),
+                  "host", round(p["host"]["ms_per_step"], 2), [(x["name"][:40], round(x["ms_per_step"], 3))
+                                                              for x in p["host"]["rows"][:8]])
+    t = d.get("training", {})
+    if t:
+        print(name, {k: v for k, v in t.items() if k not in ("command", "profile", "rows")})
+        p = t.get("profile", {})
+        print("  by_kind", p.get("by_kind"), "calls", p.get("calls_per_step"), "wall", p.get("wall_ms_per_step"))
+        print("  host", [(x["name"][:40], round(x["ms_per_step"], 2)) for x in p.get("host", {}).get("rows", [])[:10]])
+        print("  compile", json.dumps(p.get("compile"))[:800])
+    if d.get("tests"): print("tests", {k: v for k, v in d["tests"].items() if k != "summary"})
+PY
+}
+if [ "$1" = a ]; then
+  # the issue's order: make bench-gpu first, in one call (budgets: attention 150 s, training 170 s, tests 130 s)
+  timeout 520 python3 -m tvq_exp.tools.bench.gpu --out $OUT/gpu.json --data kjv --budgets 150,170,130 \
+    --train-seconds 60 --compile-seconds 80 > $OUT/bench.log 2>&1
+  echo "bench-gpu rc=$? $((SECONDS-t0)) s"
+  summary gpu.json
+elif [ "$1" = b ]; then
+  # 1. up to 60 steps from CUDA graphs, logged every 2 steps, with torch's logs (the step compiled whole on CPU with
+  #    the device's custom ops: docs/benchmarks.md, 2026-11-30 twenty-seventh session)
+  TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout 300 python3 train.py experiment=enwik8_paper \
+    trainer=gpu trainer.devices=1 global_batch_size=null trainer.check_val_every_n_epoch=null \
+    trainer.val_check_interval=1000000 trainer.limit_val_batches=1 trainer.max_steps=60 trainer.log_every_n_steps=2 \
+    logger=csv trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
+    +module.compile_mode=reduce-overhead hydra.run.dir=/tmp/graphs > $OUT/graphs.log 2>&1
+  echo "graphs rc=$? $((SECONDS-t0)) s"
+  cp /tmp/graphs/csv/metrics.csv $OUT/graphs_metrics.csv 2>/dev/null
+  echo "graph breaks: $(grep -c 'Graph break in user code' $OUT/graphs.log)"
+  grep "Graph break in user code" $OUT/graphs.log | sed 's/.*user code at //' | sort | uniq -c | head
+  grep -i "skipping cudagraphs\|re-record\|recompile_limit" $OUT/graphs.log | cut -c1-240 | sort | uniq -c | head
+  python3 - <<'PY'
 import csv, os
 path = os.path.join(os.environ["OUT"], "graphs_metrics.csv")
 rows = [r for r in csv.DictReader(open(path))] if os.path.exists(path) else []
-rates = [(r["step"], r["throughput/tokens_per_s"]) for r in rows if r.get("throughput/tokens_per_s")]
-print("graphs: tokens/s by step", rates[-8:])
+print("graphs: tokens/s by step", [(r["step"], r["throughput/tokens_per_s"]) for r in rows
+                                   if r.get("throughput/tokens_per_s")][-8:])
 PY
-# 2. the default step on the same machine (its compile summary says whether it compiled whole)
-left=$((525 - (SECONDS - t0)))
-timeout $left python3 -m tvq_exp.tools.bench.gpu --out $OUT/gpu_default.json --data kjv --skip attention,tests \
-  --budgets 1,$((left - 5)),1 --train-seconds 60 --compile-seconds $((left - 80)) > $OUT/bench.log 2>&1
-echo "bench rc=$? $((SECONDS-t0)) s"
-python3 - <<'PY'
-import json, os
-path = os.path.join(os.environ["OUT"], "gpu_default.json")
-if os.path.exists(path):
-    t = json.load(open(path)).get("training", {})
-    print({k: v for k, v in t.items() if k not in ("command", "profile", "rows")})
-    print("compile:", json.dumps(t.get("profile", {}).get("compile"))[:1500])
-PY
+  # 2. the block sums' tiles at 32k (the shipped (64, 32, 64, 4, 2) against the candidates)
+  left=$((520 - (SECONDS - t0)))
+  timeout $left python3 -m tvq_exp.attention.vq.fused.tune --kernels block_sums --lengths 32768 --out $OUT/tune.json \
+    --budget $((left - 30)) > $OUT/tune.log 2>&1
+  echo "tune rc=$? $((SECONDS-t0)) s"; tail -15 $OUT/tune.log
+else
+  echo "usage: next.sh a|b"; exit 2
+fi

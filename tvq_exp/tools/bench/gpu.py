@@ -10,8 +10,8 @@ the start-up about 7.5 minutes in all):
    flex kernels, in that order (:mod:`.gpu_attention`: every case in one worker process, forward + backward first;
    a case past 90 s is stopped and the rest of its kernel skipped); the ceiling is an 8192³ bf16 matmul
    (``mm_tflops``); each record also gives its time over SDPA flash's (``flash_time_ratio``), and VQ's fused layer at
-   32k (eager and compiled) its ``profile``: one more call's time by device kernel, each counted once, and the
-   share of the call's wall clock the device was busy;
+   32k (eager and compiled) its ``profile``: one more call's time by device kernel, each counted once, the share of
+   the call's wall clock the device was busy, and the host's ops by their self CPU time (``host``);
 2. ``training``: ``experiment=enwik8_paper``'s model and TBPTT shape (48 GAUs, d_model 768, 2048-token updates of
    8192-token sequences) on one GPU, bf16-mixed, the window + cache step by ``--train-kernel`` (``auto``, the
    default: the plain kernel's GEMMs at the GAU's ``d_v = 1536``, see

@@ -1,0 +1,44 @@
+"""The host's own work in one forward + backward of VQ's fused layer, on CPU: the Triton launches made free (the
+interpreter's ``run`` replaced by nothing) and the tensors tiny (4 heads of 16, 256 positions, L = S = 32, the GPU
+check's ``(B, T, H, d)`` leaves), so what is timed is the layer's Python, the custom ops' dispatch and its ATen ops'
+host cost. The figures of docs/benchmarks.md's 2026-11-30 twenty-seventh-session section:
+
+    PYTHONPATH=. TRITON_INTERPRET=1 OMP_NUM_THREADS=1 .venv/bin/python docs/benchmarks_gpu/2026-11-30-h200/host_layer.py
+"""
+
+import time
+
+import torch
+import triton.runtime.interpreter as interpreter
+
+from tests.helpers.ops import OpLog
+from tvq_exp.attention import build_attention
+
+interpreter.InterpretedFunction.run = lambda self, *args, **kwargs: None  # every launch free
+torch.manual_seed(0)
+HEADS, DIM, LENGTH, BLOCK = 4, 16, 256, 32
+layer = build_attention(
+    "vq", d_k=DIM, d_v=DIM, heads=HEADS, codebook_size=BLOCK, block_len=BLOCK, kernel="triton"
+)
+leaves = [torch.randn(1, LENGTH, HEADS, DIM).requires_grad_() for _ in range(3)]
+grad = torch.randn(1, LENGTH, HEADS, DIM).transpose(1, 2)
+
+
+def call() -> None:
+    q, k, v = (x.transpose(1, 2) for x in leaves)
+    layer(q, k, v)[0].backward(grad)
+    for x in leaves:
+        x.grad = None
+
+
+for _ in range(3):
+    call()
+with OpLog() as log:
+    call()
+launches = [op.name for op in log.launches()]
+CALLS = 50
+started = time.perf_counter()
+for _ in range(CALLS):
+    call()
+ms = (time.perf_counter() - started) / CALLS * 1e3
+print(f"{ms:.2f} ms of host work per forward + backward; {len(launches)} ATen ops that launch on a GPU")
