@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tvq_exp.attention.vq.kernel as vq_kernel
 from tests.attention.backends import build
 from tests.helpers.ops import OpLog
 from tvq_exp.attention.dense.naive import softmax_attention
@@ -114,6 +115,25 @@ def test_vq_carried_state_is_detached() -> None:
     q, k, v = qkv(10)
     _, state, _ = attn(q, k, v)
     assert not any(x.requires_grad for x in state.tensors())
+
+
+@pytest.mark.parametrize("align", [8, 16])
+def test_the_xl_table_padded_as_on_cuda_gives_the_reference(
+    monkeypatch: pytest.MonkeyPatch, align: int
+) -> None:
+    """On CUDA the plain kernel's XL distance table has zero columns to a multiple of 8 (the products' rows aligned
+    for cuBLAS): with this CPU's table padded the same way, the outputs and every gradient (queries, keys, values, the
+    bias's parameters) are the reference's, keys beyond the bias window and a lone first block included."""
+    monkeypatch.setitem(vq_kernel.XL_TABLE_ALIGN, "cpu", align)
+    attn = make_vq(4, window_bias=True, window_len=3)
+    q, k, v = qkv(13)
+    out, ref = attn(q, k, v)[0], vq_reference(attn, q, k, v)
+    assert torch.allclose(out, ref, atol=1e-10, rtol=0)
+    g = torch.randn_like(out)
+    leaves = (q, k, v, *attn.bias.parameters())
+    grads = torch.autograd.grad((out * g).sum(), leaves), torch.autograd.grad((ref * g).sum(), leaves)
+    for got, want in zip(*grads, strict=True):
+        assert torch.allclose(got, want, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize("cache_keys", ["code", "mean"])

@@ -36,6 +36,8 @@ from torch import Tensor
 
 from tvq_exp.attention.base import accumulation_dtype
 
+# the plain kernel's XL distance table has a multiple of this many columns on a device type (1 where not named)
+XL_TABLE_ALIGN = {"cuda": 8}
 # working-set budget of one chunk of items (the fp32 scores of all its rows): cache-sized on a CPU;
 # large on a GPU, where fewer and bigger kernels win
 CHUNK_BYTES = {"cpu": 4 << 20, "cuda": 1 << 30}
@@ -268,14 +270,16 @@ class ChunkParts:
         if rel is None:  # the table [0, -inf] of every row: its masked keys
             self.masked = self.index == 1
         else:  # (R, M + 1): the window key at each distance of a row (WindowIndex.keys), and where there is none
-            # the distances' table padded with zero rows past its M + 1 to a multiple of 8 (and 2 more columns: the
-            # table's 0 and -inf), so that every product with it has rows 16-byte aligned in bf16 (cuBLAS took a
-            # slow unaligned kernel at M + 1 = 513 on an H200: 5.7 of the paper step's 257 device ms)
-            m1 = rel.shape[2]
-            self.distances = m1 + 2 + (-(m1 + 2) % 8)
-            self.rel_padded = torch.nn.functional.pad(rel, (0, 0, 0, self.distances - m1))
+            # the distance table: M + 1 products, its 0 and -inf columns, and on CUDA zero columns to a multiple of 8
+            # (XL_TABLE_ALIGN), computed by the products with zero rows of rel past M + 1: every product with it then
+            # has 16-byte aligned rows in bf16 (cuBLAS took a slow unaligned kernel at M + 1 = 513 on an H200: 5.7 of
+            # the paper step's 257 device ms). Elsewhere the products take the M + 1 columns alone.
+            m1, align = rel.shape[2], XL_TABLE_ALIGN.get(q.device.type, 1)
+            self.distances = m1 + 2 + (-(m1 + 2) % align)
+            self.products = self.distances if align > 1 else m1
+            self.rel_padded = torch.nn.functional.pad(rel, (0, 0, 0, self.products - m1))
             keys = torch.nn.functional.pad(
-                keys.repeat(self.rows // keys.shape[0], 1), (0, self.distances - m1), value=-1
+                keys.repeat(self.rows // keys.shape[0], 1), (0, self.products - m1), value=-1
             )
             self.distance_keys, self.no_key = keys.clamp_min(0), keys < 0
 
@@ -284,13 +288,15 @@ class ChunkParts:
 
     def distance_logits(self, i0: int, i1: int) -> Tensor:
         """The table :func:`window_index` indexes, of items ``i0..i1-1``, in fp32: ``(N, c, R, ·)`` (per head of the
-        rows), ``(q + v)·r_d`` at distances ``d = 0..M``, then ``0`` (beyond the bias window: the padding's zero
-        rows) and ``-inf`` (masked); its padding's zeros after them."""
+        rows), ``(q + v)·r_d`` at distances ``d = 0..M``, then ``0`` (beyond the bias window) and ``-inf`` (masked),
+        then on CUDA the padding's zeros."""
         n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
         bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
         dl = bq.new_empty(n, c, g, bq.shape[3], self.distances, dtype=self.acc)
-        _matmul(bq, self.rel_padded[:, None].transpose(-1, -2).expand(n, c, -1, -1, -1), dl)
-        dl[..., m1 + 1] = float("-inf")
+        _matmul(
+            bq, self.rel_padded[:, None].transpose(-1, -2).expand(n, c, -1, -1, -1), dl[..., : self.products]
+        )
+        dl[..., m1 : m1 + 2] = dl.new_tensor([0.0, float("-inf")])
         return dl.view(n, c, self.rows, -1)
 
     def window_logits(self, i0: int, i1: int) -> Tensor:
@@ -408,7 +414,7 @@ class ChunkParts:
         gather alone."""
         n, c, g, m1 = self.n, i1 - i0, self.rel.shape[1], self.rel.shape[2]
         ddl = ds_window.gather(-1, self._expand(self.distance_keys, c)).masked_fill_(self.no_key, 0.0)
-        ddl = ddl.view(n, c, g, -1, self.distances).to(self.q.dtype)  # (N, c, G, Lq, ·): 0 past M
+        ddl = ddl.view(n, c, g, -1, self.products).to(self.q.dtype)  # (N, c, G, Lq, ·): 0 past M
         bq = self.bias_q[:, i0:i1].reshape(n, c, g, -1, self.bias_q.shape[-1])
         dbq[:, i0:i1] = (ddl @ self.rel_padded[:, None]).view(n, c, self.rows, -1)
         drel += (ddl.transpose(-1, -2) @ bq).sum(1)[:, :, :m1].to(drel.dtype)
