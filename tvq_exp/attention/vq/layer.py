@@ -428,7 +428,7 @@ class VQAttention(BlockedAttention):
 
         Every tensor contiguous, a copy of its cut: the state keeps the window, not the call's keys and values it
         was cut from (a view would hold them until the next call), and its strides are the same at every position
-        (a compiled block guards on them: a view's, which depend on the call's layout, compiled it once more)."""
+        (a compiled block guards on them: a view's depend on the call's layout)."""
         t_end = t0 + t_new
         start = window_start(t_end, self.block_len)
         j = self._newest_entry(t_end, p0)
