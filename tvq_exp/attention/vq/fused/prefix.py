@@ -133,7 +133,7 @@ def code_means(
     # that order: a code tile's positions are one run of them
     sorted_codes, order = codes.sort(dim=-1, stable=True)
     kernels.block_sums_kernel[(n * r * cdiv(s, bs) * cdiv(d, bd),)](
-        sorted_codes, order, values.contiguous(), block_sums, block_counts, r, length, s, d,
+        sorted_codes, order, values.contiguous(), block_sums, block_counts, length, s, d,
         BS=bs, BT=bt, BD=bd, BC=RUN_STEP[interpret], DOT=dot, PREC=prec, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     bs, bd, warps, stages = kernel_tiles(interpret, "forward")

@@ -6,10 +6,11 @@ or interpreted on the CPU.
 Names: ``n`` the sequence, ``r`` a block of ``L`` positions ``t``, ``s`` a code, ``d`` a value column. The forward
 is two kernels: :func:`block_sums_kernel` (every block at once: its per-code sums, one product per ``BT`` positions
 of a code tile's run in the block's sorted codes: the one-hot ``(BS, BT)`` of the positions' codes times their values
-``(BT, BD)``, exact products, 0 or 1 times a value, summed in fp32) and :func:`prefix_forward_kernel` (per codes and columns, the blocks in order: running sums
-and counts in fp64, the means where the items read them). The backward is two as well: :func:`prefix_backward_kernel`
-(per codes and columns, the blocks in reverse: the suffix sums of the items' gradients over the counts) and
-:func:`code_rows_kernel` (every position at once: its code's row of its block's suffix sums).
+``(BT, BD)``, exact products, 0 or 1 times a value, summed in fp32) and :func:`prefix_forward_kernel` (per codes and
+columns, the blocks in order: running sums and counts in fp64, the means where the items read them). The backward is
+two as well: :func:`prefix_backward_kernel` (per codes and columns, the blocks in reverse: the suffix sums of the
+items' gradients over the counts) and :func:`code_rows_kernel` (every position at once: its code's row of its block's
+suffix sums).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _run(zs_ptr, nr, low, high, L, BC: tl.constexpr):
 @triton.jit
 def block_sums_kernel(
     zs_ptr, order_ptr, v_ptr, sums_ptr, cnt_ptr,
-    R, L, S, D,
+    L, S, D,
     BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(N·R·cdiv(S, BS)·cdiv(D, BD),)``: block ``r`` of sequence ``n``'s sums ``(BS, BD)`` of codes ``s``,
