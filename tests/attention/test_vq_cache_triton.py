@@ -2,18 +2,24 @@
 interpreter (and compiled on CUDA where there is one): equal to the plain reference
 (:func:`tvq_exp.attention.vq.cache.cache_means`: the running means, the entries the items read in the values' dtype,
 the state's entry in fp32), counts exactly, means and the values' gradient in fp32 within 1e-6; with bf16 values as
-the reference with the same values; refused in one line where it cannot run."""
+the reference with the same values; values read where they lie (a multi-head projection's strides: no copy) and their
+gradient written dense in their dim order, its fake (what ``torch.compile`` allocates) alike; refused in one line
+where it cannot run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from tests.attention.backends import build
 from tests.attention.test_vq_triton import DEVICES, interpreter  # noqa: F401  (the fixture: under the interpreter)
 from tvq_exp.attention.vq.cache import CacheMeans, cache_means
 from tvq_exp.attention.vq.fused import prefix
 from tvq_exp.attention.vq.fused.prefix import fused_cache_means, why_not
+from tvq_exp.attention.vq.fused.support import dense_like
 
 TOL = 1e-6  # relative error (‖got - want‖ / ‖want‖) in fp32
 
@@ -119,6 +125,184 @@ def test_fused_code_means_of_bf16_values_equal_the_reference(device: str) -> Non
     assert dv_got.dtype == torch.bfloat16 and rel_err(dv_got, dv_want) <= 1e-2
 
 
+# ----------------------------------------------------------------------------- values where they lie
+
+# values as a layer may hand them, views of a leaf (``b`` sequences of ``h`` heads, ``r`` blocks of ``length``
+# positions, ``d`` columns), and whether the kernels read them in place (their blocks cut from one time axis)
+LAYOUTS: dict[str, tuple[Callable[..., torch.Tensor], bool]] = {
+    # a multi-head projection's (B, T, H, d) seen as (B, H, T, d), cut into blocks
+    "(B, T, H, d) as (B, H, R, L, d)": (
+        lambda b, h, r, length, d: (
+            torch.randn(b, r * length, h, d).requires_grad_().transpose(1, 2).unflatten(2, (r, length))
+        ),
+        True,
+    ),
+    # one head a sequence, the sequences interleaved: (T, N, d) seen as (N, T, d)
+    "(T, N, d) as (N, R, L, d)": (
+        lambda b, h, r, length, d: (
+            torch.randn(r * length, b * h, d).requires_grad_().transpose(0, 1).unflatten(1, (r, length))
+        ),
+        True,
+    ),
+    # the last r of r + 1 blocks: not dense (a block apart between the sequences)
+    "the last blocks of (B, H, R + 1, L, d)": (
+        lambda b, h, r, length, d: torch.randn(b, h, r + 1, length, d).requires_grad_()[:, :, 1:],
+        True,
+    ),
+    # positions outside blocks, (N, L, R, d) seen as (N, R, L, d): not one time axis, the kernels read a copy and
+    # write the gradient contiguous
+    "(N, L, R, d) as (N, R, L, d)": (
+        lambda b, h, r, length, d: torch.randn(b * h, length, r, d).requires_grad_().transpose(1, 2),
+        False,
+    ),
+}
+
+
+def strided_inputs(layout: tuple, b: int, h: int, r: int, length: int, s: int, d: int, pad: int):  # noqa: ANN201
+    """:func:`make_inputs` of ``b·h`` sequences (fp32, CPU), the values in ``layout`` (:data:`LAYOUTS`)."""
+    codes, _, valid, n0, mu0 = make_inputs(b * h, r, length, s, d, pad, "cpu", torch.float32)
+    return codes, layout[0](b, h, r, length, d), valid, n0, mu0
+
+
+def gradient_strides(values: torch.Tensor, in_place: bool) -> tuple[int, ...]:
+    """The strides of the values' gradient: dense in the values' dim order (``torch.empty_like``'s, dense values or
+    not), contiguous where the kernels read a copy."""
+    return (torch.empty_like(values) if in_place else torch.empty(values.shape)).stride()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_fused_code_means_of_strided_values_equal_the_reference(layout: tuple) -> None:
+    """Values at a layer's strides (2 sequences of 3 heads, 3 blocks of 20 positions, 20 codes and columns, padded):
+    the fused means and the values' gradient equal the reference's of the same values made contiguous
+    ``(B·H, R, L, d)``, within :data:`TOL` in fp32; the gradient has the values' shape, dense in their dim order."""
+    torch.manual_seed(5)
+    b, h, r, length, s, d = 2, 3, 3, 20, 20, 20
+    codes, values, valid, n0, mu0 = strided_inputs(layout, b, h, r, length, s, d, pad=3)
+    assert not values.is_contiguous()
+    got = fused_cache_means(codes, values, valid, n0, mu0, 0, r, r)
+    want = cache_means(codes, values.reshape(b * h, r, length, d).contiguous(), valid, n0, mu0, 0, r, r)
+    assert torch.equal(got.counts, want.counts)
+    assert got.items.shape == want.items.shape == (b * h, r, s, d)
+    assert rel_err(got.items, want.items) <= TOL and rel_err(got.state, want.state) <= TOL
+    g = torch.randn_like(want.items)
+    (dv_got,) = torch.autograd.grad((got.items * g).sum(), values)
+    (dv_want,) = torch.autograd.grad((want.items * g).sum(), values)
+    assert dv_want.any() and rel_err(dv_got, dv_want) <= TOL
+    assert dv_got.shape == values.shape and dv_got.stride() == gradient_strides(values, layout[1])
+
+
+class _Recording:
+    """The prefix kernels' module, its kernels' launches recording their arguments in ``seen`` (by kernel name)."""
+
+    def __init__(self, module: object, seen: dict[str, tuple]) -> None:
+        self.module, self.seen = module, seen
+
+    def __getattr__(self, name: str) -> object:
+        kernel = getattr(self.module, name)
+        return _RecordedKernel(kernel, name, self.seen) if name.endswith("_kernel") else kernel
+
+
+class _RecordedKernel:
+    def __init__(self, kernel: object, name: str, seen: dict[str, tuple]) -> None:
+        self.kernel, self.name, self.seen = kernel, name, seen
+
+    def __getitem__(self, grid: tuple) -> Callable[..., object]:
+        def launch(*args: object, **kwargs: object) -> object:
+            self.seen[self.name] = args
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+IN_PLACE = {name: layout for name, layout in LAYOUTS.items() if layout[1]}
+
+
+@pytest.mark.parametrize("layout", IN_PLACE.values(), ids=IN_PLACE.keys())
+def test_the_kernels_read_strided_values_and_write_their_gradient_in_place(
+    layout: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No copy of values whose blocks are cut from one time axis: the block sums read the op's values themselves
+    (their memory at their strides), and the code rows write the gradient autograd hands back."""
+    seen: dict[str, tuple] = {}
+    kernels = prefix.prefix_kernels
+    monkeypatch.setattr(prefix, "prefix_kernels", lambda interpret: _Recording(kernels(interpret), seen))
+    torch.manual_seed(6)
+    codes, values, valid, n0, mu0 = strided_inputs(layout, 2, 3, 2, 8, 8, 8, pad=0)
+    got = fused_cache_means(codes, values, valid, n0, mu0, 0, 2, 2)
+    (dv,) = torch.autograd.grad((got.items * torch.randn_like(got.items)).sum(), values)
+    read, written = seen["block_sums_kernel"][2], seen["code_rows_kernel"][2]
+    assert read.data_ptr() == values.data_ptr() and read.stride() == values.stride()
+    assert written.data_ptr() == dv.data_ptr() and dv.stride() == gradient_strides(values, True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_the_ops_fakes_have_the_real_results_strides(layout: tuple) -> None:
+    """``torch.compile`` allocates what a custom op's fake returns: the values' gradient's fake has the real one's
+    shape and strides (dense in the values' dim order, or contiguous), and ``opcheck`` holds both ops' fakes and
+    the forward's autograd registration consistent on strided values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    torch.manual_seed(7)
+    codes, values, _valid, n0, mu0 = strided_inputs(layout, 2, 3, 2, 8, 8, 8, pad=0)
+    forward = (codes.to(torch.int32), values, n0, mu0, 0, 2, 2)
+    counts, items, _state = prefix.code_means(*forward)
+    backward = (
+        torch.randn_like(items),
+        forward[0],
+        counts,
+        0,
+        values.dtype,
+        list(values.shape),
+        list(values.stride()),
+    )
+    real = prefix.code_means_backward(*backward)
+    with FakeTensorMode() as mode:
+        fake = prefix.code_means_backward(
+            *(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in backward)
+        )
+    assert fake.shape == real.shape == values.shape
+    assert fake.stride() == real.stride() == gradient_strides(values, layout[1])
+    torch.library.opcheck(torch.ops.tvq.code_means.default, forward)
+    torch.library.opcheck(
+        torch.ops.tvq.code_means_backward.default, backward, test_utils=("test_schema", "test_faketensor")
+    )
+
+
+def test_the_compiled_means_of_a_projections_values_equal_eager() -> None:
+    """``torch.compile`` (``aot_eager``, one graph) of the fused means of ``(B, T, H, d)`` values seen as
+    ``(B, H, R, L, d)``: the eager means and values' gradient bit for bit (the backward's fake strides are the
+    kernels')."""
+    torch.manual_seed(8)
+    codes, values, valid, n0, mu0 = strided_inputs(
+        LAYOUTS["(B, T, H, d) as (B, H, R, L, d)"], 2, 3, 2, 8, 8, 8, 0
+    )
+
+    def step(values: torch.Tensor) -> torch.Tensor:
+        return fused_cache_means(codes, values, valid, n0, mu0, 0, 2, 2).items
+
+    want = step(values)
+    g = torch.randn_like(want)
+    (dv_want,) = torch.autograd.grad((want * g).sum(), values)
+    torch._dynamo.reset()
+    counters.clear()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(values)
+    (dv_got,) = torch.autograd.grad((got * g).sum(), values)
+    assert dict(counters["graph_break"]) == {}
+    assert torch.equal(got, want) and torch.equal(dv_got, dv_want) and dv_got.stride() == dv_want.stride()
+
+
+def test_dense_like_keeps_the_dim_order() -> None:
+    """:func:`~tvq_exp.attention.vq.fused.support.dense_like`: ``torch.empty_like``'s strides at the same width for
+    tensors of contiguous rows (dense in their dim order, dense or not), and that order at another width and dtype."""
+    x = torch.empty(2, 12, 3, 8).transpose(1, 2)  # (B, H, T, d) of a (B, T, H, d) projection
+    for y in (x, x[:, :, 2:], x.unflatten(2, (3, 4))[:, :, 1:], torch.empty(4, 6, 5)[:, 1:].transpose(0, 1)):
+        assert dense_like(y, y.shape[-1]).stride() == torch.empty_like(y).stride()
+    other = dense_like(x[:, :, 2:], 5, torch.bfloat16)
+    assert (
+        other.shape == (2, 3, 10, 5) and other.stride() == (150, 5, 15, 1) and other.dtype == torch.bfloat16
+    )
+
+
 def test_fused_code_means_are_refused_in_one_line_without_the_interpreter_on_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -168,6 +352,20 @@ def test_means_past_the_kernels_int32_offsets_are_refused_in_one_line() -> None:
             == f"{8 * 64 * 8192 * 512} elements; the kernels' offsets are int32 (< 2**31)"
         )
         assert why_not(values, 512) is None
+
+
+def test_strided_values_are_refused_by_their_extent_not_their_size() -> None:
+    """``(B, H, R, L, d)`` values are taken as ``(B·H, R, L, d)`` ones; a few blocks of a long projection
+    ``(B, T, H, d)`` whose last element lies past 2**31 (the kernels' offsets reach it) are refused though small."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        values = torch.empty(2, 2**23, 2, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        few = values[:, :, :64].unflatten(2, (4, 16))  # (2, 2, 4, 16, 128)
+        extent = 1 + 2**23 * 256 + 128 + 63 * 256 + 127
+        assert few.numel() == 2**15 and extent > 2**31
+        assert why_not(few, 16) == f"{extent} elements; the kernels' offsets are int32 (< 2**31)"
+        assert why_not(values[:1, :, :64].unflatten(2, (4, 16)), 16) is None
 
 
 def test_the_layer_computes_its_cache_with_the_kernel_it_chose(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -281,15 +281,15 @@ DESCRIPTOR_CASES = ("even tiles, whole tiles, rows from 8", "even tiles, whole t
 
 def count_descriptors(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], list[int]]]:
     """The (shape, block shape) of every tensor descriptor the op makes from here on."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
+    from triton.tools import tensor_descriptor
 
-    made, real = [], TensorDescriptor.from_tensor
+    made, real = [], tensor_descriptor.TensorDescriptor
 
-    def spy(x: torch.Tensor, block_shape: list[int], *args: object, **kwargs: object) -> TensorDescriptor:
-        made.append((tuple(x.shape), list(block_shape)))
-        return real(x, block_shape, *args, **kwargs)
+    def spy(base: torch.Tensor, shape: list[int], strides: list[int], block_shape: list[int]) -> object:
+        made.append((tuple(shape), list(block_shape)))
+        return real(base, shape, strides, block_shape)
 
-    monkeypatch.setattr(TensorDescriptor, "from_tensor", staticmethod(spy))
+    monkeypatch.setattr(tensor_descriptor, "TensorDescriptor", spy)
     return made
 
 
@@ -356,6 +356,100 @@ def test_a_tensor_that_a_descriptor_cannot_start_at_loads_by_pointers(
     assert rel_err(out, want_out) <= TOL
     for key, got in grads.items():
         assert rel_err(got, want[key]) <= TOL, key
+
+
+def spy_on_taken(monkeypatch: pytest.MonkeyPatch, *more: tuple[object, str]) -> list[bool]:
+    """Whether the ops read each of their inputs as given (not a copy), in order, from here on: their queries, keys and
+    values (``op.taken_queries``, ``op.taken``) and ``more`` such functions ``(module, name)``."""
+    taken: list[bool] = []
+    for module, name in ((op, "taken_queries"), (op, "taken"), *more):
+        real = getattr(module, name)
+
+        def spy(*args: object, real=real, name=name) -> object:  # noqa: ANN001
+            got = real(*args)
+            outs = got if name == "taken" else (got[0] if isinstance(got, tuple) else got,)
+            taken.extend(out is given for out, given in zip(outs, args, strict=False))
+            return got
+
+        monkeypatch.setattr(module, name, spy)
+    return taken
+
+
+def layout(x: torch.Tensor) -> list[int]:
+    """``x``'s strides where they matter: of its dims longer than one."""
+    return [step for step, size in zip(x.stride(), x.shape, strict=True) if size > 1]
+
+
+def heads_interleaved(x: torch.Tensor, heads: int, split: int | None = None) -> torch.Tensor:
+    """Flat ``x (N, I, R, d)`` (``N = B·heads``) as the ops take a model's projections of ``heads`` key heads: ``(B,
+    heads, I, R, d)`` (or, ``split``, ``(B, heads, I, split, R / split, d)``: the ``G`` query heads of each row block)
+    seen from memory laid out time-major with the heads innermost (``(B, I, R, heads, d)``), the same values: a leaf."""
+    b, items, rows, d = x.shape[0] // heads, *x.shape[1:]
+    shape = (b, heads, items, rows, d) if split is None else (b, heads, items, split, rows // split, d)
+    order = (0, 2, 3, 1, 4) if split is None else (0, 2, 4, 1, 3, 5)  # (B, I, [Lq,] heads, [G,] d) in memory
+    memory = x.detach().reshape(shape).permute(order).contiguous()
+    return memory.permute([order.index(i) for i in range(len(order))]).requires_grad_(x.requires_grad)
+
+
+STRIDED_CASES = {
+    "cache, 2 heads a key head": (Case(bias=False, n=4), 2, True),
+    "bias+cache (every row copied contiguous)": (Case(n=4), 2, True),
+    "per-item codebook, values in 3 chunks": (Case(bias=False, n=4, per_item_codes=True, d_v=40), 4, True),
+    # values laid out otherwise than the keys: copied into the keys' layout (the kernels read both through its rows)
+    "values contiguous, keys not": (Case(bias=False, n=4), 2, False),
+    # whole even tiles: the forward and dq load keys and values through descriptors whose rows span the heads
+    "even tiles through descriptors": (
+        Case(bias=False, block=32, rows=32, g=1, items=2, n=2, d_k=16, d_v=16, s=32),
+        2,
+        True,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "heads", "values_interleaved"), STRIDED_CASES.values(), ids=STRIDED_CASES.keys()
+)
+def test_the_ops_read_heads_interleaved_inputs_through_their_strides(
+    case: Case, heads: int, values_interleaved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Queries, keys and values of several key heads as a model's projections lay them out (heads innermost: ``B``
+    and the heads do not merge into one sequence axis) go to the ops as ``(B, H_kv, ...)`` views and are read where
+    they lie: no copy (values in another layout than the keys' are copied into theirs; with the XL bias every row goes
+    contiguous before the ops, one sequence axis). The output and every gradient equal, bit for bit, those of the same
+    values given flat and contiguous; the gradients come in their inputs' layout, the output in the queries', and a
+    seed gradient of another layout (contiguous) is taken."""
+    torch.manual_seed(0)
+    flat = make_inputs(case)
+    loads = count_descriptor_loads(monkeypatch)
+    out, g, grads = outputs_and_grads(fused_window_cache_attention, flat, case)
+    flat_loads = loads[0]
+    taken, sequences = spy_on_taken(monkeypatch), []
+    real_op = op.window_cache_forward
+    monkeypatch.setattr(
+        op, "window_cache_forward", lambda q, *a: sequences.append(q.shape[1]) or real_op(q, *a)
+    )
+    values = heads_interleaved(flat["vb"], heads)
+    values = values if values_interleaved else flat["vb"].detach().view(values.shape).requires_grad_()
+    strided = dict(flat) | {
+        "q": heads_interleaved(flat["q"], heads, case.g), "kb": heads_interleaved(flat["kb"], heads), "vb": values
+    }  # fmt: skip
+    inputs = grouped(strided, case)
+    got = fused_window_cache_attention(inputs, prev_grad=case.prev_grad)
+    assert sequences == [1 if case.bias else heads]  # with the bias, one sequence axis
+    assert got.shape == strided["q"].shape[:-1] + (case.d_v,)
+    # the queries' layout, positions apart by every head (contiguous with the bias, the queries copied)
+    assert got.stride()[-2] == (1 if case.bias else heads * case.g) * case.d_v
+    names = [k for k, x in strided.items() if x.requires_grad]
+    seed = g.reshape(got.shape).contiguous()  # not the output's layout
+    new = dict(zip(names, torch.autograd.grad((got * seed).sum(), [strided[k] for k in names]), strict=True))
+    assert torch.equal(got.reshape(out.shape), out)
+    for key, want in grads.items():
+        if key in ("q", "kb", "vb" if values_interleaved else "q") and not case.bias:
+            assert layout(new[key]) == layout(strided[key]), key
+        assert torch.equal(new[key].reshape(want.shape), want), key
+    assert taken == [True, True, values_interleaved] * 2  # the forward's and the backward's
+    assert loads[0] == 2 * flat_loads  # through descriptors wherever the flat call loads through them
+    assert (flat_loads > 0) == (case.d_k == 16)  # the even case's
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -451,26 +545,47 @@ def test_one_key_heads_window_reaches_the_fused_kernels_without_a_copy(kernel: s
     assert copies[window] == joins and copies[b * t * d] == 0
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1])
 @pytest.mark.parametrize("use_cache", [True, False])
-def test_several_heads_queries_keys_and_values_reach_the_fused_kernels_copied_once(use_cache: bool) -> None:
-    """Several heads' queries, keys and values, as a model's projections give them (``(B, T, H, d)`` seen as ``(B, H,
-    T, d)``), are copied once each into the kernels' layout: the values' copy serves the cache's means and the
-    window alike."""
+def test_several_heads_reach_the_fused_kernels_and_their_gradients_leave_them_without_a_copy(
+    use_cache: bool, kv_heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several heads' queries, keys and values as a model's projections give them (``(B, T, H, d)`` seen as ``(B, H,
+    T, d)``: ``B`` and the heads do not merge into one sequence axis) reach the fused kernels (window and means) as
+    they are, read through their strides: no copy of them in the forward, none inside the ops, and no copy of their
+    gradients in the backward, which come in the leaves' own layout (as flash's). The output and every gradient equal
+    ``kernel=plain``'s."""
     from collections import Counter
 
     from tests.helpers.ops import OpLog
+    from tvq_exp.attention.vq.fused import prefix
 
     b, t, h, d, block = 2, 32, 2, 8, 8
-    layer = build(
-        "vq", d_k=d, d_v=d, heads=h, codebook_size=4, block_len=block, kernel="triton", use_cache=use_cache
+    opts = dict(
+        d_k=d, d_v=d, heads=h, kv_heads=kv_heads, codebook_size=4, block_len=block, use_cache=use_cache
     )
-    q, k, v = (torch.randn(b, t, h, d, requires_grad=True).transpose(1, 2) for _ in range(3))
+    layer, plain = build("vq", kernel="triton", **opts), build("vq", kernel="plain", **opts)
+    plain.load_state_dict(layer.state_dict())
+    leaves = [torch.randn(b, t, heads, d, requires_grad=True) for heads in (h, kv_heads, kv_heads)]
+    taken = spy_on_taken(monkeypatch, (prefix, "_in_place"))
     with OpLog() as log:
-        layer(q, k, v)
-    full = b * h * t * d
-    names = ("aten.clone", "aten.constant_pad_nd", "aten.cat", "aten.copy_")
-    copies = Counter((op.name, op.numel) for op in log.named(*names) if op.numel >= full)
-    assert copies == {("aten.clone", full): 3}
+        out = layer(*(x.transpose(1, 2) for x in leaves))[0]
+        g = torch.randn(b, t, h, d).transpose(1, 2)
+        grads = torch.autograd.grad((out * g).sum(), leaves)
+    assert layer.last_kernel == "triton"
+    assert taken and all(taken), taken  # the ops read their inputs as given
+    full = b * kv_heads * t * d
+    names = ("aten.clone", "aten.constant_pad_nd", "aten.cat", "aten.copy_", "aten._to_copy")
+    assert Counter((o.name, o.numel) for o in log.named(*names) if o.numel >= full) == {}
+    for x, grad in (
+        (leaves[0], grads[0]),
+        (leaves[2], grads[2]),
+    ):  # the keys' pass the quantiser's own layout
+        assert layout(grad) == layout(x)  # the leaves' layout, as the kernels wrote them
+    want = plain(*(x.transpose(1, 2) for x in leaves))[0]
+    assert rel_err(out, want) <= TOL
+    for got, want_g in zip(grads, torch.autograd.grad((want * g).sum(), leaves), strict=True):
+        assert rel_err(got, want_g) <= TOL
 
 
 def test_layer_triton_streams_a_continued_segment_as_one_call() -> None:

@@ -109,7 +109,8 @@ def test_fused_ops_pass_opcheck() -> None:
     bq = x["bias_q"].reshape(n, items, case.g, -1, d_k)
     dl = (bq @ x["rel"][:, None].transpose(-1, -2)).reshape(n, items, rows, -1).detach().requires_grad_()
     win = window_arguments(window(case))
-    args = (x["q"], x["kb"], x["vb"], win, dl, x["codebook"], x["log_n"], x["mu"], True, True)
+    q, kb, vb = _ops_layout(x["q"], x["kb"], x["vb"], case)
+    args = (q, kb, vb, win, dl, x["codebook"], x["log_n"], x["mu"], True, True)
     torch.library.opcheck(torch.ops.tvq.window_cache_forward.default, args)
     out, lse = torch.ops.tvq.window_cache_forward(*args)
     back = (torch.randn_like(out), *(a.detach() if isinstance(a, torch.Tensor) else a for a in args[:8]))
@@ -117,6 +118,11 @@ def test_fused_ops_pass_opcheck() -> None:
     torch.library.opcheck(
         torch.ops.tvq.window_cache_backward.default, back, test_utils=("test_schema", "test_faketensor")
     )
+
+
+def _ops_layout(q: torch.Tensor, kb: torch.Tensor, vb: torch.Tensor, case: Case) -> tuple[torch.Tensor, ...]:
+    """The ops' shapes of flat inputs (views): ``q (N, 1, I, G, Lq, d_k)``, ``kb, vb (N, 1, IB, L, ·)``."""
+    return q.unflatten(2, (case.g, case.rows)).unsqueeze(1), kb.unsqueeze(1), vb.unsqueeze(1)
 
 
 def _heads_interleaved(x: torch.Tensor) -> torch.Tensor:
@@ -130,7 +136,7 @@ def test_fused_ops_pass_opcheck_on_inputs_of_interleaved_heads() -> None:
     case = Case(per_item_codes=True, items=2, n=2)
     torch.manual_seed(4)
     x = make_inputs(case)
-    q, kb, vb = (_heads_interleaved(x[name]) for name in ("q", "kb", "vb"))
+    q, kb, vb = _ops_layout(*(_heads_interleaved(x[name]) for name in ("q", "kb", "vb")), case)
     assert not q.is_contiguous()
     win = window_arguments(window(case))
     args = (q, kb, vb, win, None, x["codebook"].detach(), x["log_n"], _heads_interleaved(x["mu"]), True, True)

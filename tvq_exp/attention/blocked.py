@@ -92,20 +92,24 @@ class BlockLayout:
         """Inverse of :meth:`to_items`, padding dropped: ``(B, H, I, rows, d)`` -> ``(B, H, T, d)``."""
         return x.flatten(2, 3)[:, :, self.front : self.items * self.rows - self.back]
 
+    def grouped_items(self, x: Tensor, kv_heads: int) -> Tensor:
+        """``(B, H, T, d)`` -> ``(B, H_kv, I, G, rows, d)``: the ``G = H / H_kv`` query heads sharing a key head, per
+        item (a view where the items are whole: the fused kernels' layout, read through its strides)."""
+        h = x.shape[1]
+        return self.to_items(x).unflatten(1, (kv_heads, h // kv_heads)).transpose(2, 3)
+
     def to_grouped_items(self, x: Tensor, kv_heads: int) -> Tensor:
-        """``(B, H, T, d)`` -> ``(B·H_kv, I, G·rows, d)``: the ``G = H / H_kv`` query heads sharing a key head
-        stacked in each item's rows (the kernels' layout)."""
-        b, h = x.shape[:2]
-        items = (
-            self.to_items(x).unflatten(1, (kv_heads, h // kv_heads)).transpose(2, 3)
-        )  # (B, Hk, I, G, rows, d)
-        return items.reshape(b * kv_heads, self.items, -1, x.shape[-1])
+        """``(B, H, T, d)`` -> ``(B·H_kv, I, G·rows, d)``: :meth:`grouped_items` with the heads stacked in each item's
+        rows (the plain and flex kernels' layout; a copy where ``B`` and ``H_kv`` do not merge)."""
+        return self.grouped_items(x, kv_heads).reshape(x.shape[0] * kv_heads, self.items, -1, x.shape[-1])
 
     def from_grouped_items(self, x: Tensor, batch: int, heads: int) -> Tensor:
-        """Inverse of :meth:`to_grouped_items`: ``(B·H_kv, I, G·rows, d)`` -> ``(B, H, T, d)``."""
-        kv_heads = x.shape[0] // batch
-        items = x.view(batch, kv_heads, self.items, heads // kv_heads, self.rows, -1).transpose(2, 3)
-        return self.from_items(items.reshape(batch, heads, self.items, self.rows, -1))
+        """Inverse of :meth:`to_grouped_items` (and of :meth:`grouped_items`): ``(B·H_kv, I, G·rows, d)`` (or ``(B,
+        H_kv, I, G, rows, d)``) -> ``(B, H, T, d)``."""
+        if x.dim() == 4:
+            kv_heads = x.shape[0] // batch
+            x = x.view(batch, kv_heads, self.items, heads // kv_heads, self.rows, -1)
+        return self.from_items(x.transpose(2, 3).reshape(batch, heads, self.items, self.rows, -1))
 
 
 class BlockedAttention(AttentionBackend):

@@ -58,6 +58,29 @@ def statistics_frozen() -> Iterator[None]:
         _FROZEN.reset(token)
 
 
+def _value(codebook: Tensor, codes: Tensor, keys: Tensor, quant: Tensor) -> Tensor:
+    """The codes the attention reads (no gradient), ``(B, H, T, d)`` in the keys' dtype: the codebook's ``S`` rows
+    cast, then gathered (not ``N`` rows gathered, then cast: a key-sized read and write less). With several heads,
+    gathered in the keys' layout where it is ``(B, T, H, d)`` (a model's projection) or contiguous (``codes (H, N)``
+    reordered to it, a small integer copy): the fused attention reads them, and hands back their gradient to the keys,
+    in the keys' layout, with no copy either way. Else ``(H, N, d)`` (the keys' layout with one head or one sequence):
+    ``quant`` itself where the dtypes agree (one gather for both)."""
+    b, h, t, d = keys.shape
+    source = codebook.detach().to(keys.dtype)  # (H, S, d)
+    heads_inner = keys.transpose(1, 2).is_contiguous()
+    if h > 1 and (heads_inner or (b > 1 and keys.is_contiguous())):
+        rows = (codes + torch.arange(h, device=codes.device)[:, None] * source.shape[1]).view(h, b, t)
+        rows = rows.permute(1, 2, 0) if heads_inner else rows.transpose(0, 1)  # in the keys' order
+        value = source.flatten(0, 1)[rows.reshape(-1)].view(*rows.shape, d)
+        return value.transpose(1, 2) if heads_inner else value
+    value = (
+        quant.detach()
+        if keys.dtype == codebook.dtype
+        else torch.gather(source, 1, codes[..., None].expand(h, -1, d))
+    )
+    return value.view(h, b, t, d).transpose(0, 1)
+
+
 class VectorQuantizer(nn.Module):
     """Per-head codebook ``C: (H, S, d)`` that quantises keys ``k: (B, H, T, d)``.
 
@@ -222,15 +245,13 @@ class VectorQuantizer(nn.Module):
             codes, noise = self._draw(flat, codebook.detach(), nearest)
         index = codes[..., None].expand(h, b * t, d)
         quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
-        # the value the attention reads, in the keys' dtype: the codebook's S rows cast, then gathered (not N rows
-        # gathered, then cast: a key-sized read and write less)
-        value = quant if k.dtype == codebook.dtype else torch.gather(codebook.detach().to(k.dtype), 1, index)
+        value = _value(codebook, codes, k, quant)
         counts = code_counts(codes, self.codebook_size)
         weighted = self.fit_weight == "fisher"
         if learning and not weighted:
             self._accumulate(flat, codes, counts)
         aux = self._aux(kf, quant, counts)
-        quant, value = (x.view(h, b, t, d).transpose(0, 1) for x in (quant, value))
+        quant = quant.view(h, b, t, d).transpose(0, 1)
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, value.detach())
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value

@@ -271,11 +271,14 @@ class VQAttention(BlockedAttention):
             None  # without the cache there are no running code means (nor a cache in the state)
         )
         if self.use_cache:
-            # the values' one copy (none with one key head): (B·Hk, R, L, d_v) for the means, and a view of it the
-            # fused kernels' window
-            vb = vb.contiguous()
-            vals = (vb if self.grad_through_cache else vb.detach()).flatten(0, 1)
-            means = fused_cache_means if self.means_kernel(vals) == "triton" else cache_means
+            fused_means = self.means_kernel(vb) == "triton"
+            if not fused_means:
+                # the values' one copy (none with one key head): (B·Hk, R, L, d_v) for the plain means, and a view of
+                # it the window's (the fused means and window read them through their strides)
+                vb = vb.contiguous()
+            vals = vb if self.grad_through_cache else vb.detach()
+            means = fused_cache_means if fused_means else cache_means
+            vals = vals if fused_means else vals.flatten(0, 1)
             n0, mu0 = state.cache_n.flatten(0, 1), state.cache_mu.flatten(0, 1)
             # the items' entries where they read the cache (block r sees the cache of blocks <= r - 2), and the state's
             items = layout.items if t0 > n_buf or layout.last >= 2 else 0
@@ -358,24 +361,27 @@ class VQAttention(BlockedAttention):
         self.last_kernel = self.window_kernel(q, kb, vb, per_item)
         blocks = slice(max(first - 1, 0), last + 1)
         kw, vw = kb[:, :, blocks], vb[:, :, blocks]
-        # no block before the first: the fused kernels read none; the others take a masked zero block, joined in
-        # front (the one copy; the join's gradient is a view of the window's, where a pad's is another copy)
-        if first == 0 and not lone and self.last_kernel != "triton":
-            kw, vw = (torch.cat([torch.zeros_like(x[:, :, :1]), x], dim=2) for x in (kw, vw))
-        kw, vw = kw.flatten(0, 1), vw.flatten(0, 1)
+        if self.last_kernel == "triton":
+            # the fused kernels read every row through its strides, (B, Hk) unmerged: no copy of the queries, keys or
+            # values in any heads' layout; and no block before the first (they read none)
+            queries = layout.grouped_items(qc, hk)
+        else:
+            # the others take a masked zero block, joined in front (the one copy; the join's gradient is a view of
+            # the window's, where a pad's is another copy)
+            if first == 0 and not lone:
+                kw, vw = (torch.cat([torch.zeros_like(x[:, :, :1]), x], dim=2) for x in (kw, vw))
+            queries, kw, vw = layout.to_grouped_items(qc, hk), kw.flatten(0, 1), vw.flatten(0, 1)
         attend = fused_window_cache_attention if self.last_kernel == "triton" else window_cache_attention
         if self.last_kernel == "flex":  # imported here: torch's flex module is slow to import
             from tvq_exp.attention.vq.flex import flex_window_cache_attention
 
             attend = flex_window_cache_attention
-        inputs = WindowInputs(
-            layout.to_grouped_items(qc, hk), kw, vw, index, bias, cache, prev_masked=first == 0 and not lone
-        )
+        inputs = WindowInputs(queries, kw, vw, index, bias, cache, prev_masked=first == 0 and not lone)
         out = attend(inputs, prev_grad=self.grad_through_cache)
         return layout.from_grouped_items(out, b, h)
 
     def means_kernel(self, values: Tensor) -> str:
-        """The kernel of the cache's running means of ``values (B·Hk, R, L, d_v)``: ``triton``
+        """The kernel of the cache's running means of ``values (B, Hk, R, L, d_v)``: ``triton``
         (:mod:`.fused.prefix`) where the layer's ``kernel`` is ``triton``, or ``auto`` on CUDA (at any value width:
         one product per block, no scores recomputed), and it can run; else ``plain`` (the reference)."""
         fused = self.kernel == "triton" or (self.kernel == "auto" and values.is_cuda)

@@ -7,10 +7,15 @@ Loaded by :func:`tvq_exp.attention.vq.fused.support.kernels` (never imported dir
 ``TRITON_INTERPRET`` when a kernel is decorated, so the module is loaded once per mode (compiled, or
 interpreted on the CPU).
 
-Names: ``n`` the sequence (batch × key head), ``i`` the item (query block), ``r`` a query row of the item
-(``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W = blocks·L``; key
-``j`` of item ``i`` is row ``(i - shift)·L + j`` of the key blocks, as its blocks are contiguous; ``shift`` is 1
-where the key blocks leave out item 0's masked previous block, which no kernel reads, else 0), ``c`` a code.
+Names: ``n`` the sequence (batch ``n // HK`` × key head ``n % HK``), ``i`` the item (query block), ``r`` a query row
+of the item (``R = G·Lq`` rows, row ``r = g·Lq + p``: head ``g``, position ``p``), ``j`` a window key (``W =
+blocks·L``; key ``j`` of item ``i`` is key ``(i - shift)·L + j`` of the sequence's blocks, which are cut from one time
+axis; ``shift`` is 1 where the key blocks leave out item 0's masked previous block, which no kernel reads, else 0),
+``c`` a code. Rows are addressed by unit strides (element strides over the row's width, :mod:`.op`): the queries'
+``sq_b, sq_h, sq_i, sq_g, sq_p`` (batch, key head, item, head, position), which are also the outputs', ``dO``'s,
+``dq``'s, ``lse``'s, the row term's and the distance logits' (all dense in one order); the keys' ``sk_b, sk_h, sk_t``
+(batch, key head, key), which are also the values', and the keys' and values' gradients' ``sg_*``; so ``(B, T, H,
+d)`` memory seen as ``(B, H, T, d)`` is read as it is. The codes, their log counts and means are contiguous (flat rows).
 Scores are kept in base 2 (``s·log2 e``), the cache's log counts come in base 2 (``ln_ptr``: ``log2 n``), and
 ``lse`` is ``log2 Σ 2^s``. Row ``p`` and window key ``j`` are ``d = FIRST + p - j`` apart
 (:class:`~tvq_exp.attention.vq.kernel.WindowIndex`): the key is visible for ``0 <= d <= SPAN``, and its term is
@@ -77,12 +82,19 @@ def _tile(desc, row0, col0, ptr, rows_ok, cols_ok, EVEN: tl.constexpr, TMA: tl.c
 
 
 @triton.jit
-def _row_block(pb, item, NPB, Lq, R, BM: tl.constexpr):
-    """Row block ``pb`` of an item (head ``pb // NPB``, block ``pp = pb % NPB`` of its positions): ``pp``, the
-    positions ``p``, which are in range, and their rows ``row`` in the flat queries (``item·R + g·Lq + p``)."""
+def _row_block(pb, NPB, Lq, BM: tl.constexpr):
+    """Row block ``pb`` of an item: its head ``g = pb // NPB``, its block ``pp = pb % NPB`` of the head's positions,
+    the positions ``p`` and which are in range."""
     g, pp = pb // NPB, pb % NPB
     p = pp * BM + tl.arange(0, BM)
-    return pp, p, p < Lq, item * R + (g * Lq + p)
+    return g, pp, p, p < Lq
+
+
+@triton.jit
+def _units(n, HK, s_b, s_h):
+    """Where sequence ``n`` (batch ``n // HK``, key head ``n % HK``) starts in a tensor of rows, in rows of its width
+    (its unit strides ``s_b``, ``s_h``: element strides over the width)."""
+    return (n // HK) * s_b + (n % HK) * s_h
 
 
 @triton.jit
@@ -93,7 +105,8 @@ def _base2(x, DOT: tl.constexpr):
 
 @triton.jit
 def _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT: tl.constexpr):
-    """The rows' queries ``(BM, DK)`` scaled by ``log2 e`` (base-2 scores straight from the product), as ``DOT``."""
+    """The queries of rows ``row`` (in rows of ``dk``) ``(BM, DK)`` scaled by ``log2 e`` (base-2 scores straight from
+    the product), as ``DOT``."""
     q = tl.load(q_ptr + row[:, None] * dk + dko[None, :], mask=p_ok[:, None] & dk_ok[None, :], other=0.0)
     return _base2(q, DOT)
 
@@ -189,50 +202,68 @@ def _online_step(m_i, l_i, acc, s, v, DOT: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p, p_ok, dko, dk_ok, dv0,
-                  dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  MASKED: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr,
-                  PREC: tl.constexpr):  # fmt: skip
+def _keys(k_head, sk_t, kt0, TMA: tl.constexpr):
+    """A sequence's window keys (and values: they share the keys' rows): the row of window key ``j`` is ``base +
+    j·sk_t`` (from the sequence's start ``k_head``, key rows ``sk_t`` apart, window key 0 at key ``kt0`` of its
+    blocks), and, ``TMA``, its tiles' descriptor coordinates ``(row0 + j, unit·d)`` (the descriptor's rows are ``sk_t``
+    rows wide: :meth:`_Layout.descriptors`; else zeros, unused)."""
+    if TMA:
+        return k_head + kt0 * sk_t, k_head // sk_t + kt0, k_head % sk_t
+    return k_head + kt0 * sk_t, 0, 0
+
+
+@triton.jit
+def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, k_base, sk_t, k_row0, k_unit, row,
+                  p, p_ok, dko, dk_ok, dv0, dvo, dv_ok, L, TPB, FIRST, SPAN, M1,
+                  dk, dv, BN: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, EVEN: tl.constexpr,
+                  TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """The forward's online-softmax step over window tile ``wt`` (tile ``t`` of block half ``h``; value columns
-    ``dvo``, from ``dv0``)."""
+    ``dvo``, from ``dv0``); keys and values where :func:`_keys` puts them."""
     h, t = wt // TPB, wt % TPB
     jl = t * BN + tl.arange(0, BN)
     j_ok = jl < L
     j = h * L + jl
-    k0 = key0 + h * L + t * BN  # the tile's first key row
-    k = _tile(k_desc, k0, 0, k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN, TMA)
+    j0 = h * L + t * BN  # the tile's first window key
+    key_row = k_base + j * sk_t
+    k = _tile(
+        k_desc, k_row0 + j0, k_unit * dk, k_ptr + key_row[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN, TMA
+    )
     s = _window_scores(
         q, k.to(DOT), dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC
     )
-    v = _tile(v_desc, k0, dv0, v_ptr + (key0 + j)[:, None] * dv + dvo[None, :], j_ok, dv_ok, EVEN, TMA)
+    v = _tile(v_desc, k_row0 + j0, k_unit * dv + dv0, v_ptr + key_row[:, None] * dv + dvo[None, :], j_ok, dv_ok, EVEN,
+              TMA)  # fmt: skip
     return _online_step(m_i, l_i, acc, s, v.to(DOT), DOT, PREC)
 
 
 @triton.jit
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr, k_desc, v_desc, c_desc, mu_desc,
-    ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    shift, NPB, TPB,
+    ITEMS, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    shift, NPB, TPB, HK, sq_b, sq_h, sq_i, sq_g, sq_p, sk_b, sk_h, sk_t,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N·NDV)``: ``BM`` rows of one head of item ``i``, values ``BDV`` wide (chunk ``dc``);
     writes ``out`` and (chunk 0) the rows' ``lse``. ``TMA``: the key, value, code and mean tiles come through their
-    descriptors (``k_desc``, ``v_desc``, ``c_desc``, ``mu_desc``: the flat rows of ``k_ptr``, ... ; else None)."""
+    descriptors (``k_desc``, ``v_desc``, ``c_desc``, ``mu_desc``: rows of ``k_ptr``, ... ; else None). Rows by unit
+    strides (:mod:`.op`): the queries' ``sq_*`` (also the outputs', ``lse``'s and the distance logits'), the keys'
+    ``sk_*`` (also the values')."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ndv = (dv + BDV - 1) // BDV
     n, dc = z // ndv, z % ndv
-    item = n * ITEMS + i
-    pp, p, p_ok, row = _row_block(pb, item, NPB, Lq, R, BM)
+    g, pp, p, p_ok = _row_block(pb, NPB, Lq, BM)
+    row = _units(n, HK, sq_b, sq_h) + i * sq_i + g * sq_g + p * sq_p  # of the queries, outputs, lse, logits
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv
     q = _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.full([BM], 0.0, tl.float32)
     acc = tl.full([BM, BDV], 0.0, tl.float32)
-    key0 = (n * IB + i - shift) * L  # window key j is key row key0 + j
+    kt0 = (i - shift) * L  # window key j is key kt0 + j of the sequence's blocks
+    k_base, k_row0, k_unit = _keys(_units(n, HK, sk_b, sk_h), sk_t, kt0, TMA)
     lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     # the masked tiles (before and after the whole ones) in one loop, then the whole ones without a mask (WHOLE);
     # else every tile masked
@@ -241,16 +272,19 @@ def forward_kernel(
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
     for step in range(0, a - lo + hi - b):
         wt = _masked_step(step, lo, a, b, WHOLE)
-        m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p, p_ok,
-                                      dko, dk_ok, dc * BDV, dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS,
-                                      True, EVEN, TMA, DOT, PREC)  # fmt: skip
+        m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, k_base, sk_t,
+                                      k_row0, k_unit, row, p, p_ok, dko, dk_ok, dc * BDV,
+                                      dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, True, EVEN, TMA, DOT,
+                                      PREC)  # fmt: skip
     if WHOLE:
         for wt in range(a, b):
-            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, key0, row, p,
-                                          p_ok, dko, dk_ok, dc * BDV, dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN,
-                                          HAS_BIAS, False, EVEN, TMA, DOT, PREC)  # fmt: skip
+            m_i, l_i, acc = _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, k_base, sk_t,
+                                          k_row0, k_unit, row, p, p_ok, dko, dk_ok,
+                                          dc * BDV, dvo, dv_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BN, HAS_BIAS, False,
+                                          EVEN, TMA, DOT, PREC)  # fmt: skip
     if HAS_CACHE:
         # the item's codebook: from element code0, row code0 / dk
+        item = n * ITEMS + i  # here, where the cache reads it: not held over the window's loops
         code0 = n * code_seq_stride + i * code_item_stride
         code_row0 = code0 // dk
         for c0 in range(0, S, BN):
@@ -288,15 +322,23 @@ def delta_kernel(do_ptr, o_ptr, delta_ptr, ROWS, D, BM: tl.constexpr, BD: tl.con
 
 
 @triton.jit
-def _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, key_row0, key_row, key_ok, dv,
+def _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, tma_row, tma_col, key_row, key_ok, dv,
         BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr, EVEN: tl.constexpr,
         TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """``dO·v^T (BM, BN)`` over all of ``d_v`` (values ``key_row``, the first ``key_row0``): with the loaded ``do``
-    (one chunk; the values through ``v_desc`` where ``TMA``) or chunk by chunk."""
+    """``dO·v^T (BM, BN)`` over all of ``d_v`` (the values' rows ``key_row``; their tile at ``(tma_row, tma_col)`` of
+    ``v_desc``; ``dO``'s rows ``row``): with the loaded ``do`` (one chunk; the values through ``v_desc`` where
+    ``TMA``) or chunk by chunk."""
     if ONE_CHUNK:
         dvo = tl.arange(0, BDV)
         v = _tile(
-            v_desc, key_row0, 0, v_ptr + key_row[:, None] * dv + dvo[None, :], key_ok, dvo < dv, EVEN, TMA
+            v_desc,
+            tma_row,
+            tma_col,
+            v_ptr + key_row[:, None] * dv + dvo[None, :],
+            key_ok,
+            dvo < dv,
+            EVEN,
+            TMA,
         )
         return tl.dot(do, tl.trans(v.to(DOT)), input_precision=PREC)
     dp = tl.full([BM, BN], 0.0, tl.float32)
@@ -312,21 +354,25 @@ def _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, key_row0, key_row, key_ok, dv,
 
 
 @triton.jit
-def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0, row, p, p_ok,
-             dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr,
-             HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr, MASKED: tl.constexpr,
-             EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """``dq`` plus window tile ``wt``'s part, and that tile's distance-logit gradients written."""
+def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, k_base, sk_t, k_row0,
+             k_unit, row, p, p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv,
+             BM: tl.constexpr, BN: tl.constexpr, BDV: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+             ONE_CHUNK: tl.constexpr, MASKED: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
+             DOT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """``dq`` plus window tile ``wt``'s part, and that tile's distance-logit gradients written (keys and values where
+    :func:`_keys` puts them)."""
     h, t = wt // TPB, wt % TPB
     jl = t * BN + tl.arange(0, BN)
     j_ok = jl < L
     j = h * L + jl
-    k0 = key0 + h * L + t * BN  # the tile's first key row
-    k = _tile(k_desc, k0, 0, k_ptr + (key0 + j)[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN, TMA).to(DOT)
+    j0 = h * L + t * BN  # the tile's first window key
+    key_row = k_base + j * sk_t
+    k = _tile(k_desc, k_row0 + j0, k_unit * dk, k_ptr + key_row[:, None] * dk + dko[None, :], j_ok, dk_ok, EVEN,
+              TMA).to(DOT)  # fmt: skip
     s = _window_scores(q, k, dl_ptr, row * M1, p, p_ok, j, j_ok, FIRST, SPAN, M1, HAS_BIAS, MASKED, PREC)
     pr = tl.exp2(s - lse[:, None])
-    dp = _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, k0, key0 + j, j_ok, dv, BM, BN, BDV, ONE_CHUNK, EVEN, TMA, DOT,
-             PREC)  # fmt: skip
+    dp = _dp(do, do_ptr, v_ptr, v_desc, row, p_ok, k_row0 + j0, k_unit * dv, key_row, j_ok, dv, BM, BN, BDV, ONE_CHUNK,
+             EVEN, TMA, DOT, PREC)  # fmt: skip
     ds = pr * (dp - delta[:, None])
     if BIAS_GRAD:  # the visible keys inside the bias window: recomputed, not held over the products
         dist, seen = _distances(p, p_ok, j, j_ok, FIRST, SPAN)
@@ -338,19 +384,20 @@ def _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do
 def dq_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ddl_ptr,
     k_desc, v_desc, c_desc, mu_desc,
-    ITEMS, IB, R, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    shift, NPB, TPB,
+    ITEMS, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
+    shift, NPB, TPB, HK, sq_b, sq_h, sq_i, sq_g, sq_p, sk_b, sk_h, sk_t,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
     WHOLE: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(G·NPB, ITEMS, N)``: ``dq`` of ``BM`` rows of one head of item ``i`` and the gradient of their distance
     logits (``ddl``, each column written by the one key at that distance: no atomics). ``TMA``: as the forward's (the
-    values and means through theirs in one chunk only)."""
+    values and means through theirs in one chunk only). Rows as the forward's: ``dO``, ``dq``, ``lse`` and the row term
+    by the outputs' unit strides."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     pb, i, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    item = n * ITEMS + i
-    pp, p, p_ok, row = _row_block(pb, item, NPB, Lq, R, BM)
+    g, pp, p, p_ok = _row_block(pb, NPB, Lq, BM)
+    row = _units(n, HK, sq_b, sq_h) + i * sq_i + g * sq_g + p * sq_p  # of the queries, outputs, lse, logits
     dko = tl.arange(0, DK)
     dk_ok = dko < dk
     q = _queries(q_ptr, row, p_ok, dko, dk_ok, dk, DOT)
@@ -362,22 +409,26 @@ def dq_kernel(
     )
     do = do.to(DOT)
     dq = tl.full([BM, DK], 0.0, tl.float32)
-    key0 = (n * IB + i - shift) * L
+    kt0 = (i - shift) * L
+    k_base, k_row0, k_unit = _keys(_units(n, HK, sk_b, sk_h), sk_t, kt0, TMA)
     lo, hi = _visible_tiles(pp, i, prev_masked, Lq, L, W, TPB, FIRST, SPAN, BM, BN)
     a, b = hi, hi  # as the forward: the masked tiles, then the whole ones
     if WHOLE:
         a, b = _whole_tiles(pp, lo, hi, Lq, W, FIRST, SPAN, BM, BN)
     for step in range(0, a - lo + hi - b):
         wt = _masked_step(step, lo, a, b, WHOLE)
-        dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0, row, p,
-                      p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK,
-                      True, EVEN, TMA, DOT, PREC)  # fmt: skip
+        dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, k_base, sk_t,
+                      k_row0, k_unit, row, p, p_ok, dko, dk_ok, L, TPB, FIRST,
+                      SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, True, EVEN, TMA, DOT,
+                      PREC)  # fmt: skip
     if WHOLE:
         for wt in range(a, b):
-            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, key0,
-                          row, p, p_ok, dko, dk_ok, L, TPB, FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD,
-                          ONE_CHUNK, False, EVEN, TMA, DOT, PREC)  # fmt: skip
+            dq = _dq_tile(dq, q, do, lse, delta, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, do_ptr, ddl_ptr, k_base,
+                          sk_t, k_row0, k_unit, row, p, p_ok, dko, dk_ok, L, TPB,
+                          FIRST, SPAN, M1, dk, dv, BM, BN, BDV, HAS_BIAS, BIAS_GRAD, ONE_CHUNK, False, EVEN, TMA, DOT,
+                          PREC)  # fmt: skip
     if HAS_CACHE:
+        item = n * ITEMS + i
         code0 = n * code_seq_stride + i * code_item_stride  # as the forward's
         code_row0 = code0 // dk
         for c0 in range(0, S, BN):
@@ -388,7 +439,7 @@ def dq_kernel(
             log_n = _load_vector(ln_ptr + item * S + c, c_ok, float("-inf"), EVEN)
             s = tl.dot(q, tl.trans(code), input_precision=PREC) + log_n[None, :]
             pr = tl.exp2(s - lse[:, None])
-            dp = _dp(do, do_ptr, mu_ptr, mu_desc, row, p_ok, item * S + c0, item * S + c, c_ok, dv, BM, BN, BDV,
+            dp = _dp(do, do_ptr, mu_ptr, mu_desc, row, p_ok, item * S + c0, 0, item * S + c, c_ok, dv, BM, BN, BDV,
                      ONE_CHUNK, EVEN, TMA, DOT, PREC)  # fmt: skip
             ds = pr * (dp - delta[:, None])
             dq += tl.dot(ds.to(DOT), code, input_precision=PREC)
@@ -420,7 +471,8 @@ def _key_tile_grads(
     out in base 2, and the rows' queries go to both their products as loaded) and their values (chunk ``dv0``,
     ``v`` when it is all of ``d_v``): the probabilities transposed ``(BN, BM)``, recomputed from the rows' ``lse``;
     the scores' additive ``term_t`` (base 2) where ``HAS_TERM``. ``EVEN``: the rows are whole (and the heads
-    unpadded): their loads take no mask."""
+    unpadded): their loads take no mask. The rows' queries, ``dO``, ``lse`` and row term are at ``row``; the values'
+    rows (``v_ptr``, chunk by chunk) at ``key_row``."""
     dko = tl.arange(0, DK)
     q = _load(q_ptr + row[:, None] * dk + dko[None, :], p_ok, dko < dk, EVEN).to(DOT)
     lse = _load_vector(lse_ptr + row, p_ok, float("inf"), EVEN)
@@ -453,28 +505,28 @@ def _key_tile_grads(
 
 
 @triton.jit
-def _store_tile(ptr, row0, rows, acc, cols, cols_ok, width, BN: tl.constexpr):
-    """Store a gradient tile ``acc (BN, len(cols))`` at rows ``row0 ..`` (its first ``rows`` of them) of a tensor
-    ``width`` wide. Its addresses are made here from ``row0``: kept from before the loops, they took registers the
-    whole kernel long (the compiled keys' gradient spilled them under Triton 3.6)."""
+def _store_tile(ptr, row0, step, rows, acc, cols, cols_ok, width, BN: tl.constexpr):
+    """Store a gradient tile ``acc (BN, len(cols))`` at rows ``row0, row0 + step, ..`` (its first ``rows`` of them) of a
+    tensor of rows ``width`` wide. Its addresses are made here from ``row0``: kept from before the loops, they took
+    registers the whole kernel long (the compiled keys' gradient spilled them under Triton 3.6)."""
     r = tl.arange(0, BN)
-    tl.store(ptr + row0 * width + r[:, None] * width + cols[None, :], acc.to(ptr.dtype.element_ty),
+    tl.store(ptr + (row0 + r * step)[:, None] * width + cols[None, :], acc.to(ptr.dtype.element_ty),
              mask=(r < rows)[:, None] & cols_ok[None, :])  # fmt: skip
 
 
 @triton.jit
 def _window_key_rows(
-    dk_acc, dv_acc, pp, row0, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr,
-    Lq, FIRST, SPAN, M1, dk, dv, dv0,
+    dk_acc, dv_acc, pp, row0, sq_p, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr,
+    dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dv0,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, EVEN: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """The gradients that row block ``pp`` (rows ``row0 + p``) gives window keys ``j``: masked (``MASKED``), or a
-    block whose rows see every key, without the XL bias: no term."""
+    """The gradients that row block ``pp`` (positions ``p``, rows ``row0 + p·sq_p``) gives window keys ``j``: masked
+    (``MASKED``), or a block whose rows see every key, without the XL bias: no term."""
     p = pp * BM + tl.arange(0, BM)
     p_ok = p < Lq
-    row = row0 + p
+    row = row0 + p * sq_p
     term_t = 0.0  # a whole block (no XL bias): no term
     if MASKED:
         term_t = _window_term_t(dl_ptr, row * M1, p, p_ok, j, k_ok, FIRST, SPAN, M1, HAS_BIAS) * LOG2E
@@ -487,8 +539,8 @@ def _window_key_rows(
 @triton.jit
 def window_key_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    ITEMS, IB, R, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, shift, prev_grad, blocks,
-    TPB, NDVG,
+    ITEMS, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, shift, prev_grad, blocks,
+    TPB, NDVG, HK, sq_b, sq_h, sq_i, sq_g, sq_p, sk_b, sk_h, sk_t, sg_b, sg_h, sg_t,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
@@ -496,18 +548,23 @@ def window_key_kernel(
     """Grid ``(TPB·NDVG, IB, N)`` (``IB = ITEMS + blocks - 1 - shift``): the gradient of ``BN`` keys of key block ``b``
     (and of their values, chunk ``dc``) from the (at most two) items that see the block: item ``b + shift`` (block
     ``b`` is its previous block, window half 0; not without ``prev_grad``) and item ``b + shift - 1`` (its own block,
-    half 1). Every key block is written by its programs only: no atomics."""
+    half 1). Every key block is written by its programs only: no atomics. Rows by unit strides, as the forward's; the
+    keys' and values' gradients by theirs, ``sg_*``."""
     tl.static_assert(not (WHOLE and HAS_BIAS), "whole tiles are taken without the XL bias")
     z, b, n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t, dc = z // NDVG, z % NDVG
     kl = t * BN + tl.arange(0, BN)
     k_ok = kl < L
-    key_row = (n * IB + b) * L + kl
+    kt = b * L + kl  # the tile's keys in the sequence's blocks
+    seq, head = n // HK, n % HK  # once: the bases below are made from them
+    v_row = seq * sk_b + head * sk_h + kt * sk_t  # the keys' rows, and the values'
+    q_seq = seq * sq_b + head * sq_h
     dko, dvo = tl.arange(0, DK), dc * BDV + tl.arange(0, BDV)
     dk_ok, dv_ok = dko < dk, dvo < dv
-    k = tl.load(k_ptr + key_row[:, None] * dk + dko[None, :], mask=k_ok[:, None] & dk_ok[None, :], other=0.0)
+    k = tl.load(k_ptr + v_row[:, None] * dk + dko[None, :],
+                mask=k_ok[:, None] & dk_ok[None, :], other=0.0)  # fmt: skip
     k = _base2(k, DOT)  # once here, where scaling each step's rows took a copy of them through registers
-    v = tl.load(v_ptr + key_row[:, None] * dv + dvo[None, :], mask=k_ok[:, None] & dv_ok[None, :], other=0.0)
+    v = tl.load(v_ptr + v_row[:, None] * dv + dvo[None, :], mask=k_ok[:, None] & dv_ok[None, :], other=0.0)
     v = v.to(DOT)
     dk_acc = tl.full([BN, DK], 0.0, tl.float32)
     dv_acc = tl.full([BN, BDV], 0.0, tl.float32)
@@ -523,7 +580,7 @@ def window_key_kernel(
             p_lo = tl.maximum(j_first - FIRST, 0)
             p_hi = tl.minimum(j_first + tl.minimum(BN, L - t * BN) - 1 + SPAN - FIRST, Lq - 1)
             pp_hi = tl.where(p_hi >= p_lo, p_hi // BM + 1, 0)
-            row0 = (n * ITEMS + it) * R
+            row0 = q_seq + it * sq_i
             a, c = pp_hi, pp_hi
             if WHOLE:
                 # of those, the row blocks whose every row sees every key of the tile: rows j_last - FIRST .. j_first
@@ -536,29 +593,29 @@ def window_key_kernel(
             for g in range(0, G):
                 for step in range(0, a - lo + pp_hi - c):
                     dk_acc, dv_acc = _window_key_rows(
-                        dk_acc, dv_acc, _masked_step(step, lo, a, c, WHOLE), row0 + g * Lq, j, k, v, key_row, k_ok,
-                        q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM,
-                        BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, EVEN, DOT, PREC,
+                        dk_acc, dv_acc, _masked_step(step, lo, a, c, WHOLE), row0 + g * sq_g, sq_p, j, k, v, v_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr,
+                        Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS,
+                        True, EVEN, DOT, PREC,
                     )  # fmt: skip
                 if WHOLE:
                     for pp in range(a, c):
                         dk_acc, dv_acc = _window_key_rows(
-                            dk_acc, dv_acc, pp, row0 + g * Lq, j, k, v, key_row, k_ok, q_ptr, do_ptr, lse_ptr,
-                            delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV,
-                            ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, False, EVEN, DOT, PREC,
+                            dk_acc, dv_acc, pp, row0 + g * sq_g, sq_p, j, k, v,
+                            v_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv,
+                            dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, False, EVEN, DOT, PREC,
                         )  # fmt: skip
-    tile_row0 = (n * IB + b) * L + t * BN
+    tile_row0 = seq * sg_b + head * sg_h + (b * L + t * BN) * sg_t
     if DO_DK:
-        _store_tile(dk_ptr, tile_row0, L - t * BN, dk_acc, dko, dk_ok, dk, BN)
+        _store_tile(dk_ptr, tile_row0, sg_t, L - t * BN, dk_acc, dko, dk_ok, dk, BN)
     if DO_DV:
-        _store_tile(dv_ptr, tile_row0, L - t * BN, dv_acc, dvo, dv_ok, dv, BN)
+        _store_tile(dv_ptr, tile_row0, sg_t, L - t * BN, dv_acc, dvo, dv_ok, dv, BN)
 
 
 @triton.jit
 def code_kernel(
     q_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dc_ptr, dmu_ptr,
-    ITEMS, R, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
-    NPB, NDVG,
+    ITEMS, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
+    NPB, NDVG, HK, sq_b, sq_h, sq_i, sq_g, sq_p,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -581,14 +638,16 @@ def code_kernel(
     term_t = log_n[:, None] + tl.full([BN, BM], 0.0, tl.float32)  # base 2, as the scores
     dc_acc = tl.full([BN, DK], 0.0, tl.float32)
     dmu_acc = tl.full([BN, BDV], 0.0, tl.float32)
+    row0 = _units(n, HK, sq_b, sq_h) + i * sq_i
     for pb in range(0, G * NPB):
-        _, p, p_ok, row = _row_block(pb, item, NPB, Lq, R, BM)
+        g, _, p, p_ok = _row_block(pb, NPB, Lq, BM)
         dc_acc, dmu_acc = _key_tile_grads(
             dc_acc, dmu_acc, code, mu, mu_row, c_ok, term_t, q_ptr, do_ptr, lse_ptr, delta_ptr, mu_ptr,
-            row, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, True, EVEN, DOT, PREC,
+            row0 + g * sq_g + p * sq_p, p_ok, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK,
+            DO_DK, DO_DV, True, EVEN, DOT, PREC,
         )  # fmt: skip
     tile_row0 = item * S + ct * BN
     if DO_DK:
-        _store_tile(dc_ptr, tile_row0, S - ct * BN, dc_acc, dko, dk_ok, dk, BN)
+        _store_tile(dc_ptr, tile_row0, 1, S - ct * BN, dc_acc, dko, dk_ok, dk, BN)
     if DO_DV:
-        _store_tile(dmu_ptr, tile_row0, S - ct * BN, dmu_acc, dvo, dv_ok, dv, BN)
+        _store_tile(dmu_ptr, tile_row0, 1, S - ct * BN, dmu_acc, dvo, dv_ok, dv, BN)

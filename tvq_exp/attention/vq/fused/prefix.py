@@ -28,6 +28,11 @@ steps with a program or two per SM: on one H200 at 32k (2026-11-29) its forward 
 product per position over every code tile) 2.7 ms of VQ's 14 ms forward + backward. The walks now carry only loads
 and adds, and the work per position runs with every block at once.
 
+The kernels read the values where they lie: ``(N, R, L, d_v)`` or ``(B, Hk, R, L, d_v)`` (``N = B·Hk``) at any strides
+whose blocks are cut from one time axis (a multi-head layer's ``(B, T, Hk, d_v)`` projection seen as ``(B, Hk, T,
+d_v)``: no layout copy; other values are copied once, :func:`value_units`), and write their gradient dense in the
+values' dim order (:func:`~tvq_exp.attention.vq.fused.support.gradient_strides`).
+
 Runs on CUDA or on CPU under Triton's interpreter (``TRITON_INTERPRET=1``: the tests); values fp32, bf16 or fp16.
 Two custom ops, ``tvq::code_means`` and ``tvq::code_means_backward`` (its gradient): ``torch.compile`` keeps them
 in its graph.
@@ -35,6 +40,8 @@ in its graph.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -42,7 +49,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.vq.cache import CacheMeans
-from tvq_exp.attention.vq.fused.support import unsupported
+from tvq_exp.attention.vq.fused.support import block_units, gradient_strides, unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
 # per kernel, on sm_90a without spills (make kernel-report), the last two numbers warps and software-pipelining stages:
@@ -78,7 +85,9 @@ def fused_cache_means(
 ) -> CacheMeans:
     """:func:`~tvq_exp.attention.vq.cache.cache_means` in Triton (arguments and result there): every entry's counts,
     the ``items`` items' means from block ``first`` on, written once in the values' dtype, and entry ``state`` in
-    fp32; gradients flow from the items' means to ``values``.
+    fp32; gradients flow from the items' means to ``values``. The values ``(N, R, L, d_v)`` or ``(B, Hk, R, L, d_v)``
+    (``N = B·Hk``, the codes ``(N, R, L)``) at any strides, read where they lie where the kernels can
+    (:func:`value_units`).
 
     Raises ValueError (one line) where it cannot run (:func:`why_not`): not CUDA nor the interpreter, values not
     fp32, bf16 or fp16, or means past the kernels' int32 offsets."""
@@ -90,15 +99,36 @@ def fused_cache_means(
 
 
 def why_not(values: Tensor, codes: int) -> str | None:
-    """Why :func:`fused_cache_means` cannot take ``values (N, R, L, d_v)`` with ``codes`` codes (None: it
-    can): the device or dtype (:func:`~tvq_exp.attention.vq.fused.support.unsupported`), or means too large for the
-    kernels' int32 offsets."""
+    """Why :func:`fused_cache_means` cannot take ``values (N, R, L, d_v)`` or ``(B, Hk, R, L, d_v)`` with ``codes``
+    codes (None: it can): the device or dtype (:func:`~tvq_exp.attention.vq.fused.support.unsupported`), or values
+    (their extent where they lie: the largest offset the kernels read, plus one) or means too large for the kernels'
+    int32 offsets."""
     reason = unsupported(values.device, values.dtype)
-    n, r, _, d = values.shape
-    entries = max(values.numel(), n * (r + 1) * codes * d)
-    return reason or (
-        f"{entries} elements; the kernels' offsets are int32 (< 2**31)" if entries >= 2**31 else None
-    )
+    if reason or values.dim() not in (4, 5):
+        return reason or f"values of {values.dim()} dims, not (N, R, L, d_v) nor (B, Hk, R, L, d_v)"
+    *heads, r, _, d = values.shape
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(values.shape, values.stride(), strict=True))
+    entries = max(values.numel(), extent, math.prod(heads) * (r + 1) * codes * d)
+    return f"{entries} elements; the kernels' offsets are int32 (< 2**31)" if entries >= 2**31 else None
+
+
+def value_units(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """Where the kernels read values (or write their gradient) of ``shape`` ``(N, R, L, d_v)`` or ``(B, Hk, R, L,
+    d_v)`` at ``stride`` in place: their heads ``Hk`` (1 for ``(N, R, L, d_v)``) and the unit strides of their
+    batch, head and position (:func:`~tvq_exp.attention.vq.fused.support.block_units`); None where they cannot (the op
+    copies them once)."""
+    units = block_units(shape, stride)
+    return None if units is None else (shape[1] if len(shape) == 5 else 1, *units)
+
+
+def _in_place(values: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
+    """``values`` (or their one copy where the kernels cannot read them in place), their heads and unit strides
+    (:func:`value_units`)."""
+    layout = value_units(values.shape, values.stride())
+    if layout is None:
+        values = values.contiguous()
+        layout = value_units(values.shape, values.stride())
+    return values, layout
 
 
 def _dot(values: Tensor, interpret: bool) -> tuple[object, str]:
@@ -114,12 +144,16 @@ def _dot(values: Tensor, interpret: bool) -> tuple[object, str]:
 def code_means(
     codes: Tensor, values: Tensor, n0: Tensor, mu0: Tensor, first: int, items: int, state: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward kernels: ``codes (N, R, L)`` int32 (``-1`` at a padded position), ``values (N, R, L, d_v)``, the
-    carried ``n0 (N, S)`` fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, the means of ``items``
-    items from block ``first`` ``(N, items, S, d_v)`` in the values' dtype, and entry ``state`` of the means
-    ``(N, S, d_v)`` fp32."""
+    """The forward kernels: ``codes (N, R, L)`` int32 (``-1`` at a padded position), ``values (N, R, L, d_v)`` or
+    ``(B, Hk, R, L, d_v)`` (``N = B·Hk``, at any strides: read in place where :func:`value_units` allows, else
+    copied once), the carried ``n0 (N, S)`` fp64 and ``mu0 (N, S, d_v)`` fp32 -> counts ``(N, R + 1, S)`` fp64, the
+    means of ``items`` items from block ``first`` ``(N, items, S, d_v)`` in the values' dtype, and entry ``state`` of
+    the means ``(N, S, d_v)`` fp32."""
     interpret = values.device.type == "cpu"
     n, r, length = codes.shape
+    if values.dim() not in (4, 5) or math.prod(values.shape[:-3]) != n or values.shape[-3:-1] != (r, length):
+        raise ValueError(f"values {tuple(values.shape)} for codes {tuple(codes.shape)}")
+    values, layout = _in_place(values)
     s, d = mu0.shape[1], values.shape[-1]
     counts = n0.new_empty(n, r + 1, s)
     item_means = values.new_empty(n, items, s, d)
@@ -133,7 +167,7 @@ def code_means(
     # that order: a code tile's positions are one run of them
     sorted_codes, order = codes.sort(dim=-1, stable=True)
     kernels.block_sums_kernel[(n * r * cdiv(s, bs) * cdiv(d, bd),)](
-        sorted_codes, order, values.contiguous(), block_sums, block_counts, length, s, d,
+        sorted_codes, order, values, block_sums, block_counts, r, length, s, d, *layout,
         BS=bs, BT=bt, BD=bd, BC=RUN_STEP[interpret], DOT=dot, PREC=prec, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     bs, bd, warps, stages = kernel_tiles(interpret, "forward")
@@ -156,17 +190,24 @@ def _(
 
 @torch.library.custom_op("tvq::code_means_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def code_means_backward(
-    grad_items: Tensor, codes: Tensor, counts: Tensor, first: int, dtype: torch.dtype
+    grad_items: Tensor,
+    codes: Tensor,
+    counts: Tensor,
+    first: int,
+    dtype: torch.dtype,
+    shape: Sequence[int],
+    stride: Sequence[int],
 ) -> Tensor:
-    """The backward kernels: the gradient ``(N, R, L, d_v)`` (``dtype``) of the values from that of the items' means
-    ``(N, I, S, d_v)`` (any float dtype, read as it is), the items from block ``first``, and the forward's
-    ``codes`` (int32, ``-1`` padded) and ``counts``."""
+    """The backward kernels: the gradient of the values (``dtype``, ``shape`` ``(N, R, L, d_v)`` or
+    ``(B, Hk, R, L, d_v)`` as the forward's values, dense in the dim order of their ``stride``:
+    :func:`~tvq_exp.attention.vq.fused.support.gradient_strides`) from that of the items' means ``(N, I, S, d_v)`` (any float dtype, read as it is),
+    the items from block ``first``, and the forward's ``codes`` (int32, ``-1`` padded) and ``counts``."""
     interpret = codes.device.type == "cpu"
     n, r, length = codes.shape
     items, s, d = grad_items.shape[1:]
     # in the values' gradient's dtype: the code rows copy it as it is
     suffix = grad_items.new_empty(n, r, s, d, dtype=dtype)
-    dv = grad_items.new_empty(n, r, length, d, dtype=dtype)
+    dv = grad_items.new_empty_strided(shape, gradient_strides(shape, stride, shape[-1]), dtype=dtype)
     kernels = prefix_kernels(interpret)
     bs, bd, warps, stages = kernel_tiles(interpret, "backward")
     kernels.prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
@@ -175,15 +216,23 @@ def code_means_backward(
     )  # fmt: skip
     bt, bd, warps, stages = kernel_tiles(interpret, "rows")
     kernels.code_rows_kernel[(n * r, cdiv(length, bt), cdiv(d, bd))](
-        suffix, codes.contiguous(), dv, r, length, s, d,
+        suffix, codes.contiguous(), dv, r, length, s, d, *value_units(dv.shape, dv.stride()),
         BT=bt, BD=bd, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dv
 
 
 @code_means_backward.register_fake
-def _(grad_items: Tensor, codes: Tensor, counts: Tensor, first: int, dtype: torch.dtype) -> Tensor:
-    return grad_items.new_empty(*codes.shape, grad_items.shape[-1], dtype=dtype)
+def _(
+    grad_items: Tensor,
+    codes: Tensor,
+    counts: Tensor,
+    first: int,
+    dtype: torch.dtype,
+    shape: Sequence[int],
+    stride: Sequence[int],
+) -> Tensor:
+    return grad_items.new_empty_strided(shape, gradient_strides(shape, stride, shape[-1]), dtype=dtype)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:  # noqa: ANN001
@@ -192,13 +241,16 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) ->
     ctx.mark_non_differentiable(counts, state_means)
     ctx.save_for_backward(codes, counts)
     ctx.values_dtype, ctx.first = values.dtype, first
+    ctx.values_shape, ctx.values_stride = list(values.shape), list(values.stride())
 
 
 def _backward(ctx, _grad_counts: Tensor | None, grad_items: Tensor, _grad_state: Tensor | None) -> tuple:  # noqa: ANN001
     if grad_items is None:
         return (None,) * 7
     codes, counts = ctx.saved_tensors
-    dv = code_means_backward(grad_items, codes, counts, ctx.first, ctx.values_dtype)
+    dv = code_means_backward(
+        grad_items, codes, counts, ctx.first, ctx.values_dtype, ctx.values_shape, ctx.values_stride
+    )
     return None, dv, None, None, None, None, None
 
 
@@ -211,5 +263,6 @@ __all__ = [
     "fused_cache_means",
     "kernel_tiles",
     "prefix_kernels",
+    "value_units",
     "why_not",
 ]

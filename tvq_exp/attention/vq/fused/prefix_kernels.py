@@ -11,6 +11,11 @@ columns, the blocks in order: running sums and counts in fp64, the means where t
 two as well: :func:`prefix_backward_kernel` (per codes and columns, the blocks in reverse: the suffix sums of the
 items' gradients over the counts) and :func:`code_rows_kernel` (every position at once: its code's row of its block's
 suffix sums).
+
+The values (and their gradient) are read (written) where they lie: ``(B, HK, R, L, D)`` (sequence ``n`` is head
+``n % HK`` of batch ``n // HK``; ``(N, R, L, D)`` is ``HK = 1``), columns at stride 1, the rest at unit strides
+(strides over ``D``) ``STRIDE_B``, ``STRIDE_H`` and ``STRIDE_T``, the position's: the blocks are cut from one time
+axis, position ``t`` of block ``r`` at row ``(r·L + t)·STRIDE_T`` (:func:`_first_row`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ def _codes(z_ptr, n, r, t, t_ok, R, L):
     op masked before the launch (a second load of an int8 mask in a loop is too small for an asynchronous copy, so
     each step waits for it: Triton 3.8's sm_90a TTGIR)."""
     return tl.load(z_ptr + (n * R + r) * L + t, mask=t_ok, other=-1)
+
+
+@triton.jit
+def _first_row(n, r, L, HK, STRIDE_B, STRIDE_H, STRIDE_T):
+    """Where block ``r`` of sequence ``n`` begins in the values, in rows of ``D`` (its position ``t`` at
+    ``+ t·STRIDE_T``): sequence ``n`` is head ``n % HK`` of batch ``n // HK``."""
+    return (n // HK) * STRIDE_B + (n % HK) * STRIDE_H + r * L * STRIDE_T
 
 
 @triton.jit
@@ -44,20 +56,22 @@ def _run(zs_ptr, nr, low, high, L, BC: tl.constexpr):
 @triton.jit
 def block_sums_kernel(
     zs_ptr, order_ptr, v_ptr, sums_ptr, cnt_ptr,
-    L, S, D,
+    R, L, S, D, HK, STRIDE_B, STRIDE_H, STRIDE_T,
     BS: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(N·R·cdiv(S, BS)·cdiv(D, BD),)``: block ``r`` of sequence ``n``'s sums ``(BS, BD)`` of codes ``s``,
     columns ``d`` (fp32, into ``sums (N, R, S, D)``) and, by the programs of column block 0, its counts (fp32, into
-    ``cnt (N, R, S)``), from the block's codes sorted (``zs (N, R, L)``, stable) and the positions in that order
-    (``order``). The positions of codes ``s`` are one run of the sorted order: a program reads only those (``L·BS/S``
-    when the codes are used evenly), ``BT`` a step, gathering their value rows, so a block's values are read once per
-    ``BD`` columns and its one-hot products cost ``L·BS·D`` multiply-adds, not ``L·S·D``. A block's programs are
-    consecutive, so that they run together and share its codes in L2."""
+    ``cnt (N, R, S)``), from the block's codes sorted (``zs (N, R, L)``, stable), the positions in that order
+    (``order``) and the values ``v`` (where they lie: the module's docstring). The positions of codes ``s`` are one
+    run of the sorted order: a program reads only those (``L·BS/S`` when the codes are used evenly), ``BT`` a step,
+    gathering their value rows, so a block's values are read once per ``BD`` columns and its one-hot products cost
+    ``L·BS·D`` multiply-adds, not ``L·S·D``. A block's programs are consecutive, so that they run together and share
+    its codes in L2."""
     pid, tiles_s, tiles_d = tl.program_id(0), (S + BS - 1) // BS, (D + BD - 1) // BD
     db = pid % tiles_d
     sb = (pid // tiles_d) % tiles_s
     nr = pid // (tiles_d * tiles_s)
+    row0 = _first_row(nr // R, nr % R, L, HK, STRIDE_B, STRIDE_H, STRIDE_T)
     s = sb * BS + tl.arange(0, BS)
     d = db * BD + tl.arange(0, BD)
     first, end = _run(zs_ptr, nr, sb * BS, tl.minimum(sb * BS + BS, S), L, BC)
@@ -69,7 +83,7 @@ def block_sums_kernel(
         z = tl.load(zs_ptr + nr * L + t, mask=t_ok, other=-1)
         p = tl.load(order_ptr + nr * L + t, mask=t_ok, other=0)
         hit = tl.where(s[:, None] == z[None, :], 1.0, 0.0)  # (BS, BT)
-        v = tl.load(v_ptr + (nr * L + p)[:, None] * D + d[None, :],
+        v = tl.load(v_ptr + (row0 + p * STRIDE_T)[:, None] * D + d[None, :],
                     mask=t_ok[:, None] & (d < D)[None, :], other=0.0)  # fmt: skip
         block += tl.dot(hit.to(DOT), v.to(DOT), input_precision=PREC)
         block_n += tl.reduce(hit, 1, tl.standard._sum_combine)
@@ -188,11 +202,12 @@ def prefix_backward_kernel(
 @triton.jit
 def code_rows_kernel(
     suffix_ptr, z_ptr, dv_ptr,
-    R, L, S, D,
+    R, L, S, D, HK, STRIDE_B, STRIDE_H, STRIDE_T,
     BT: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(N·R, cdiv(L, BT), cdiv(D, BD))``: the values' gradient ``dv (N, R, L, D)`` of positions ``t`` of block
-    ``r`` of sequence ``n``, columns ``d``: the row of its code in the block's suffix sums (0 where padded)."""
+    """Grid ``(N·R, cdiv(L, BT), cdiv(D, BD))``: the values' gradient ``dv`` (where it lies, as the forward's values)
+    of positions ``t`` of block ``r`` of sequence ``n``, columns ``d``: the row of its code in the block's suffix sums
+    (0 where padded)."""
     nr, tb, db = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, r = nr // R, nr % R
     t = tb * BT + tl.arange(0, BT)
@@ -202,5 +217,6 @@ def code_rows_kernel(
     z = _codes(z_ptr, n, r, t, t_ok, R, L)
     row = tl.load(suffix_ptr + (nr * S + z)[:, None] * D + d[None, :], mask=(z >= 0)[:, None] & d_ok[None, :],
                   other=0.0)  # fmt: skip
-    tl.store(dv_ptr + (nr * L + t)[:, None] * D + d[None, :], row.to(dv_ptr.dtype.element_ty),
+    row0 = _first_row(n, r, L, HK, STRIDE_B, STRIDE_H, STRIDE_T)
+    tl.store(dv_ptr + (row0 + t * STRIDE_T)[:, None] * D + d[None, :], row.to(dv_ptr.dtype.element_ty),
              mask=t_ok[:, None] & d_ok[None, :])  # fmt: skip

@@ -40,6 +40,9 @@ DESCRIPTORS = ("k_desc", "v_desc", "c_desc", "mu_desc")
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
 # sizes of the shipped shapes; pointers are 16-byte aligned): this is what lets the tile loads be 16-byte vectors
 DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item_stride"}
+# the row arguments that are 1 where the rows are contiguous with one sequence axis (the op's layout with the XL bias)
+CONTIGUOUS_ROWS = ("HK", "sq_p", "sk_t", "sv_t", "sdk_t", "sdv_t")
+CONTIGUOUS_STRIDES = ("sq_b", "sq_i", "sq_g", "sk_b", "sv_b", "sdk_b", "sdv_b")
 # the keys per block and the codebook size the configurations are chosen for (the paper's S = L)
 BLOCK = CODES = 512
 # a Hopper layout (``#mma = #ttg.nvidia_mma<{versionMajor = 3, ... warpsPerCTA = [wm, wn], ... instrShape = [16, n,
@@ -152,6 +155,13 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     tma = t.tma and bool(flags.get("WHOLE")) and bool(flags.get("EVEN"))  # as the op's descriptors
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
              "PREC": "tf32x3" if dtype == "fp32" else "tf32", "TMA": tma, **flags}  # fmt: skip
+    divisible = DIVISIBLE
+    if flags.get("HAS_BIAS") and kernel != "code":
+        # with the XL bias the op takes its rows contiguous, one sequence axis (fused_window_cache_attention): one key
+        # head a sequence and positions one row apart, the values 1 Triton specialises at every launch, and the
+        # sequences', items' and heads' strides multiples of the blocks' (as Triton specialises them too)
+        const |= dict.fromkeys(CONTIGUOUS_ROWS, 1)
+        divisible = DIVISIBLE | set(CONTIGUOUS_STRIDES)
     const = {k: v for k, v in const.items() if k in fn.arg_names}
     pointers = {name: "*" + (DTYPES[dtype] if kind == "T" else kind) for name, kind in POINTERS.items()}
     descriptors = [name for name in DESCRIPTORS if name in fn.arg_names]
@@ -160,7 +170,7 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
         pointers |= {name: f"tensordesc<{DTYPES[dtype]}[{t.bn}, {cols[name]}]>" for name in descriptors}
     else:
         const |= dict.fromkeys(descriptors)
-    compiled = _compile(fn, pointers, const, DIVISIBLE, t)
+    compiled = _compile(fn, pointers, const, divisible, t)
     return _row(kernel, d_k, d_v, dtype, t, compiled)
 
 

@@ -7,6 +7,7 @@ why not elsewhere (the layer's one-line refusal); :func:`wants_triton` is ``kern
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -62,6 +63,75 @@ def wants_triton(kernel: str, q: Tensor, d_v: int) -> bool:
     )
 
 
+def unit_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...] | None:
+    """The strides of a tensor of rows ``(..., d)`` (``shape`` at ``stride``) over its leading dims in rows of ``d``
+    (element strides over ``d``; 0 for a dim of one), where its rows are contiguous and each starts at a multiple of
+    ``d``: how the kernels address every tensor of rows (the element at row offset ``u``, column ``c`` is ``u·d + c``);
+    None where they cannot (a row not contiguous, or a stride not a multiple of ``d``: a slice of a wider last dim)."""
+    width = shape[-1]
+    if width > 1 and stride[-1] != 1:
+        return None
+    units = []
+    for size, step in zip(shape[:-1], stride[:-1], strict=True):
+        if size > 1 and step % width:
+            return None
+        units.append(step // width if size > 1 else 0)
+    return tuple(units)
+
+
+def block_units(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, int, int] | None:
+    """``(s_b, s_h, s_t)`` of blocks ``(B, H_kv, R, L, d)`` or ``(N, R, L, d)`` (``shape`` at ``stride``; ``s_h`` 0):
+    the unit strides (:func:`unit_strides`) of their batch, key head and position, where the blocks are cut from one
+    time axis (block ``r``'s positions follow block ``r - 1``'s: its stride is ``L·s_t``, ``s_t > 0``); None where
+    not."""
+    if len(shape) == 4:
+        shape, stride = (shape[0], 1, *shape[1:]), (stride[0], 0, *stride[1:])
+    units = unit_strides(shape, stride)
+    if units is None:
+        return None
+    s_b, s_h, s_r, s_t = units
+    blocks, length = shape[2], shape[3]
+    if length > 1 and (s_t == 0 or (blocks > 1 and s_r != length * s_t)):
+        return None
+    return s_b, s_h, s_t if length > 1 else max(s_r, 1)
+
+
+def dense_strides(shape: Sequence[int], stride: Sequence[int], width: int) -> tuple[int, ...]:
+    """The strides of a dense tensor of rows shaped as ``shape`` but ``width`` wide, its leading dims in the order of
+    ``stride`` (outermost first; a dim of one takes 0, equal strides keep their dims' order), its rows contiguous: so
+    ``(B, T, H, d)`` memory seen as ``(B, H, T, d)`` gives the same layout, and a slice with gaps none."""
+    dims = sorted((i for i in range(len(shape) - 1) if shape[i] > 1), key=lambda i: -stride[i])
+    strides, step = [0] * (len(shape) - 1), width
+    for i in reversed(dims):
+        strides[i], step = step, step * shape[i]
+    return (*strides, 1)
+
+
+def gradient_strides(shape: Sequence[int], stride: Sequence[int], width: int) -> tuple[int, ...]:
+    """The strides of the gradient (``width`` wide) of blocks ``(B, H_kv, R, L, d)`` or ``(N, R, L, d)`` (``shape`` at
+    ``stride``), as the kernels write it: dense in the blocks' dim order (:func:`dense_strides`), or contiguous where
+    that order is not one time axis's (:func:`block_units`: blocks copied from such a layout)."""
+    dense = dense_strides(shape, stride, width)
+    if block_units((*shape[:-1], width), dense) is not None:
+        return dense
+    return dense_strides(shape, range(len(shape), 0, -1), width)  # contiguous
+
+
+def dense_units(x: Tensor) -> tuple[int, ...]:
+    """:func:`unit_strides` of :func:`dense_like`'s layout of ``x``."""
+    return dense_strides(x.shape, x.stride(), 1)[:-1]
+
+
+def dense_like(x: Tensor, width: int, dtype: torch.dtype | None = None) -> Tensor:
+    """An empty tensor shaped as ``x (..., d)`` but ``width`` wide, dense in ``x``'s dim order (:func:`dense_strides`),
+    of ``x``'s device and dtype (or ``dtype``)."""
+    return x.new_empty_strided(
+        (*x.shape[:-1], width),
+        dense_strides(x.shape, x.stride(), width),
+        dtype=x.dtype if dtype is None else dtype,
+    )
+
+
 def value_chunks(d_k: int, d_v: int, dtype: torch.dtype) -> int:
     """How many chunks the fused forward splits values ``d_v`` wide into (128 columns each on the GPU:
     :func:`~tvq_exp.attention.vq.fused.config.tiles`); each chunk's program computes the scores again.
@@ -74,4 +144,17 @@ def value_chunks(d_k: int, d_v: int, dtype: torch.dtype) -> int:
     return -(-padded_dim(d_v) // tiles("forward", d_k, d_v, fp32=dtype == torch.float32).bdv)
 
 
-__all__ = ["AUTO_MAX_CHUNKS", "DTYPES", "kernels", "unsupported", "value_chunks", "wants_triton"]
+__all__ = [
+    "AUTO_MAX_CHUNKS",
+    "DTYPES",
+    "block_units",
+    "dense_like",
+    "dense_strides",
+    "dense_units",
+    "gradient_strides",
+    "kernels",
+    "unit_strides",
+    "unsupported",
+    "value_chunks",
+    "wants_triton",
+]
