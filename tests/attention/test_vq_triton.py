@@ -262,8 +262,8 @@ def test_the_gpu_tiles_equal_plain_and_naive_under_the_interpreter(
     shipped = config.tiles
 
     def gpu_tiles(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False,
-                  bias: bool = False, block: int = 0, codes: int = 0) -> Tiles:  # fmt: skip
-        return shipped(kernel, d_k, d_v, bias=bias, block=block, codes=codes)
+                  bias: bool = False, block: int = 0, codes: int = 0, strided: bool = False) -> Tiles:  # fmt: skip
+        return shipped(kernel, d_k, d_v, bias=bias, block=block, codes=codes, strided=strided)
 
     monkeypatch.setattr(op, "tiles", gpu_tiles)
     torch.manual_seed(0)
@@ -450,6 +450,25 @@ def test_the_ops_read_heads_interleaved_inputs_through_their_strides(
     assert taken == [True, True, values_interleaved] * 2  # the forward's and the backward's
     assert loads[0] == 2 * flat_loads  # through descriptors wherever the flat call loads through them
     assert (flat_loads > 0) == (case.d_k == 16)  # the even case's
+
+
+@pytest.mark.parametrize(("heads", "strided"), [(2, True), (1, False)])
+def test_the_op_sizes_its_tiles_for_keys_whose_rows_lie_apart(
+    heads: int, strided: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys of several heads laid out heads innermost (their rows apart) take the tiles for such rows
+    (:func:`~tvq_exp.attention.vq.fused.config.tiles`'s ``strided``: fewer rows a step of the keys' gradient); one
+    head's contiguous keys take the others, in every kernel."""
+    case = Case(bias=False, n=2)
+    torch.manual_seed(0)
+    flat = make_inputs(case)
+    asked: list[bool] = []
+    real = op.tiles
+    monkeypatch.setattr(op, "tiles", lambda *a: asked.append(a[-1]) or real(*a))
+    strided_inputs = dict(flat) | {k: heads_interleaved(flat[k], heads) for k in ("kb", "vb")}
+    strided_inputs["q"] = heads_interleaved(flat["q"], heads, case.g)
+    outputs_and_grads(fused_window_cache_attention, strided_inputs, case)
+    assert asked and set(asked) == {strided}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -828,25 +847,44 @@ def test_the_forward_and_dq_step_wide_key_tiles_where_the_blocks_and_the_codeboo
 
 
 @pytest.mark.parametrize(
-    ("kernel", "d_k", "d_v", "fp32", "bias", "rows"),
+    ("kernel", "d_k", "d_v", "fp32", "bias", "strided", "rows"),
     [
-        ("code", 128, 128, False, False, 64),  # 64 rows, no spills under Triton 3.6 or 3.8
-        ("code", 128, 1536, False, False, 64),  # in value chunks, and the codes apart
-        ("code", 128, 128, True, False, 32),  # fp32: 64 rows would take 257 KB of shared memory, over 227
-        ("code", 64, 64, False, False, 64),
-        ("window_key", 128, 128, False, False, 32),  # keys and values in one pass: 64 rows spill
-        ("window_key", 128, 128, False, True, 32),
-        ("window_key", 128, 1536, False, False, 64),  # the values' chunks and the keys apart: 64 rows fit
-        ("window_key", 64, 64, False, False, 64),  # keys 64 wide: 64 rows fit
+        ("code", 128, 128, False, False, False, 64),  # 64 rows, no spills under Triton 3.6 or 3.8
+        ("code", 128, 1536, False, False, False, 64),  # in value chunks, and the codes apart
+        (
+            "code",
+            128,
+            128,
+            True,
+            False,
+            False,
+            32,
+        ),  # fp32: 64 rows would take 257 KB of shared memory, over 227
+        ("code", 64, 64, False, False, True, 64),
+        ("window_key", 128, 128, False, False, False, 32),  # keys and values in one pass: 64 rows spill
+        ("window_key", 128, 128, False, True, False, 32),
+        # the check's four heads innermost: their rows' addresses spill 44 bytes at 32 under Triton 3.6
+        ("window_key", 128, 128, False, False, True, 16),
+        (
+            "window_key",
+            128,
+            1536,
+            False,
+            False,
+            True,
+            64,
+        ),  # the values' chunks and the keys apart: 64 rows fit
+        ("window_key", 64, 64, False, False, True, 64),  # keys 64 wide: 64 rows fit
     ],
 )
 def test_the_gradients_of_keys_and_codes_step_the_most_rows_that_compile_without_spills(
-    kernel: str, d_k: int, d_v: int, fp32: bool, bias: bool, rows: int
+    kernel: str, d_k: int, d_v: int, fp32: bool, bias: bool, strided: bool, rows: int
 ) -> None:
     """The keys' and codes' gradients step as many query rows as compile for sm_90a without spills under both
-    Tritons (``make kernel-report``, ``make kernel-report-device``) and within a block's shared memory: more rows a
-    step, fewer instructions per row, and products that read less shared memory (docs/benchmarks.md)."""
-    assert tiles(kernel, d_k, d_v, fp32=fp32, bias=bias, block=512, codes=512).bm == rows
+    Tritons (``make kernel-report``, ``make kernel-report-device``, in the check's layout of four heads and in one
+    head's) and within a block's shared memory: more rows a step, fewer instructions per row, and products that read
+    less shared memory (docs/benchmarks.md)."""
+    assert tiles(kernel, d_k, d_v, fp32=fp32, bias=bias, block=512, codes=512, strided=strided).bm == rows
 
 
 @pytest.mark.parametrize(
@@ -889,9 +927,9 @@ def test_the_op_sizes_its_key_tiles_by_the_calls_block_and_codebook(
     shipped, seen = config.tiles, {}
 
     def spy(kernel: str, d_k: int, d_v: int, interpret: bool = False, fp32: bool = False, bias: bool = False,
-            block: int = 0, codes: int = 0) -> Tiles:  # fmt: skip
+            block: int = 0, codes: int = 0, strided: bool = False) -> Tiles:  # fmt: skip
         seen[kernel] = (block, codes)
-        return shipped(kernel, d_k, d_v, interpret, fp32, bias, block, codes)
+        return shipped(kernel, d_k, d_v, interpret, fp32, bias, block, codes, strided)
 
     monkeypatch.setattr(op, "tiles", spy)
     case = Case(bias=False, cache=cache, block=8, rows=8, items=2, n=1, s=12)

@@ -159,7 +159,9 @@ def _take_back_run_dir() -> None:
     if not HydraConfig.initialized():
         return
     # missing outside a Hydra launch (a composed config, as in tests): nothing was made
-    output_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
+    output_dir = OmegaConf.select(
+        HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False
+    )
     if output_dir:
         remove_if_empty(output_dir)
 

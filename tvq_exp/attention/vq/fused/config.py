@@ -46,12 +46,14 @@ def tiles(
     bias: bool = False,
     block: int = 0,
     codes: int = 0,
+    strided: bool = False,
 ) -> Tiles:
     """The tiles of ``kernel`` (one of :data:`KERNEL_NAMES`) for heads ``d_k, d_v`` and bf16/fp16 operands
     (``fp32``: fp32 operands, twice the bytes per tile; ``bias``: the XL bias is on, which sets the forward's and
     ``dq``'s key tiles and some of the backward's stages; ``block``, ``codes``: the call's keys per block ``L`` (0:
     not known) and codebook size ``S`` (0: no cache), which set the forward's and ``dq``'s key tiles:
-    :func:`keys_a_step`). Under the interpreter the smallest tiles (its cost grows with the padding, not with the tile
+    :func:`keys_a_step`; ``strided``: the keys' rows lie apart, several key heads innermost, which sets the rows a step
+    of the keys' gradient). Under the interpreter the smallest tiles (its cost grows with the padding, not with the tile
     count on these test sizes), values in chunks of 16: a test with ``d_v > 16`` runs the chunked paths the GAU's
     ``d_v = 1536`` takes on a GPU.
 
@@ -87,8 +89,12 @@ def tiles(
     # window_key, code: 128 keys (or codes) per program, one warpgroup per 64, the keys (codes) held in registers, 2
     # stages; 64 rows a step, but 32 for the keys' and values' gradients in one pass of 128-wide keys (64 spill) and
     # for fp32 operands of 128-wide keys (64 overflow shared memory). More rows a step, fewer instructions per row and
-    # products that read less shared memory: at 32 rows 96 bytes per tensor-core cycle, at 64 80 (docs/benchmarks.md)
+    # products that read less shared memory: at 32 rows 96 bytes per tensor-core cycle, at 64 80 (docs/benchmarks.md).
+    # Keys whose rows lie apart (several key heads innermost) take 16 in one pass: their addresses' registers spill 32
+    # under Triton 3.6 (44 bytes; the lent GPUs' Triton), at 16 they compile with 246
     rows = 32 if wide_keys and (fp32 or (kernel == "window_key" and one)) else 64
+    if strided and wide_keys and kernel == "window_key" and one and not fp32:
+        rows = 16
     return Tiles(rows, 64 * groups, bdv, num_warps=4 * groups, num_stages=2)
 
 

@@ -240,7 +240,7 @@ def _forward_tile(q, m_i, l_i, acc, wt, k_ptr, v_ptr, k_desc, v_desc, dl_ptr, k_
 def forward_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, out_ptr, lse_ptr, k_desc, v_desc, c_desc, mu_desc,
     ITEMS, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    shift, NPB, TPB, HK, sq_b, sq_h, sq_i, sq_g, sq_p, sk_b, sk_h, sk_t,
+    shift, NPB, TPB, HK: tl.constexpr, sq_b, sq_h, sq_i, sq_g, sq_p: tl.constexpr, sk_b, sk_h, sk_t: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
@@ -385,7 +385,7 @@ def dq_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ddl_ptr,
     k_desc, v_desc, c_desc, mu_desc,
     ITEMS, Lq, L, W, FIRST, SPAN, S, M1, dk, dv, code_seq_stride, code_item_stride, prev_masked,
-    shift, NPB, TPB, HK, sq_b, sq_h, sq_i, sq_g, sq_p, sk_b, sk_h, sk_t,
+    shift, NPB, TPB, HK: tl.constexpr, sq_b, sq_h, sq_i, sq_g, sq_p: tl.constexpr, sk_b, sk_h, sk_t: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr,
     HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ONE_CHUNK: tl.constexpr,
     WHOLE: tl.constexpr, EVEN: tl.constexpr, TMA: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
@@ -540,7 +540,8 @@ def _window_key_rows(
 def window_key_kernel(
     q_ptr, k_ptr, v_ptr, dl_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     ITEMS, G, Lq, L, FIRST, SPAN, M1, dk, dv, prev_masked, shift, prev_grad, blocks,
-    TPB, NDVG, HK, sq_b, sq_h, sq_i, sq_g, sq_p, sk_b, sk_h, sk_t, sg_b, sg_h, sg_t,
+    TPB, NDVG, HK: tl.constexpr, sq_b, sq_h, sq_i, sq_g, sq_p: tl.constexpr, sk_b, sk_h, sk_t: tl.constexpr, sg_b, sg_h,
+    sg_t: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, EVEN: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr,
@@ -615,7 +616,7 @@ def window_key_kernel(
 def code_kernel(
     q_ptr, c_ptr, ln_ptr, mu_ptr, do_ptr, lse_ptr, delta_ptr, dc_ptr, dmu_ptr,
     ITEMS, G, Lq, S, dk, dv, code_seq_stride, code_item_stride,
-    NPB, NDVG, HK, sq_b, sq_h, sq_i, sq_g, sq_p,
+    NPB, NDVG, HK: tl.constexpr, sq_b, sq_h, sq_i, sq_g, sq_p: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, ONE_CHUNK: tl.constexpr,
     DO_DK: tl.constexpr, DO_DV: tl.constexpr, EVEN: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip

@@ -178,7 +178,10 @@ class _Layout:
         self.dk_pad = padded_dim(self.d_k)
 
     def tiles(self, kernel: str) -> Tiles:
-        return tiles(kernel, self.d_k, self.d_v, self.interpret, self.fp32, self.m1 > 0, self.block, self.s)
+        strided = self.k_units[-1] > 1  # the keys' rows apart: several key heads innermost
+        return tiles(
+            kernel, self.d_k, self.d_v, self.interpret, self.fp32, self.m1 > 0, self.block, self.s, strided
+        )
 
     def whole(self, t: Tiles) -> bool:
         """The kernels' ``WHOLE``: the tiles every row of a row block sees (every key of a key tile, in the keys'

@@ -40,9 +40,15 @@ DESCRIPTORS = ("k_desc", "v_desc", "c_desc", "mu_desc")
 # integer arguments taken as multiples of 16, as Triton specialises them at launch when they are (head and block
 # sizes of the shipped shapes; pointers are 16-byte aligned): this is what lets the tile loads be 16-byte vectors
 DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item_stride"}
-# the row arguments that are 1 where the rows are contiguous with one sequence axis (the op's layout with the XL bias)
-CONTIGUOUS_ROWS = ("HK", "sq_p", "sk_t", "sv_t", "sdk_t", "sdv_t")
-CONTIGUOUS_STRIDES = ("sq_b", "sq_i", "sq_g", "sk_b", "sv_b", "sdk_b", "sdv_b")
+# the row arguments of two layouts, as Triton compiles a launch of each: the kernels' constexprs (HK and the rows'
+# steps), the arguments equal to 1 (which Triton specialises as constants) and the strides that are multiples of 16
+# (which it specialises as such). Contiguous rows of one sequence axis (the op's layout with the XL bias, one head's);
+# and the check's: four heads innermost, one query head a key head ((B, T, H, d) seen as (B, H, T, d), T and Lq
+# multiples of 16)
+ROWS = {
+    "contiguous": ({"HK": 1, "sq_p": 1, "sk_t": 1, "sg_t": 1}, ("sq_b", "sq_h", "sq_i", "sq_g", "sk_b", "sk_h", "sg_b", "sg_h")),
+    "check": ({"HK": 4, "sq_p": 4, "sk_t": 4, "sg_t": 4, "sq_h": 1, "sk_h": 1, "sg_h": 1}, ("sq_b", "sq_i", "sq_g", "sk_b", "sg_b")),
+}  # fmt: skip
 # the keys per block and the codebook size the configurations are chosen for (the paper's S = L)
 BLOCK = CODES = 512
 # a Hopper layout (``#mma = #ttg.nvidia_mma<{versionMajor = 3, ... warpsPerCTA = [wm, wn], ... instrShape = [16, n,
@@ -139,8 +145,11 @@ def variants(d_k: int, d_v: int, fp32: bool) -> list[tuple[str, str, dict[str, o
     return out
 
 
-def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype: str) -> Row:
-    """Compile one configuration for sm_90a and read ``ptxas -v``."""
+def compile_one(
+    kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype: str, layout: str | None = None
+) -> Row:
+    """Compile one configuration for sm_90a and read ``ptxas -v``: its rows in ``layout`` (:data:`ROWS`; by default
+    contiguous with the XL bias, which the op makes so, else the check's)."""
     from tvq_exp.attention.vq.fused.support import kernels
 
     fn = getattr(
@@ -148,20 +157,18 @@ def compile_one(kernel: str, flags: dict[str, object], d_k: int, d_v: int, dtype
     )  # first: it imports Triton in the compiled mode
     import triton.language as tl
 
+    bias = bool(flags.get("HAS_BIAS")) and kernel != "code"
+    layout = layout or ("contiguous" if bias else "check")
     t = tiles(
-        kernel, d_k, d_v, fp32=dtype == "fp32", bias=bool(flags.get("HAS_BIAS")), block=BLOCK, codes=CODES
+        kernel, d_k, d_v, fp32=dtype == "fp32", bias=bias, block=BLOCK, codes=CODES, strided=layout == "check"
     )
     dot = tl.float32 if dtype == "fp32" else tl.bfloat16
     tma = t.tma and bool(flags.get("WHOLE")) and bool(flags.get("EVEN"))  # as the op's descriptors
     const = {"BM": t.bm, "BN": t.bn, "DK": padded_dim(d_k), "BDV": t.bdv, "DOT": dot,
              "PREC": "tf32x3" if dtype == "fp32" else "tf32", "TMA": tma, **flags}  # fmt: skip
-    divisible = DIVISIBLE
-    if flags.get("HAS_BIAS") and kernel != "code":
-        # with the XL bias the op takes its rows contiguous, one sequence axis (fused_window_cache_attention): one key
-        # head a sequence and positions one row apart, the values 1 Triton specialises at every launch, and the
-        # sequences', items' and heads' strides multiples of the blocks' (as Triton specialises them too)
-        const |= dict.fromkeys(CONTIGUOUS_ROWS, 1)
-        divisible = DIVISIBLE | set(CONTIGUOUS_STRIDES)
+    fixed, aligned = ROWS[layout]
+    const |= fixed
+    divisible = DIVISIBLE | set(aligned)
     const = {k: v for k, v in const.items() if k in fn.arg_names}
     pointers = {name: "*" + (DTYPES[dtype] if kind == "T" else kind) for name, kind in POINTERS.items()}
     descriptors = [name for name in DESCRIPTORS if name in fn.arg_names]
@@ -301,7 +308,13 @@ def report(
     rows = []
     for (d_k, d_v), dtype in itertools.product(heads, dtypes):
         for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
-            rows.append(Row(**{**compile_one(kernel, const, d_k, d_v, dtype).__dict__, "flags": flags}))
+            # with the bias the op's rows are contiguous; without it, the check's four heads apart or one head's
+            bias = const.get("HAS_BIAS") and kernel != "code"
+            for layout in ("contiguous",) if bias else ("check", "contiguous"):
+                row = compile_one(kernel, const, d_k, d_v, dtype, layout)
+                rows.append(
+                    Row(**{**row.__dict__, "flags": flags + ("+4 heads" if layout == "check" else "")})
+                )
     d_ks = sorted({d_k for d_k, _ in heads}, reverse=True)
     rows += [compile_nearest(d_k, dtype) for d_k in d_ks for dtype in dtypes]
     from tvq_exp.attention.vq.fused.prefix import GPU_TILES
