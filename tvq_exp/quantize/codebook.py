@@ -58,7 +58,7 @@ def statistics_frozen() -> Iterator[None]:
         _FROZEN.reset(token)
 
 
-def _value(codebook: Tensor, codes: Tensor, keys: Tensor, quant: Tensor) -> Tensor:
+def _attended_codes(codebook: Tensor, codes: Tensor, keys: Tensor, quant: Tensor) -> Tensor:
     """The codes the attention reads (no gradient), ``(B, H, T, d)`` in the keys' dtype: the codebook's ``S`` rows
     cast, then gathered (not ``N`` rows gathered, then cast: a key-sized read and write less). With several heads,
     gathered in the keys' layout where it is ``(B, T, H, d)`` (a model's projection) or contiguous (``codes (H, N)``
@@ -245,7 +245,7 @@ class VectorQuantizer(nn.Module):
             codes, noise = self._draw(flat, codebook.detach(), nearest)
         index = codes[..., None].expand(h, b * t, d)
         quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
-        value = _value(codebook, codes, k, quant)
+        value = _attended_codes(codebook, codes, k, quant)
         counts = code_counts(codes, self.codebook_size)
         weighted = self.fit_weight == "fisher"
         if learning and not weighted:
