@@ -594,9 +594,9 @@ def window_key_kernel(
             for g in range(0, G):
                 for step in range(0, a - lo + pp_hi - c):
                     dk_acc, dv_acc = _window_key_rows(
-                        dk_acc, dv_acc, _masked_step(step, lo, a, c, WHOLE), row0 + g * sq_g, sq_p, j, k, v, v_row, k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr,
-                        Lq, FIRST, SPAN, M1, dk, dv, dc * BDV, BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS,
-                        True, EVEN, DOT, PREC,
+                        dk_acc, dv_acc, _masked_step(step, lo, a, c, WHOLE), row0 + g * sq_g, sq_p, j, k, v, v_row,
+                        k_ok, q_ptr, do_ptr, lse_ptr, delta_ptr, v_ptr, dl_ptr, Lq, FIRST, SPAN, M1, dk, dv, dc * BDV,
+                        BM, BN, DK, BDV, ONE_CHUNK, DO_DK, DO_DV, HAS_BIAS, True, EVEN, DOT, PREC,
                     )  # fmt: skip
                 if WHOLE:
                     for pp in range(a, c):

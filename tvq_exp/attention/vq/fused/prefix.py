@@ -190,24 +190,19 @@ def _(
 
 @torch.library.custom_op("tvq::code_means_backward", mutates_args=(), device_types=("cpu", "cuda"))
 def code_means_backward(
-    grad_items: Tensor,
-    codes: Tensor,
-    counts: Tensor,
-    first: int,
-    dtype: torch.dtype,
-    shape: Sequence[int],
+    grad_items: Tensor, codes: Tensor, counts: Tensor, first: int, dtype: torch.dtype, shape: Sequence[int],
     stride: Sequence[int],
-) -> Tensor:
-    """The backward kernels: the gradient of the values (``dtype``, ``shape`` ``(N, R, L, d_v)`` or
-    ``(B, Hk, R, L, d_v)`` as the forward's values, dense in the dim order of their ``stride``:
-    :func:`~tvq_exp.attention.vq.fused.support.gradient_strides`) from that of the items' means ``(N, I, S, d_v)`` (any float dtype, read as it is),
-    the items from block ``first``, and the forward's ``codes`` (int32, ``-1`` padded) and ``counts``."""
+) -> Tensor:  # fmt: skip
+    """The backward kernels: the gradient of the values (``dtype``, ``shape`` ``(N, R, L, d_v)`` or ``(B, Hk, R, L,
+    d_v)`` as the forward's values, dense in the dim order of their ``stride``: :func:`_values_gradient`) from that of
+    the items' means ``(N, I, S, d_v)`` (any float dtype, read as it is), the items from block ``first``, and the
+    forward's ``codes`` (int32, ``-1`` padded) and ``counts``."""
     interpret = codes.device.type == "cpu"
     n, r, length = codes.shape
     items, s, d = grad_items.shape[1:]
     # in the values' gradient's dtype: the code rows copy it as it is
     suffix = grad_items.new_empty(n, r, s, d, dtype=dtype)
-    dv = grad_items.new_empty_strided(shape, gradient_strides(shape, stride, shape[-1]), dtype=dtype)
+    dv = _values_gradient(grad_items, dtype, shape, stride)
     kernels = prefix_kernels(interpret)
     bs, bd, warps, stages = kernel_tiles(interpret, "backward")
     kernels.prefix_backward_kernel[(n, cdiv(s, bs), cdiv(d, bd))](
@@ -224,15 +219,18 @@ def code_means_backward(
 
 @code_means_backward.register_fake
 def _(
-    grad_items: Tensor,
-    codes: Tensor,
-    counts: Tensor,
-    first: int,
-    dtype: torch.dtype,
-    shape: Sequence[int],
+    grad_items: Tensor, codes: Tensor, counts: Tensor, first: int, dtype: torch.dtype, shape: Sequence[int],
     stride: Sequence[int],
-) -> Tensor:
-    return grad_items.new_empty_strided(shape, gradient_strides(shape, stride, shape[-1]), dtype=dtype)
+) -> Tensor:  # fmt: skip
+    return _values_gradient(
+        grad_items, dtype, shape, stride
+    )  # the real op's strides: torch.compile relies on them
+
+
+def _values_gradient(like: Tensor, dtype: torch.dtype, shape: Sequence[int], stride: Sequence[int]) -> Tensor:
+    """The values' gradient, empty: values of ``shape`` at ``stride`` take theirs in their dim order, where the kernels
+    write it in place (:func:`~tvq_exp.attention.vq.fused.support.gradient_strides`)."""
+    return like.new_empty_strided(shape, gradient_strides(shape, stride, shape[-1]), dtype=dtype)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:  # noqa: ANN001

@@ -46,8 +46,12 @@ DIVISIBLE = {"dk", "dv", "L", "W", "S", "Lq", "R", "code_seq_stride", "code_item
 # and the check's: four heads innermost, one query head a key head ((B, T, H, d) seen as (B, H, T, d), T and Lq
 # multiples of 16)
 ROWS = {
-    "contiguous": ({"HK": 1, "sq_p": 1, "sk_t": 1, "sg_t": 1}, ("sq_b", "sq_h", "sq_i", "sq_g", "sk_b", "sk_h", "sg_b", "sg_h")),
-    "check": ({"HK": 4, "sq_p": 4, "sk_t": 4, "sg_t": 4, "sq_h": 1, "sk_h": 1, "sg_h": 1}, ("sq_b", "sq_i", "sq_g", "sk_b", "sg_b")),
+    "contiguous": (
+        {"HK": 1, "sq_p": 1, "sk_t": 1, "sg_t": 1}, ("sq_b", "sq_h", "sq_i", "sq_g", "sk_b", "sk_h", "sg_b", "sg_h")
+    ),
+    "check": (
+        {"HK": 4, "sq_p": 4, "sk_t": 4, "sg_t": 4, "sq_h": 1, "sk_h": 1, "sg_h": 1}, ("sq_b", "sq_i", "sq_g", "sk_b", "sg_b")
+    ),
 }  # fmt: skip
 # the keys per block and the codebook size the configurations are chosen for (the paper's S = L)
 BLOCK = CODES = 512
