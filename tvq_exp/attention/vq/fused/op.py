@@ -43,6 +43,7 @@ from tvq_exp.attention.vq.fused.support import (
     block_units,
     dense_like,
     dense_units,
+    extent,
     gradient_strides,
     kernels,
     unit_strides,
@@ -85,7 +86,7 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
         # values Triton specialises (one key head, positions one row apart): the bias's kernels compile without
         # spills so (make kernel-report)
         q, kb, vb = (x.contiguous().flatten(0, 1).unsqueeze(1) for x in (q, kb, vb))
-    largest = max(_extent(x) for x in (q, kb, vb))
+    largest = max(extent(x) for x in (q, kb, vb))
     rows_out = q.numel() // q.shape[-1] * max(vb.shape[-1], 1 if bias is None else bias.rel.shape[-2])
     if max(largest, rows_out) >= MAX_ELEMENTS:
         raise ValueError(
@@ -111,15 +112,6 @@ def fused_window_cache_attention(inputs: WindowInputs, prev_grad: bool = True) -
         q, kb, vb, window_arguments(index), dl, codebook, log_n, mu, prev_masked, prev_grad
     )
     return out.flatten(0, 1).flatten(2, 3) if flat else out.view(*heads, *out.shape[2:])
-
-
-def _extent(x: Tensor) -> int:
-    """The elements from ``x``'s first to past its last (its numel where it is dense): the kernels' largest offset."""
-    return (
-        1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride(), strict=True))
-        if x.numel()
-        else 0
-    )
 
 
 def _check_blocks(q: Tensor, kb: Tensor, vb: Tensor, index: WindowIndex, prev_masked: bool) -> None:
@@ -219,7 +211,7 @@ class _Layout:
             if x is None:
                 return None
             width = x.shape[-1] * step
-            return TensorDescriptor(x, [(_extent(x) - 1) // width + 1, width], [width, 1], [t.bn, cols])
+            return TensorDescriptor(x, [(extent(x) - 1) // width + 1, width], [width, 1], [t.bn, cols])
 
         return [
             rows(kb, self.k_units[-1], self.dk_pad), rows(vb, self.k_units[-1], t.bdv),

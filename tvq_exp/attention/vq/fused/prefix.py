@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from tvq_exp.attention.vq.cache import CacheMeans
-from tvq_exp.attention.vq.fused.support import block_units, gradient_strides, unsupported
+from tvq_exp.attention.vq.fused.support import block_units, extent, gradient_strides, unsupported
 from tvq_exp.nn.triton_loader import cdiv, load_kernels
 
 # per kernel, on sm_90a without spills (make kernel-report), the last two numbers warps and software-pipelining stages:
@@ -107,8 +107,7 @@ def why_not(values: Tensor, codes: int) -> str | None:
     if reason or values.dim() not in (4, 5):
         return reason or f"values of {values.dim()} dims, not (N, R, L, d_v) nor (B, Hk, R, L, d_v)"
     *heads, r, _, d = values.shape
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(values.shape, values.stride(), strict=True))
-    entries = max(values.numel(), extent, math.prod(heads) * (r + 1) * codes * d)
+    entries = max(values.numel(), extent(values), math.prod(heads) * (r + 1) * codes * d)
     return f"{entries} elements; the kernels' offsets are int32 (< 2**31)" if entries >= 2**31 else None
 
 

@@ -107,6 +107,14 @@ def dense_strides(shape: Sequence[int], stride: Sequence[int], width: int) -> tu
     return (*strides, 1)
 
 
+def extent(x: Tensor) -> int:
+    """The elements from ``x``'s first to past its last (its numel where it is dense; 0 when empty): one past the
+    largest offset the kernels read of it, which their int32 offsets must hold."""
+    if not x.numel():
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride(), strict=True))
+
+
 def gradient_strides(shape: Sequence[int], stride: Sequence[int], width: int) -> tuple[int, ...]:
     """The strides of the gradient (``width`` wide) of blocks ``(B, H_kv, R, L, d)`` or ``(N, R, L, d)`` (``shape`` at
     ``stride``), as the kernels write it: dense in the blocks' dim order (:func:`dense_strides`), or contiguous where
@@ -151,6 +159,7 @@ __all__ = [
     "dense_like",
     "dense_strides",
     "dense_units",
+    "extent",
     "gradient_strides",
     "kernels",
     "unit_strides",
