@@ -340,9 +340,10 @@ def test_the_attention_kernels_can_be_chosen_and_an_unknown_one_is_refused_in_on
     from tvq_exp.tools.bench.gpu_attention import KERNELS
 
     assert attention_kernels("sdpa_flash,vq_triton_compiled") == ["sdpa_flash", "vq_triton_compiled"]
-    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[:3] == (
+    assert attention_kernels(",".join(KERNELS)) == list(KERNELS) and KERNELS[:4] == (
         "sdpa_flash",
         "vq_triton",
+        "vq_triton_graphed",
         "vq_triton_compiled",
     )  # the targets' kernels first
     with pytest.raises(
@@ -382,3 +383,44 @@ def test_a_timed_call_sets_its_gradients_as_a_training_step_does() -> None:
     with second:
         call()
     assert sorted(second.names) == sorted(first.names)
+
+
+def test_a_call_is_graphed_on_cuda_only_and_refused_elsewhere_in_one_line() -> None:
+    from tvq_exp.tools.bench.gpu_attention import graphed
+
+    calls: list[int] = []
+    with pytest.raises(RuntimeError, match="^a CUDA graph needs a CUDA device, not 'cpu'$"):
+        graphed(lambda: calls.append(1), torch.device("cpu"))
+    assert calls == []  # refused before any call
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["fwdbwd", "fwd"])
+def test_the_graphed_cuda_case_replays_the_eager_calls_output_and_gradients(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``vq_triton_graphed``'s replay computes what ``vq_triton``'s eager call does: the same output and, forward +
+    backward, the same gradients in the leaves (the fused kernels are deterministic and the layer's codebook does not
+    change between calls), replay after replay."""
+    from tvq_exp.tools.bench import gpu_attention
+
+    build, seen = gpu_attention._layer, {}
+
+    def spied(kernel: str, *args: object) -> torch.nn.Module:
+        layer = build(kernel, *args)
+        layer.register_forward_pre_hook(lambda module, inputs: seen.setdefault(kernel, {}).update(leaves=inputs))
+        layer.register_forward_hook(lambda module, inputs, out: seen[kernel].update(out=out[0]))
+        return layer
+
+    monkeypatch.setattr(gpu_attention, "_layer", spied)
+    for kernel in ("vq_triton", "vq_triton_graphed"):
+        torch.manual_seed(0)
+        call, _ = gpu_attention.case(kernel, 2048, mode, 64, torch.device("cuda"), tokens=16384)
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+    eager, graphed = seen["vq_triton"], seen["vq_triton_graphed"]
+    assert torch.equal(eager["out"], graphed["out"])  # the capture's output tensor, rewritten by each replay
+    for a, b in zip(eager["leaves"], graphed["leaves"], strict=True):
+        grads = [x._base.grad for x in (a, b)]  # the leaves (B, T, H, d) behind the layer's (B, H, T, d) views
+        assert (grads == [None, None]) if mode == "fwd" else torch.equal(*grads)

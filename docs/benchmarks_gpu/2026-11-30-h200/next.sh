@@ -1,18 +1,30 @@
 #!/bin/bash
 # prepared for the next device session (issue 40), not yet run. Two calls, each through the device tool with carry
 # [".gpu"] and a timeout of 540 s; .gpu/ (in .git/info/exclude) holds site/ (hydra, omegaconf, antlr4 copied from
-# .venv's site-packages: the lent machines lack them) and data/text/kjv_bible.txt.
+# .venv's site-packages: the lent machines lack them) and data/text/kjv_bible.txt. A new checkout has no .gpu/:
+#
+#   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh prepare   # here, before the first call: makes .gpu/
 #
 #   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh a   # make bench-gpu in full: attention, the paper step, the CUDA
 #                                                         # tests (the targets, timed on what changed since 2026-11-30:
 #                                                         # the sorted block sums, the aligned XL table, the carried
 #                                                         # state's copy); the 32k profiles now name the host's ops
 #   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh b   # the paper step from CUDA graphs with torch's logs, then the
-#                                                         # block sums' tile search at 32k
+#                                                         # paper step with the fused kernels (kernel=triton) profiled,
+#                                                         # then (time left) the block sums' tile search at 32k
 #
-# The figures to read: gpu.json's attention.records (ms, flash_time_ratio; the 32k vq_triton profile's "host" rows:
-# what the host spends the eager layer's call on), training (tokens_per_s, mfu, profile.by_kind, profile.host,
+# The figures to read: gpu.json's attention.records (ms, flash_time_ratio; vq_triton_graphed against vq_triton: the
+# eager call's kernels replayed from a CUDA graph, how much of its wall clock is the host's; the 32k vq_triton
+# profile's "host" rows: what the host spends the eager layer's call on), training (tokens_per_s, mfu, profile.by_kind, profile.host,
 # profile.compile), tests; in call b graphs.log (graph breaks, recompiles, CUDA-graph skips) and tune.log.
+if [ "$1" = prepare ]; then
+  site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || exit 1
+  rm -rf .gpu/site; mkdir -p .gpu/site .gpu/data/text .git/info
+  for package in hydra omegaconf antlr4; do cp -r "$site/$package" .gpu/site/ || exit 1; done
+  cp "${TVQ_DATA_DIR:-../shared/datasets}/text/kjv_bible.txt" .gpu/data/text/ || exit 1
+  grep -qx ".gpu/" .git/info/exclude 2>/dev/null || echo ".gpu/" >> .git/info/exclude
+  du -sh .gpu; exit 0
+fi
 export PYTHONPATH=$PWD/.gpu/site:$PWD TVQ_DATA_DIR=$PWD/.gpu/data PYTHONUNBUFFERED=1
 t0=$SECONDS
 ( nvidia-smi -L; python3 -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" ) > $OUT/env.txt 2>&1
@@ -53,7 +65,7 @@ if [ "$1" = a ]; then
 elif [ "$1" = b ]; then
   # 1. up to 60 steps from CUDA graphs, logged every 2 steps, with torch's logs (the step compiled whole on CPU with
   #    the device's custom ops: docs/benchmarks.md, 2026-11-30 twenty-seventh session)
-  TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout 300 python3 train.py experiment=enwik8_paper \
+  TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout 230 python3 train.py experiment=enwik8_paper \
     trainer=gpu trainer.devices=1 global_batch_size=null trainer.check_val_every_n_epoch=null \
     trainer.val_check_interval=1000000 trainer.limit_val_batches=1 trainer.max_steps=60 trainer.log_every_n_steps=2 \
     logger=csv trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
@@ -63,18 +75,38 @@ elif [ "$1" = b ]; then
   echo "graph breaks: $(grep -c 'Graph break in user code' $OUT/graphs.log)"
   grep "Graph break in user code" $OUT/graphs.log | sed 's/.*user code at //' | sort | uniq -c | head
   grep -i "skipping cudagraphs\|re-record\|recompile_limit" $OUT/graphs.log | cut -c1-240 | sort | uniq -c | head
+  # 2. the paper step with the fused kernels at d_v = 1536 (kernel=triton: six value chunks, no scores written)
+  #    against call a's kernel=auto (the plain kernel's GEMMs and fp32 scores), profiled after 12 steps
+  timeout 200 python3 train.py experiment=enwik8_paper trainer=gpu trainer.devices=1 global_batch_size=null \
+    trainer.check_val_every_n_epoch=null trainer.val_check_interval=1000000 trainer.limit_val_batches=1 \
+    trainer.max_steps=40 trainer.log_every_n_steps=2 logger=csv trainer.enable_progress_bar=false \
+    ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 model.attention.kernel=triton \
+    debug=device_profile callbacks.device_profile.skip=12 callbacks.device_profile.steps=3 \
+    callbacks.device_profile.rows=25 hydra.run.dir=/tmp/fused > $OUT/fused.log 2>&1
+  echo "fused rc=$? $((SECONDS-t0)) s"
+  cp /tmp/fused/csv/metrics.csv $OUT/fused_metrics.csv 2>/dev/null
+  cp /tmp/fused/device-profile.json $OUT/fused_profile.json 2>/dev/null
   python3 - <<'PY'
-import csv, os
-path = os.path.join(os.environ["OUT"], "graphs_metrics.csv")
-rows = [r for r in csv.DictReader(open(path))] if os.path.exists(path) else []
-print("graphs: tokens/s by step", [(r["step"], r["throughput/tokens_per_s"]) for r in rows
-                                   if r.get("throughput/tokens_per_s")][-8:])
+import csv, json, os
+out = os.environ["OUT"]
+for name in ("graphs_metrics.csv", "fused_metrics.csv"):
+    path = os.path.join(out, name)
+    rows = [r for r in csv.DictReader(open(path))] if os.path.exists(path) else []
+    print(name, "tokens/s, mfu by step", [(r["step"], r.get("throughput/tokens_per_s"), r.get("throughput/mfu"))
+                                           for r in rows if r.get("throughput/tokens_per_s")][-6:])
+path = os.path.join(out, "fused_profile.json")
+if os.path.exists(path):
+    p = json.load(open(path))
+    print("fused profile", {k: p.get(k) for k in ("ms_per_step", "wall_ms_per_step", "by_kind", "calls_per_step")})
+    print("  rows", [(r["name"][:50], round(r["ms_per_step"], 2)) for r in p.get("rows", [])[:12]])
 PY
-  # 2. the block sums' tiles at 32k (the shipped (64, 32, 64, 4, 2) against the candidates)
+  # 3. with what is left, the block sums' tiles at 32k (the shipped (64, 32, 64, 4, 2) against the candidates)
   left=$((520 - (SECONDS - t0)))
-  timeout $left python3 -m tvq_exp.attention.vq.fused.tune --kernels block_sums --lengths 32768 --out $OUT/tune.json \
-    --budget $((left - 30)) > $OUT/tune.log 2>&1
-  echo "tune rc=$? $((SECONDS-t0)) s"; tail -15 $OUT/tune.log
+  if [ $left -gt 60 ]; then
+    timeout $left python3 -m tvq_exp.attention.vq.fused.tune --kernels block_sums --lengths 32768 \
+      --out $OUT/tune.json --budget $((left - 30)) > $OUT/tune.log 2>&1
+    echo "tune rc=$? $((SECONDS-t0)) s"; tail -15 $OUT/tune.log
+  fi
 else
-  echo "usage: next.sh a|b"; exit 2
+  echo "usage: next.sh prepare|a|b"; exit 2
 fi

@@ -12,6 +12,10 @@ Causal attention, bf16, head dim ``d`` (128: where SDPA's flash kernel runs), ``
   backend (``torch.nn.attention.sdpa_kernel``); an error where torch has no such kernel for the shape;
 - ``vq_triton``, ``vq_flex``, ``vq_plain``: :class:`~tvq_exp.attention.vq.VQAttention` with that ``kernel`` (keys
   quantised by the layer's own codebook, the cache on, no XL bias);
+- ``vq_triton_graphed``: ``vq_triton``'s call (forward and backward, eager) captured once in a CUDA graph and
+  replayed (:func:`graphed`): the same kernels on the same tensors, launched from the graph, none by the host. Its
+  time over ``vq_triton``'s says how much of the eager call's wall clock is the host's launching, the question the
+  profiles of 2026-11-30 left open (their device time below the wall clock);
 - ``vq_triton_compiled``: ``vq_triton``'s layer under ``torch.compile`` (as ``module.compile`` runs it in training):
   the quantiser, the cache's running means and the layout around the fused kernels become inductor's kernels, the
   fused op (two custom ops, ``tvq::window_cache_forward`` / ``_backward``) is one node of the compiled graph;
@@ -53,7 +57,10 @@ REPO = Path(__file__).resolve().parents[3]
 # compiled), then the other baselines and VQ's other kernels. One H200 run of 2026-11-28 gave every kernel an equal
 # share of 130 s in a process of its own: start-up and compilation took most of it, and VQ's fused kernel got
 # forward + backward at 8k only.
-KERNELS = ("sdpa_flash", "vq_triton", "vq_triton_compiled", "sdpa_cudnn", "dense_flex", "vq_plain", "vq_flex")
+KERNELS = (
+    "sdpa_flash", "vq_triton", "vq_triton_graphed", "vq_triton_compiled", "sdpa_cudnn", "dense_flex", "vq_plain",
+    "vq_flex",
+)  # fmt: skip
 LENGTHS = (8192, 32768, 131072)
 TOKENS = 512 * 1024  # B·H·T
 HEADS = 4
@@ -126,7 +133,7 @@ def _layer(kernel: str, head_dim: int, device: torch.device) -> Any:
     opts = {
         "codebook_size": 512,
         "block_len": 512,
-        "kernel": kernel.removeprefix("vq_").removesuffix("_compiled"),
+        "kernel": kernel.removeprefix("vq_").removesuffix("_compiled").removesuffix("_graphed"),
     }
     return build_attention("vq", d_k=head_dim, d_v=head_dim, heads=HEADS, **opts).to(device)
 
@@ -163,8 +170,11 @@ def case(
         flops = layer.flops(seq_len, batch, backward=train) if kernel.startswith("vq") else None
         flops = flops or dense_flops(batch * HEADS, seq_len, head_dim, train)
 
+    graph = kernel.endswith("_graphed")
+
     def call() -> None:
-        with torch.set_grad_enabled(train), torch.autocast(device.type, torch.bfloat16):
+        # a CUDA graph's capture takes autocast without its cache of cast weights (whose copies would outlive it)
+        with torch.set_grad_enabled(train), torch.autocast(device.type, torch.bfloat16, cache_enabled=not graph):
             out = attend(q, k, v)
         if grad is not None:
             # as a training step (``zero_grad(set_to_none=True)``): each call's gradients are set, not added to the
@@ -173,7 +183,26 @@ def case(
                 leaf.grad = None
             out.backward(grad)
 
-    return call, flops
+    return (graphed(call, device) if graph else call), flops
+
+
+def graphed(call: Callable[[], None], device: torch.device, warmups: int = 2) -> Callable[[], None]:
+    """``call`` captured in one CUDA graph, returned as the graph's replay: ``warmups`` calls on a side stream first
+    (the kernels compiled, the codebook initialised, the allocator's blocks made, as a capture needs), then one call
+    captured. A replay runs the captured kernels on the same tensors (a training call's gradients land in the same
+    ``.grad`` tensors each time); the host launches the graph, not its kernels."""
+    if device.type != "cuda":
+        raise RuntimeError(f"a CUDA graph needs a CUDA device, not {device.type!r}")
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
 
 
 def measure(
