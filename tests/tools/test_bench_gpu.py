@@ -408,7 +408,9 @@ def test_the_graphed_cuda_case_replays_the_eager_calls_output_and_gradients(
 
     def spied(kernel: str, *args: object) -> torch.nn.Module:
         layer = build(kernel, *args)
-        layer.register_forward_pre_hook(lambda module, inputs: seen.setdefault(kernel, {}).update(leaves=inputs))
+        layer.register_forward_pre_hook(
+            lambda module, inputs: seen.setdefault(kernel, {}).update(leaves=inputs)
+        )
         layer.register_forward_hook(lambda module, inputs, out: seen[kernel].update(out=out[0]))
         return layer
 
@@ -422,5 +424,6 @@ def test_the_graphed_cuda_case_replays_the_eager_calls_output_and_gradients(
     eager, graphed = seen["vq_triton"], seen["vq_triton_graphed"]
     assert torch.equal(eager["out"], graphed["out"])  # the capture's output tensor, rewritten by each replay
     for a, b in zip(eager["leaves"], graphed["leaves"], strict=True):
-        grads = [x._base.grad for x in (a, b)]  # the leaves (B, T, H, d) behind the layer's (B, H, T, d) views
+        # the leaves (B, T, H, d) behind the layer's (B, H, T, d) views
+        grads = [x._base.grad for x in (a, b)]
         assert (grads == [None, None]) if mode == "fwd" else torch.equal(*grads)

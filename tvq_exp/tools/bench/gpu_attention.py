@@ -174,7 +174,10 @@ def case(
 
     def call() -> None:
         # a CUDA graph's capture takes autocast without its cache of cast weights (whose copies would outlive it)
-        with torch.set_grad_enabled(train), torch.autocast(device.type, torch.bfloat16, cache_enabled=not graph):
+        with (
+            torch.set_grad_enabled(train),
+            torch.autocast(device.type, torch.bfloat16, cache_enabled=not graph),
+        ):
             out = attend(q, k, v)
         if grad is not None:
             # as a training step (``zero_grad(set_to_none=True)``): each call's gradients are set, not added to the
