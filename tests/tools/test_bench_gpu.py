@@ -404,7 +404,7 @@ def test_the_graphed_cuda_case_replays_the_eager_calls_output_and_gradients(
     change between calls), replay after replay."""
     from tvq_exp.tools.bench import gpu_attention
 
-    build, seen = gpu_attention._layer, {}
+    build, seen = gpu_attention.attention_layer, {}
 
     def spied(kernel: str, *args: object) -> torch.nn.Module:
         layer = build(kernel, *args)
@@ -414,7 +414,7 @@ def test_the_graphed_cuda_case_replays_the_eager_calls_output_and_gradients(
         layer.register_forward_hook(lambda module, inputs, out: seen[kernel].update(out=out[0]))
         return layer
 
-    monkeypatch.setattr(gpu_attention, "_layer", spied)
+    monkeypatch.setattr(gpu_attention, "attention_layer", spied)
     for kernel in ("vq_triton", "vq_triton_graphed"):
         torch.manual_seed(0)
         call, _ = gpu_attention.case(kernel, 2048, mode, 64, torch.device("cuda"), tokens=16384)

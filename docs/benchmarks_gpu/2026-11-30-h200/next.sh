@@ -9,14 +9,16 @@
 #                                                         # tests (the targets, timed on what changed since 2026-11-30:
 #                                                         # the sorted block sums, the aligned XL table, the carried
 #                                                         # state's copy); the 32k profiles now name the host's ops
-#   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh b   # the paper step from CUDA graphs with torch's logs, then the
-#                                                         # paper step with the fused kernels (kernel=triton) profiled,
-#                                                         # then (time left) the block sums' tile search at 32k
+#   bash docs/benchmarks_gpu/2026-11-30-h200/next.sh b   # the paper step eager and replayed from CUDA graphs (the
+#                                                         # host's share, the MFU its device work allows), the paper
+#                                                         # step with the fused kernels (kernel=triton) profiled, then
+#                                                         # (time left) the module's reduce-overhead mode with logs
 #
 # The figures to read: gpu.json's attention.records (ms, flash_time_ratio; vq_triton_graphed against vq_triton: the
 # eager call's kernels replayed from a CUDA graph, how much of its wall clock is the host's; the 32k vq_triton
 # profile's "host" rows: what the host spends the eager layer's call on), training (tokens_per_s, mfu, profile.by_kind, profile.host,
-# profile.compile), tests; in call b graphs.log (graph breaks, recompiles, CUDA-graph skips) and tune.log.
+# profile.compile), tests; in call b graphed.json (host_share, mfu), fused_profile.json, graphs.log (graph breaks,
+# recompiles, CUDA-graph skips).
 if [ "$1" = prepare ]; then
   site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || exit 1
   rm -rf .gpu/site; mkdir -p .gpu/site .gpu/data/text .git/info
@@ -63,33 +65,48 @@ if [ "$1" = a ]; then
   echo "bench-gpu rc=$? $((SECONDS-t0)) s"
   summary gpu.json
 elif [ "$1" = b ]; then
-  # 1. up to 60 steps from CUDA graphs, logged every 2 steps, with torch's logs (the step compiled whole on CPU with
-  #    the device's custom ops: docs/benchmarks.md, 2026-11-30 twenty-seventh session)
-  TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout 230 python3 train.py experiment=enwik8_paper \
-    trainer=gpu trainer.devices=1 global_batch_size=null trainer.check_val_every_n_epoch=null \
-    trainer.val_check_interval=1000000 trainer.limit_val_batches=1 trainer.max_steps=60 trainer.log_every_n_steps=2 \
-    logger=csv trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
-    +module.compile_mode=reduce-overhead hydra.run.dir=/tmp/graphs > $OUT/graphs.log 2>&1
-  echo "graphs rc=$? $((SECONDS-t0)) s"
-  cp /tmp/graphs/csv/metrics.csv $OUT/graphs_metrics.csv 2>/dev/null
-  echo "graph breaks: $(grep -c 'Graph break in user code' $OUT/graphs.log)"
-  grep "Graph break in user code" $OUT/graphs.log | sed 's/.*user code at //' | sort | uniq -c | head
-  grep -i "skipping cudagraphs\|re-record\|recompile_limit" $OUT/graphs.log | cut -c1-240 | sort | uniq -c | head
+  # In the order of what they tell, each writing to $OUT as it goes (a call cut short by the device budget keeps what
+  # was written). 1. the paper step eager (compiled blocks) and replayed from CUDA graphs in one process: the host's
+  # share of the step and the MFU its device work allows (tvq_exp/tools/bench/graphed_step.py)
+  timeout 200 python3 -m tvq_exp.tools.bench.graphed_step --seconds 30 --out $OUT/graphed.json > $OUT/graphed.log 2>&1
+  echo "graphed rc=$? $((SECONDS-t0)) s"; tail -5 $OUT/graphed.log
+  python3 - <<'PY'
+import json, os
+path = os.path.join(os.environ["OUT"], "graphed.json")
+if os.path.exists(path):
+    d = json.load(open(path))
+    print({k: d.get(k) for k in ("batch", "compile_s", "eager_ms_per_step", "graphed_ms_per_step", "host_share",
+                                 "tokens_per_s", "mfu", "mfu_datasheet", "eager_mfu", "peak_mem_mb", "losses")})
+PY
   # 2. the paper step with the fused kernels at d_v = 1536 (kernel=triton: six value chunks, no scores written)
   #    against call a's kernel=auto (the plain kernel's GEMMs and fp32 scores), profiled after 12 steps
-  timeout 200 python3 train.py experiment=enwik8_paper trainer=gpu trainer.devices=1 global_batch_size=null \
-    trainer.check_val_every_n_epoch=null trainer.val_check_interval=1000000 trainer.limit_val_batches=1 \
-    trainer.max_steps=40 trainer.log_every_n_steps=2 logger=csv trainer.enable_progress_bar=false \
-    ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 model.attention.kernel=triton \
-    debug=device_profile callbacks.device_profile.skip=12 callbacks.device_profile.steps=3 \
-    callbacks.device_profile.rows=25 hydra.run.dir=/tmp/fused > $OUT/fused.log 2>&1
+  left=$((520 - (SECONDS - t0)))
+  timeout $(( left < 200 ? left : 200 )) python3 train.py experiment=enwik8_paper trainer=gpu trainer.devices=1 \
+    global_batch_size=null trainer.check_val_every_n_epoch=null trainer.val_check_interval=1000000 \
+    trainer.limit_val_batches=1 trainer.max_steps=40 trainer.log_every_n_steps=2 logger=csv \
+    trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
+    model.attention.kernel=triton debug=device_profile callbacks.device_profile.skip=12 \
+    callbacks.device_profile.steps=3 callbacks.device_profile.rows=25 hydra.run.dir=/tmp/fused > $OUT/fused.log 2>&1
   echo "fused rc=$? $((SECONDS-t0)) s"
   cp /tmp/fused/csv/metrics.csv $OUT/fused_metrics.csv 2>/dev/null
   cp /tmp/fused/device-profile.json $OUT/fused_profile.json 2>/dev/null
+  # 3. with what is left, the module's own CUDA-graph mode (compile_mode=reduce-overhead) with torch's logs
+  left=$((520 - (SECONDS - t0)))
+  if [ $left -gt 90 ]; then
+    TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout $left python3 train.py experiment=enwik8_paper \
+      trainer=gpu trainer.devices=1 global_batch_size=null trainer.check_val_every_n_epoch=null \
+      trainer.val_check_interval=1000000 trainer.limit_val_batches=1 trainer.max_steps=60 trainer.log_every_n_steps=2 \
+      logger=csv trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv \
+      data.batch_size=16 +module.compile_mode=reduce-overhead hydra.run.dir=/tmp/graphs > $OUT/graphs.log 2>&1
+    echo "graphs rc=$? $((SECONDS-t0)) s"
+    cp /tmp/graphs/csv/metrics.csv $OUT/graphs_metrics.csv 2>/dev/null
+    echo "graph breaks: $(grep -c 'Graph break in user code' $OUT/graphs.log)"
+    grep -i "skipping cudagraphs\|re-record\|recompile_limit" $OUT/graphs.log | cut -c1-240 | sort | uniq -c | head
+  fi
   python3 - <<'PY'
 import csv, json, os
 out = os.environ["OUT"]
-for name in ("graphs_metrics.csv", "fused_metrics.csv"):
+for name in ("fused_metrics.csv", "graphs_metrics.csv"):
     path = os.path.join(out, name)
     rows = [r for r in csv.DictReader(open(path))] if os.path.exists(path) else []
     print(name, "tokens/s, mfu by step", [(r["step"], r.get("throughput/tokens_per_s"), r.get("throughput/mfu"))
@@ -100,13 +117,6 @@ if os.path.exists(path):
     print("fused profile", {k: p.get(k) for k in ("ms_per_step", "wall_ms_per_step", "by_kind", "calls_per_step")})
     print("  rows", [(r["name"][:50], round(r["ms_per_step"], 2)) for r in p.get("rows", [])[:12]])
 PY
-  # 3. with what is left, the block sums' tiles at 32k (the shipped (64, 32, 64, 4, 2) against the candidates)
-  left=$((520 - (SECONDS - t0)))
-  if [ $left -gt 60 ]; then
-    timeout $left python3 -m tvq_exp.attention.vq.fused.tune --kernels block_sums --lengths 32768 \
-      --out $OUT/tune.json --budget $((left - 30)) > $OUT/tune.log 2>&1
-    echo "tune rc=$? $((SECONDS-t0)) s"; tail -15 $OUT/tune.log
-  fi
 else
   echo "usage: next.sh prepare|a|b"; exit 2
 fi

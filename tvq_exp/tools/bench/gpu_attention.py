@@ -125,7 +125,8 @@ def _sdpa(backend_name: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tens
     return attend
 
 
-def _layer(kernel: str, head_dim: int, device: torch.device) -> Any:
+def attention_layer(kernel: str, head_dim: int, device: torch.device) -> Any:
+    """The attention module one of :data:`KERNELS` (but SDPA's) runs, on ``device``."""
     from tvq_exp.attention import build_attention
 
     if kernel == "dense_flex":
@@ -158,7 +159,7 @@ def case(
     if kernel.startswith("sdpa"):
         attend, flops = _sdpa(kernel), dense_flops(batch * HEADS, seq_len, head_dim, train)
     else:
-        layer = _layer(kernel, head_dim, device)
+        layer = attention_layer(kernel, head_dim, device)
         if kernel.endswith("_compiled"):
             # each case compiles a new layer of the same class: without a reset the cases would fill dynamo's cache
             # of that code, and a case past its limit would run eager, unsaid
