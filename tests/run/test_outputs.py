@@ -29,4 +29,7 @@ def test_help_is_ours() -> None:
         [sys.executable, str(REPO / "train.py"), "--help"], capture_output=True, text=True, timeout=120
     ).stdout
     assert shown.startswith("train.py: train (or continue)") and "Powered by Hydra" not in shown
-    assert "debug: default, device_profile, fdr, limit, overfit, profiler" in shown and "ckpt_path=<run>" in shown
+    assert (
+        "debug: default, device_profile, fdr, limit, overfit, profiler" in shown
+        and "ckpt_path=<run>" in shown
+    )
