@@ -95,6 +95,53 @@ def test_the_search_reads_nothing_of_the_device(dtype: torch.dtype) -> None:
     assert syncs.events == []
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_searchs_op_launches_its_kernel_alone_and_compiled_makes_the_codebooks_pieces_outside_it(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The op ``nearest_code`` takes on a GPU (here its CPU kernel under the interpreter) is handed the codebook's
+    squared norms and pieces: its body's one launch is the kernel (its output's allocation the one ATen op), where the
+    pieces' 13 small ops (bf16 keys) each launched inside it; compiled, the op is one node whose inputs the graph
+    makes, and the codes are the plain search's."""
+    import importlib
+
+    import triton.runtime.interpreter as interpreter
+
+    from tests.helpers.ops import OpLog
+    from tvq_exp.quantize.fused_nearest import search, search_codes
+
+    kmeans = importlib.import_module("tvq_exp.quantize.kmeans")  # (the package's name kmeans is the function)
+    gen = torch.Generator().manual_seed(3)
+    x, codebook = torch.randn(2, 300, 16, generator=gen).to(dtype), torch.randn(2, 40, 16, generator=gen)
+    c2, pieces = search_codes(codebook, dtype)
+    launched: list[str] = []
+    with (
+        monkeypatch.context() as patch
+    ):  # the launch recorded, not run: the interpreter's own copies not counted
+        patch.setattr(
+            interpreter.InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.__name__)
+        )
+        with OpLog() as log:
+            search(x, c2, pieces)
+    assert [op.name for op in log.launches()] == ["aten.empty"] and launched == ["nearest_kernel"]
+    got = search(x, c2, pieces)
+    assert torch.equal(got, plain(x, codebook))
+    monkeypatch.setattr(kmeans, "fused_search", lambda x: True)  # as on CUDA with Triton
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example: list) -> torch.fx.GraphModule:
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(kmeans.nearest_code, backend=backend, fullgraph=True)(x, codebook)
+    (graph,) = graphs
+    (op,) = [n for n in graph.graph.nodes if str(n.target) == "tvq.nearest_code"]
+    # the squared norms and the pieces made by the graph's own ops, handed to the op
+    assert all(a.op in ("call_method", "call_function") for a in op.args[1:])
+    assert torch.equal(compiled, got)
+
+
 def test_no_rows_give_no_codes() -> None:
     assert fused_nearest_code(torch.zeros(2, 0, 4), torch.randn(2, 3, 4)).shape == (2, 0)
 

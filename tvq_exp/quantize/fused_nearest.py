@@ -8,7 +8,7 @@ per call, ``S = 512``, ``d_k = 128``. Here each program keeps ``BM`` rows in reg
 past them, the products on the tensor cores:
 
 - bf16 keys (what attention under bf16 autocast quantises) are read as they are. Each code is split into three bf16
-  pieces whose fp32 sum is the code exactly (:func:`code_pieces`, on the host: ``S`` rows), and a key's product with
+  pieces whose fp32 sum is the code exactly (:func:`code_pieces`, by the caller before the op: ``S`` rows), and a key's product with
   a piece is exact in fp32, so the distance is the fp32 one, its sums in another order: three bf16 products a tile.
   The same H100 took 1.3 ms for the search at 512k keys with the keys cast to fp32 and three tf32 passes: twice the
   tensor-core work, and each code tile split in the loop.
@@ -16,13 +16,16 @@ past them, the products on the tensor cores:
 
 Under the interpreter the products are fp32 (bf16 pieces and keys are exact there).
 
-Runs on CUDA (``tvq::nearest_code``, a custom op: ``torch.compile`` keeps it in its graph) or on CPU under Triton's
-interpreter (``TRITON_INTERPRET=1``: the tests).
+Runs on CUDA (``tvq::nearest_code``, a custom op of the keys and the codebook's pieces: ``torch.compile`` keeps it in
+its graph and fuses the pieces' making into the step's kernels) or on CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``: the tests).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -55,16 +58,29 @@ def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.stack(pieces[::-1], 1)
 
 
-def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
-    """Index of the nearest code: ``x (H, N, d)``, ``codebook (H, S, d)`` -> ``(H, N)`` int64 (distances in fp32).
-    ``x`` may be strided (a copy is made only where its last dimension is not contiguous)."""
+def search_dtype(keys: torch.dtype) -> torch.dtype:
+    """The dtype the search reads keys of dtype ``keys`` in: bf16 keys as they are, any other as fp32."""
+    return torch.bfloat16 if keys == torch.bfloat16 else torch.float32
+
+
+def search_codes(codebook: Tensor, keys: torch.dtype) -> tuple[Tensor, Tensor]:
+    """What the search reads of ``codebook (H, S, d)`` for keys of dtype ``keys``: the codes' squared norms ``(H, S)``
+    fp32 and the pieces of ``-2·C`` ``(H, P, S, d)`` (:func:`code_pieces`), in fp32 whatever the autocast. The caller
+    makes them, outside the op: under ``torch.compile`` these small ops (13 for bf16 keys) fuse into the step's kernels,
+    where inside the op each was a launch of its own, per layer and step."""
+    with torch.autocast(codebook.device.type, enabled=False):
+        c = codebook.float()
+        return (c * c).sum(-1).contiguous(), code_pieces(-2 * c, search_dtype(keys))
+
+
+def search(x: Tensor, c2: Tensor, pieces: Tensor) -> Tensor:
+    """The search's one launch: ``x (H, N, d)`` against the codes of :func:`search_codes` (``c2 (H, S)``,
+    ``pieces (H, P, S, d)``) -> the nearest code ``(H, N)`` int64. ``x`` may be strided (a copy is made only where
+    its last dimension is not contiguous)."""
     interpret = x.device.type == "cpu"
     h, n, d = x.shape
-    s = codebook.shape[1]
-    dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
-    with torch.autocast(x.device.type, enabled=False):
-        c = codebook.float()
-        c2, pieces = (c * c).sum(-1).contiguous(), code_pieces(-2 * c, dtype)
+    s = c2.shape[1]
+    dtype = search_dtype(x.dtype)
     x = x.to(dtype)
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -72,14 +88,25 @@ def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
     if n == 0:
         return out
     bm, bs, warps, stages = TILES[dtype]
-    kernel = load_kernels(Path(__file__).with_name("nearest_kernel.py"), __package__, interpret)
-    kernel = kernel.nearest_kernel
-    kernel[(cdiv(n, bm), h)](
+    nearest_kernels(interpret).nearest_kernel[(cdiv(n, bm), h)](
         x, pieces, c2, out, n, s, d, x.stride(0), x.stride(1),
         BM=bm, BS=bs, DK=padded_dim(d), PIECES=PIECES[dtype], DOT=dot_dtype(dtype, interpret),
         PREC="ieee" if interpret else "tf32x3", num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def fused_nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
+    """Index of the nearest code: ``x (H, N, d)``, ``codebook (H, S, d)`` -> ``(H, N)`` int64 (distances in fp32):
+    :func:`search` of :func:`search_codes`."""
+    return search(x, *search_codes(codebook, x.dtype))
+
+
+@functools.cache
+def nearest_kernels(interpret: bool) -> ModuleType:
+    """:mod:`.nearest_kernel`, decorated for the interpreter or for the GPU (looked up once per mode: no path built per
+    launch)."""
+    return load_kernels(Path(__file__).with_name("nearest_kernel.py"), __package__, interpret)
 
 
 def dot_dtype(dtype: torch.dtype, interpret: bool) -> object:
@@ -90,15 +117,15 @@ def dot_dtype(dtype: torch.dtype, interpret: bool) -> object:
     return tl.bfloat16 if dtype == torch.bfloat16 and not interpret else tl.float32
 
 
-@torch.library.custom_op("tvq::nearest_code", mutates_args=(), device_types="cuda")
-def nearest_code_cuda(x: Tensor, codebook: Tensor) -> Tensor:
-    """:func:`fused_nearest_code` on CUDA, as an op ``torch.compile`` keeps in its graph."""
-    return fused_nearest_code(x, codebook)
+@torch.library.custom_op("tvq::nearest_code", mutates_args=(), device_types=("cpu", "cuda"))
+def nearest_code_op(x: Tensor, c2: Tensor, pieces: Tensor) -> Tensor:
+    """:func:`search` as an op ``torch.compile`` keeps in its graph (CUDA, or CPU under the interpreter)."""
+    return search(x, c2, pieces)
 
 
-@nearest_code_cuda.register_fake
-def _(x: Tensor, codebook: Tensor) -> Tensor:
+@nearest_code_op.register_fake
+def _(x: Tensor, c2: Tensor, pieces: Tensor) -> Tensor:
     return x.new_empty(x.shape[:2], dtype=torch.long)
 
 
-__all__ = ["fused_nearest_code", "nearest_code_cuda"]
+__all__ = ["code_pieces", "fused_nearest_code", "nearest_code_op", "search", "search_codes", "search_dtype"]

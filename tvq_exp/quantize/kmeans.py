@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import tvq_exp.quantize.fused_nearest  # noqa: F401  (registers torch.ops.tvq.nearest_code)
 from tvq_exp.nn.triton_loader import has_triton
+from tvq_exp.quantize.fused_nearest import search_codes  # (and registers torch.ops.tvq.nearest_code)
 from tvq_exp.quantize.sync import all_reduce_sum, broadcast_from_rank0
 
 NEAREST_ROWS = 2048  # rows per chunk of the code search on a CPU: (rows, S) fp32 distances stay in cache
@@ -35,8 +35,10 @@ def nearest_code(x: Tensor, codebook: Tensor) -> Tensor:
     """Index of the nearest code, in fp32 (also under autocast): ``x (H, N, d)``, ``codebook (H, S, d)`` ->
     ``(H, N)``. On CUDA with Triton, one fused kernel (:mod:`.fused_nearest`), which reads bf16 keys as they are;
     elsewhere :func:`plain_nearest_code`."""
-    if fused_search(x):
-        return torch.ops.tvq.nearest_code(x.detach(), codebook.detach())  # indices: no gradient
+    if fused_search(x):  # the codebook's pieces made here: compiled, they fuse into the step's kernels
+        return torch.ops.tvq.nearest_code(
+            x.detach(), *search_codes(codebook.detach(), x.dtype)
+        )  # no gradient
     return plain_nearest_code(x, codebook)
 
 

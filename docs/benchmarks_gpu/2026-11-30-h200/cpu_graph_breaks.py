@@ -1,8 +1,9 @@
 """The paper preset's compiled blocks as on CUDA, on CPU: graph breaks and graphs of 4 training steps and a
-validation batch (2 layers, d_model 64, bf16 autocast; the fused search's op given the plain search as its CPU
-kernel, as CUDA runs it). The figures of docs/benchmarks.md's 2026-11-30 section ("After the calls, on CPU"):
+validation batch (2 layers, d_model 64, bf16 autocast; the fused search's op, as CUDA runs it: under Triton's
+interpreter since the twenty-ninth session, the plain search its CPU kernel before). The figures of
+docs/benchmarks.md's 2026-11-30 section ("After the calls, on CPU"):
 
-    PYTHONPATH=. TVQ_DATA_DIR=../shared/datasets TORCH_LOGS=graph_breaks \\
+    PYTHONPATH=. TRITON_INTERPRET=1 TVQ_DATA_DIR=../shared/datasets TORCH_LOGS=graph_breaks \\
         .venv/bin/python docs/benchmarks_gpu/2026-11-30-h200/cpu_graph_breaks.py /tmp/breaks
 
 ``--fused`` (with ``TRITON_INTERPRET=1``, and ``TORCH_LOGS=graph_breaks,recompiles``): every VQ op as the GPU takes it,
@@ -15,15 +16,14 @@ import importlib
 import sys
 from pathlib import Path
 
-import torch
 from torch._dynamo.utils import counters
 
 import tvq_exp.quantize.codebook as codebook
-import tvq_exp.quantize.fused_nearest  # noqa: F401 - registers tvq::nearest_code (CUDA)
+import tvq_exp.quantize.fused_nearest  # noqa: F401 - registers tvq::nearest_code
 from tests.helpers.config import train_run
 
 kmeans = importlib.import_module("tvq_exp.quantize.kmeans")  # (the package's name kmeans is the function)
-torch.library.register_kernel("tvq::nearest_code", "cpu", kmeans.plain_nearest_code)
+
 kmeans.fused_search = codebook.fused_search = lambda x: True  # the quantiser takes the op, as on CUDA
 
 OVERRIDES = [

@@ -40,6 +40,7 @@ in its graph.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,8 +76,9 @@ def kernel_tiles(interpret: bool, kernel: str) -> tuple[int, ...]:
     return (INTERPRETED_TILES if interpret else GPU_TILES)[kernel]
 
 
+@functools.cache
 def prefix_kernels(interpret: bool) -> ModuleType:
-    """:mod:`.prefix_kernels`, decorated for the interpreter or for the GPU."""
+    """:mod:`.prefix_kernels`, decorated for the interpreter or for the GPU (looked up once per mode)."""
     return load_kernels(Path(__file__).with_name("prefix_kernels.py"), __package__, interpret)
 
 

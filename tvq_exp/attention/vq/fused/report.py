@@ -220,9 +220,8 @@ def compile_nearest(d_k: int, dtype: str, t: Tiles | None = None) -> Row:
     import torch
 
     import tvq_exp.quantize.fused_nearest as nearest
-    from tvq_exp.nn.triton_loader import load_kernels
 
-    fn = load_kernels(Path(nearest.__file__).with_name("nearest_kernel.py"), "tvq_exp.quantize", False)
+    fn = nearest.nearest_kernels(False)
     keys = torch.bfloat16 if dtype == "bf16" else torch.float32
     t = t or Tiles(*nearest.TILES[keys][:2], 0, *nearest.TILES[keys][2:])
     const = {"BM": t.bm, "BS": t.bn, "DK": padded_dim(d_k), "PIECES": nearest.PIECES[keys],

@@ -7,6 +7,7 @@ why not elsewhere (the layer's one-line refusal); :func:`wants_triton` is ``kern
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -43,8 +44,10 @@ def unsupported(device: torch.device | str | None, dtype: torch.dtype | None = N
     return None
 
 
+@functools.cache
 def kernels(interpret: bool) -> ModuleType:
-    """The fused attention's kernel module (:mod:`.kernels`) for the interpreter or the GPU (:func:`load_kernels`)."""
+    """The fused attention's kernel module (:mod:`.kernels`) for the interpreter or the GPU (:func:`load_kernels`),
+    looked up once per mode (each op's launch asks for it: no path built per launch)."""
     return load_kernels(Path(__file__).with_name("kernels.py"), __package__, interpret)
 
 
