@@ -38,6 +38,14 @@ def test_the_stepper_hands_each_positions_state_to_the_next_and_a_sequence_start
     assert any(not torch.equal(a, b) for a, b in zip(params, stepper.module.model.parameters(), strict=True))
 
 
+def test_the_rates_of_a_step_are_its_flops_over_its_time_against_each_peak() -> None:
+    assert graphed_step.rates("eager_", 2 * 10**12, 0.5, 8e12, 16e12) == {
+        "eager_tflops_per_s": 4.0, "eager_mfu": 0.5, "eager_mfu_datasheet": 0.25,
+    }  # fmt: skip
+    assert graphed_step.rates("", 10**12, 1.0, 2e12, None) == {"tflops_per_s": 1.0, "mfu": 0.5}
+    assert graphed_step.rates("", None, 1.0, 2e12, 4e12) == {}  # a model without a FLOP count
+
+
 def test_off_cuda_the_tool_says_so_in_one_line_and_the_measurement_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

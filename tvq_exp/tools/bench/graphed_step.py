@@ -19,7 +19,8 @@ The JSON (``--out``, and on stdout): ``batch``, ``seq_len``, ``positions``, ``co
 compilation and warm-up), ``eager_ms_per_step`` and ``graphed_ms_per_step`` (medians over whole sequences),
 ``host_share``, ``tokens_per_s``, ``tflops_per_s``, ``mfu``, ``mfu_datasheet`` (both for the graphed step, and
 ``eager_mfu``), ``peak_mem_mb``, and ``losses`` (the last eager and graphed sequence's, each position's: finite, and
-close, as a sanity check). Off CUDA it says so in one line and exits 0, as ``make bench-gpu`` does.
+close, as a sanity check). The eager figures are written first; a capture that fails leaves them with
+``graphed_error``. Off CUDA it says so in one line and exits 0, as ``make bench-gpu`` does.
 """
 
 from __future__ import annotations
@@ -143,15 +144,20 @@ def timed_sequences(run: Callable[[], None], device: torch.device, seconds: floa
     return times
 
 
-def measure(overrides: Sequence[str], seconds: float, device: torch.device) -> dict[str, Any]:
-    """The figures of the module docstring for the run ``PRESET + overrides``."""
+def measure(
+    overrides: Sequence[str],
+    seconds: float,
+    device: torch.device,
+    save: Callable[[dict[str, Any]], None] = print,
+) -> dict[str, Any]:
+    """The figures of the module docstring for the run ``PRESET + overrides``; ``save`` gets them after the eager
+    part too (a capture that fails, or a call cut short, leaves the eager figures and ``graphed_error``)."""
     from tvq_exp.measure.peaks import device_peak_flops
     from tvq_exp.measure.timing import matmul_peak_flops
 
     if device.type != "cuda":
         raise RuntimeError(f"a CUDA graph needs a CUDA device, not {device.type!r}")
-    peak = matmul_peak_flops(device, torch.bfloat16)
-    datasheet = device_peak_flops(device)
+    peak, datasheet = matmul_peak_flops(device, torch.bfloat16), device_peak_flops(device)
     stepper = Stepper(compose_run([*PRESET, *overrides]), device)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -160,34 +166,48 @@ def measure(overrides: Sequence[str], seconds: float, device: torch.device) -> d
         stepper.sequence()
         torch.cuda.synchronize(device)
         compile_s = time.perf_counter() - started
-        eager = timed_sequences(stepper.sequence, device, seconds / 2)
+        eager = statistics.median(timed_sequences(stepper.sequence, device, seconds / 2)) / stepper.positions
     torch.cuda.current_stream(device).wait_stream(side)
-    eager_losses = [float(x) for x in stepper.losses]
-    graphs = capture(stepper)
-    replay = timed_sequences(lambda: [g.replay() for g in graphs], device, seconds / 2)
-    per_step = {
-        name: statistics.median(t) / stepper.positions for name, t in (("eager", eager), ("graphed", replay))
-    }
-    tokens = stepper.batch * stepper.seq_len
-    flops = stepper.flops_per_step()
+    tokens, flops = stepper.batch * stepper.seq_len, stepper.flops_per_step()
     result: dict[str, Any] = {
         "overrides": list(overrides), "batch": stepper.batch, "seq_len": stepper.seq_len,
-        "positions": stepper.positions, "compile_s": compile_s,
-        "eager_ms_per_step": per_step["eager"] * 1e3, "graphed_ms_per_step": per_step["graphed"] * 1e3,
-        "host_share": 1 - per_step["graphed"] / per_step["eager"],
-        "tokens_per_s": tokens / per_step["graphed"], "eager_tokens_per_s": tokens / per_step["eager"],
+        "positions": stepper.positions, "compile_s": compile_s, "matmul_tflops": peak / 1e12,
+        "eager_ms_per_step": eager * 1e3, "eager_tokens_per_s": tokens / eager,
+        **rates("eager_", flops, eager, peak, datasheet),
+        "losses": {"eager": [float(x) for x in stepper.losses]},
         "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-        "losses": {"eager": eager_losses, "graphed": [float(x) for x in stepper.losses]},
-        "matmul_tflops": peak / 1e12,
     }  # fmt: skip
-    if flops is not None:
-        for prefix, seconds_per_step in (("", per_step["graphed"]), ("eager_", per_step["eager"])):
-            rate = flops / seconds_per_step
-            result[f"{prefix}tflops_per_s"] = rate / 1e12
-            result[f"{prefix}mfu"] = rate / peak
-            if datasheet is not None:
-                result[f"{prefix}mfu_datasheet"] = rate / datasheet
+    save(result)
+    try:
+        graphs = capture(stepper)
+        replay = timed_sequences(lambda: [g.replay() for g in graphs], device, seconds / 2)
+    except Exception as err:  # noqa: BLE001 - the eager figures stand; the capture's failure is reported
+        result["graphed_error"] = f"{type(err).__name__}: {str(err).strip()[:300]}"
+        save(result)
+        return result
+    graphed = statistics.median(replay) / stepper.positions
+    result |= {
+        "graphed_ms_per_step": graphed * 1e3, "host_share": 1 - graphed / eager, "tokens_per_s": tokens / graphed,
+        **rates("", flops, graphed, peak, datasheet),
+        "peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+    }  # fmt: skip
+    result["losses"]["graphed"] = [float(x) for x in stepper.losses]
+    save(result)
     return result
+
+
+def rates(
+    prefix: str, flops: int | None, seconds: float, peak: float, datasheet: float | None
+) -> dict[str, float]:
+    """``{prefix}tflops_per_s``, ``{prefix}mfu`` (of the measured ``peak``) and ``{prefix}mfu_datasheet`` of a step of
+    ``flops`` in ``seconds`` (none without a FLOP count; the last without a datasheet peak)."""
+    if flops is None:
+        return {}
+    rate = flops / seconds
+    out = {f"{prefix}tflops_per_s": rate / 1e12, f"{prefix}mfu": rate / peak}
+    if datasheet is not None:
+        out[f"{prefix}mfu_datasheet"] = rate / datasheet
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -203,11 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("graphed_step: skipped, no CUDA device here (torch.cuda.is_available() is False)")
         return 0
-    result = measure(args.overrides, args.seconds, torch.device("cuda"))
-    text = json.dumps(result, indent=1)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
-    print(text)
+
+    def save(result: dict[str, Any]) -> None:
+        text = json.dumps(result, indent=1)
+        if args.out is not None:
+            args.out.write_text(text + "\n")
+        print(text, flush=True)
+
+    measure(args.overrides, args.seconds, torch.device("cuda"), save)
     return 0
 
 
