@@ -46,6 +46,13 @@ def test_the_rates_of_a_step_are_its_flops_over_its_time_against_each_peak() -> 
     assert graphed_step.rates("", None, 1.0, 2e12, 4e12) == {}  # a model without a FLOP count
 
 
+def test_the_step_takes_the_checks_batch_for_the_device_unless_one_is_chosen() -> None:
+    h200, h100 = 150_754_820_096, 85_045_821_440  # total_memory as torch reports them
+    assert graphed_step.with_batch(["x=1"], h200) == ["data.batch_size=16", "x=1"]
+    assert graphed_step.with_batch([], h100) == ["data.batch_size=8"]
+    assert graphed_step.with_batch(["data.batch_size=4"], h200) == ["data.batch_size=4"]
+
+
 def test_off_cuda_the_tool_says_so_in_one_line_and_the_measurement_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

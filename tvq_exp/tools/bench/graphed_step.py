@@ -210,6 +210,16 @@ def rates(
     return out
 
 
+def with_batch(overrides: Sequence[str], device_bytes: int) -> list[str]:
+    """``overrides`` with the GPU check's batch for a device of ``device_bytes`` first (the paper's 16 where it fits,
+    else 8: :func:`~tvq_exp.tools.bench.gpu.batch_sizes`), unless they choose one."""
+    from tvq_exp.tools.bench.gpu import batch_sizes
+
+    if any(o.split("=")[0].lstrip("+") == "data.batch_size" for o in overrides):
+        return list(overrides)
+    return [f"data.batch_size={batch_sizes('auto', device_bytes)[0]}", *overrides]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tvq_exp.tools.bench.graphed_step", description=__doc__.split("\n")[0]
@@ -230,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out.write_text(text + "\n")
         print(text, flush=True)
 
-    measure(args.overrides, args.seconds, torch.device("cuda"), save)
+    measure(with_batch(args.overrides, torch.cuda.get_device_properties(0).total_memory), args.seconds,
+            torch.device("cuda"), save)  # fmt: skip
     return 0
 
 
