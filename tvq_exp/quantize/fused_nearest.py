@@ -8,8 +8,9 @@ per call, ``S = 512``, ``d_k = 128``. Here each program keeps ``BM`` rows in reg
 past them, the products on the tensor cores:
 
 - bf16 keys (what attention under bf16 autocast quantises) are read as they are. Each code is split into three bf16
-  pieces whose fp32 sum is the code exactly (:func:`code_pieces`, by the caller before the op: ``S`` rows), and a key's product with
-  a piece is exact in fp32, so the distance is the fp32 one, its sums in another order: three bf16 products a tile.
+  pieces whose fp32 sum is the code exactly (:func:`code_pieces`, by the caller before the op: ``S`` rows), and a
+  key's product with a piece is exact in fp32, so the distance is the fp32 one, its sums in another order: three bf16
+  products a tile.
   The same H100 took 1.3 ms for the search at 512k keys with the keys cast to fp32 and three tf32 passes: twice the
   tensor-core work, and each code tile split in the loop.
 - other keys are cast to fp32 and take three tf32 passes (fp32's accuracy).

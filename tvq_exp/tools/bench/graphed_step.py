@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
-# the paper step as the GPU check trains it: one device, its per-process batch of 16, TBPTT updates of 2048
+# the paper step as the GPU check trains it: one device (the batch: :func:`with_batch`), TBPTT updates of 2048
 PRESET = ("experiment=enwik8_paper", "trainer=gpu", "trainer.devices=1", "global_batch_size=null")
 
 
@@ -49,6 +48,7 @@ def compose_run(overrides: Sequence[str]) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     import tvq_exp.resolvers  # noqa: F401 - the config tree's resolvers
+    from tvq_exp.tools.bench.cases import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
