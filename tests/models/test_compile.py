@@ -160,6 +160,69 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
     assert dict(counters["graph_break"]) == {}
 
 
+def test_tbptt_segments_after_the_first_reuse_one_compiled_block_and_carry_their_true_positions() -> None:
+    """Four TBPTT segments of 24 positions (``L = 8``): the state reaches each block at its equivalent position (16
+    for 24, 48, 72), so the blocks' code compiles for the first segment and the second, and no more; the carried
+    states keep their true positions, and the steps equal eager's (whose states move too)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    eager, compiled = twin_vq_stacks(2)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.compile_step(backend=counter, fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    frames = []
+    for step in range(4):
+        losses = []
+        for i, module in enumerate((eager, compiled)):
+            module.zero_grad()
+            loss, out = training_step(module, x, states[i])
+            states[i] = detach_state(out.state)
+            losses.append(loss)
+            assert {(s.position, s.attn.position) for s in states[i]} == {(24 * (step + 1),) * 2}
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+        frames.append(counter.frame_count)
+    assert frames == [2, 3, 3, 3]  # the blocks' code and the quantisers' update; the blocks' once more with a state
+
+
+def test_the_moved_states_train_as_the_states_where_they_are() -> None:
+    """Eager, four TBPTT segments: the steps with the state moved to its equivalent position give the losses,
+    gradients and states of steps that hand it over where it is (the model's equivalence replaced by none)."""
+    moving, staying = twin_vq_stacks(2)
+    staying.model.equivalent_position = lambda t: t  # type: ignore[method-assign]
+    x = torch.randint(0, 256, (2, 21), generator=torch.Generator().manual_seed(1))  # 20 positions: not whole blocks
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    for _ in range(4):
+        results = []
+        for i, module in enumerate((moving, staying)):
+            module.zero_grad()
+            torch.manual_seed(2)
+            loss, out = training_step(module, x, states[i])
+            states[i] = detach_state(out.state)
+            results.append(loss)
+        assert torch.equal(results[0], results[1])
+        for p_m, p_s in zip(moving.parameters(), staying.parameters(), strict=True):
+            assert torch.equal(p_m.grad, p_s.grad)
+        assert states[0] == states[1]
+    assert moving.model.equivalent_position(80) == 16
+
+
+def test_absolute_positions_and_blocks_that_differ_claim_no_equivalent_position() -> None:
+    """A decoder with absolute position embeddings, one of RoPE blocks, one whose blocks' equivalences differ (two
+    block lengths): each hands its state over where it is; VQ blocks of one block length move it."""
+    vq = functools.partial(build_attention, "vq", codebook_size=16)
+    gau = functools.partial(GAUBlock, d_k=16)
+    rope = functools.partial(GAUBlock, d_k=16, position="rope")
+    one_length = Decoder(256, 32, 2, gau, functools.partial(vq, block_len=8))
+    embedded = Decoder(256, 32, 2, gau, functools.partial(vq, block_len=8), pos_embedding=torch.nn.Embedding(99, 32))
+    rotated = Decoder(256, 32, 2, rope, functools.partial(vq, block_len=8))
+    two_lengths = Decoder(256, 32, 2, gau, functools.partial(vq, block_len=8))
+    two_lengths.blocks[1].attn.block_len = 16
+    positions = [model.equivalent_position(88) for model in (one_length, embedded, rotated, two_lengths)]
+    assert positions == [16, 88, 88, 88]
+
+
 def test_compiled_blocks_hold_the_fused_kernel_in_their_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """``kernel=triton`` (Triton's interpreter here) inside blocks compiled by ``compile_scope="blocks"``: the fused op
     is one node of each block's graph (``fullgraph=True``, no graph break), and a training step equals the eager one

@@ -66,6 +66,16 @@ class State:
                 changes[field.name] = value.map(fn)
         return dataclasses.replace(self, **changes)
 
+    def moved(self, delta: int) -> Self:
+        """A copy at ``position + delta`` (nested states too), holding the same tensors: how the training step hands
+        a compiled forward the state at its :meth:`AttentionBackend.equivalent_position` and takes it back."""
+        changes: dict[str, Any] = {"position": self.position + delta}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, State):
+                changes[field.name] = value.moved(delta)
+        return dataclasses.replace(self, **changes)
+
     def tensors(self) -> list[Tensor]:
         """Every tensor the state holds (nested states included)."""
         found: list[Tensor] = []
@@ -185,6 +195,13 @@ class AttentionBackend(nn.Module, abc.ABC):
             )
         self.bias = bias
         return self
+
+    def equivalent_position(self, t: int) -> int:
+        """The least position whose carried state this backend treats as one at ``t`` in all but its position: the
+        same shapes, branches and outputs, the next state's position moved by as much. A compiled step guards on
+        the carried position (a Python int); a state moved to this position compiles once for every position that
+        shares it (TBPTT's segments past the first). The default, ``t``, claims no equivalence."""
+        return t
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int | None:
         """Matmul FLOPs of one call on ``batch`` fresh sequences of ``seq_len`` positions (forward, or

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tvq_exp.attention.base import AttentionBackend
 from tvq_exp.measure.flops import mm, with_backward
-from tvq_exp.models.blocks.common import BlockState
+from tvq_exp.models.blocks.common import BlockState, ResidualBlock
 from tvq_exp.models.init import official_init
 from tvq_exp.nn.norms import RMSNorm
 from tvq_exp.options import AtLeast, Between, OneOf, PositiveFloat, PositiveInt, checked
@@ -136,6 +136,15 @@ class Decoder(nn.Module):
             total += flops
         return total
 
+    def equivalent_position(self, t: int) -> int:
+        """The position every block treats a carried state at ``t`` as (their
+        :meth:`~tvq_exp.models.blocks.common.ResidualBlock.equivalent_position`, where all agree); ``t`` with absolute
+        position embeddings, or blocks that differ or have none."""
+        found = {
+            block.equivalent_position(t) if isinstance(block, ResidualBlock) else t for block in self.blocks
+        }
+        return found.pop() if len(found) == 1 and self.pos_embedding is None else t
+
     def state_floats(self, seq_len: int) -> int:
         """Size of the recurrent inference state per layer and sequence after ``seq_len`` positions (the mean
         over layers of each attention backend's :meth:`~tvq_exp.attention.base.AttentionBackend.state_floats`):
@@ -169,6 +178,11 @@ class Decoder(nn.Module):
         """Drop the codebook statistics gathered since the last :meth:`codebook_step` (a skipped step)."""
         for q in self.quantizers():
             q.discard_pending()
+
+
+def moved_state(state: ModelState | None, delta: int) -> ModelState | None:
+    """``state`` with every position ``delta`` further (:meth:`~tvq_exp.attention.base.State.moved`)."""
+    return state if state is None or delta == 0 else [s.moved(delta) for s in state]
 
 
 def detach_state(state: ModelState | None) -> ModelState | None:

@@ -23,7 +23,7 @@ from torch.optim import AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from tvq_exp.batch import IGNORE_INDEX, DataContract
-from tvq_exp.models.decoder import Decoder, ModelState, detach_state
+from tvq_exp.models.decoder import Decoder, ModelState, detach_state, moved_state
 from tvq_exp.models.interval_sums import IntervalSums
 from tvq_exp.models.legacy import FORMAT, legacy_guard_counts, upgrade_checkpoint, upgrade_train_state
 from tvq_exp.models.metrics import BucketAccuracy, PositionBits
@@ -102,7 +102,9 @@ class AutoregressiveLitModule(L.LightningModule):
             (``[0, u), [u, 2u), [2u, 4u), ...`` tokens since the last state reset).
         compile: ``torch.compile`` the training step's forward and loss (:meth:`training_loss`) and the codebook
             update (``torch._dynamo``: one graph each, no graph break; a carried state's new position or shape
-            compiles once more, so TBPTT's few segment positions each compile once). Validation runs eager.
+            compiles once more, and the step hands the state over at the model's equivalent position
+            (:meth:`step_loss`), so a VQ model's TBPTT compiles twice: its first segment, then every later one, of
+            equal length). Validation runs eager.
         compile_scope: what ``compile`` compiles: ``step`` (the whole step, as above) or ``blocks`` (regional
             compilation: each block's forward, with its backward; the blocks share one code, so the compiler's
             work is one block's however deep the model, where a whole 48-layer step takes minutes per TBPTT
@@ -254,8 +256,13 @@ class AutoregressiveLitModule(L.LightningModule):
         return copy_state(state) if self.cuda_graphs() else detach_state(state)
 
     def step_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
-        """:meth:`training_loss`, compiled after :meth:`compile_step`."""
-        return (self._training_loss or self.training_loss)(tokens, target, state)
+        """:meth:`training_loss`, compiled after :meth:`compile_step`, of ``state`` moved to the model's
+        :meth:`~tvq_exp.models.decoder.Decoder.equivalent_position` and its output's state moved back: the compiled
+        code, which guards on the carried position, compiles once for all of TBPTT's segments after the first."""
+        shift = 0 if state is None else state[0].position - self.model.equivalent_position(state[0].position)
+        loss, out = (self._training_loss or self.training_loss)(tokens, target, moved_state(state, -shift))
+        out.state = moved_state(out.state, shift)
+        return loss, out
 
     def codebook_update(self, apply: Tensor) -> None:
         """The model's codebook update (``apply``: the step's finiteness verdict), compiled after

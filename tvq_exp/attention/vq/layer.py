@@ -300,6 +300,14 @@ class VQAttention(BlockedAttention):
             new_state.raw_k, new_state.cache_k = self._next_keys(raw, key_means, t0 + t_new, t0 - n_buf)
         return out, new_state, aux
 
+    def equivalent_position(self, t: int) -> int:
+        """``t`` before two blocks, else ``2L + t mod L``: past its second block a state's window starts a block
+        before its last block start, the cache holds whole blocks, and every branch reads the position only through
+        ``t mod L`` and differences of block indices (the first call at ``t >= 2L`` reads the cache's prefix entries
+        where ``t < 2L`` does not)."""
+        L = self.block_len
+        return t if t < 2 * L else 2 * L + t % L
+
     def empty_state(self, k: Tensor) -> VQState:
         """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)``."""
         b, h, _, dk = k.shape

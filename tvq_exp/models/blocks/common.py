@@ -98,6 +98,11 @@ class ResidualBlock(nn.Module, abc.ABC):
         self.smear_logit = nn.Parameter(torch.zeros(extra.get("kv_heads", heads))) if self.key_smear else None
         return with_position_bias(attn, *self.sinusoids) if self.position == "xl" else attn
 
+    def equivalent_position(self, t: int) -> int:
+        """The attention's :meth:`~tvq_exp.attention.base.AttentionBackend.equivalent_position`; ``t`` with RoPE
+        (rotations at absolute positions)."""
+        return t if self.position == "rope" else self.attn.equivalent_position(t)
+
     @abc.abstractmethod
     def projection_flops(self, seq_len: int) -> int:
         """Matmul FLOPs of the block's projections per sequence of ``seq_len`` positions (forward)."""
