@@ -101,6 +101,24 @@ def test_state_round_trip_and_size(name: str, t: int) -> None:
     assert not any(x.requires_grad for x in state.tensors())
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("t", [1, L + 1, 2 * L, 3 * L + 2])
+def test_a_state_at_its_equivalent_position_continues_as_where_it_is(name: str, t: int) -> None:
+    """:meth:`~tvq_exp.attention.base.AttentionBackend.equivalent_position`: the state moved there gives the same
+    outputs, and the next state moved by as much, for a continuation of one position and one of several blocks."""
+    attn = backend(name)
+    q, k, v = inputs()
+    _, state, _ = attn(q[:, :, :t], k[:, :, :t], v[:, :, :t])
+    equivalent = attn.equivalent_position(t)
+    assert 0 <= equivalent <= t
+    for t_new in (1, 2 * L + 1):
+        rest = (q[:, :, t : t + t_new], k[:, :, t : t + t_new], v[:, :, t : t + t_new])
+        out, after, _ = attn(*rest, state)
+        moved_out, moved_after, _ = attn(*rest, state.moved(equivalent - t))
+        assert torch.equal(moved_out, out)
+        assert moved_after.moved(t - equivalent) == after
+
+
 # keys quantised with a straight-through estimator: their gradient is by design not the derivative
 STRAIGHT_THROUGH_KEYS = {"vq", "ovq"}
 

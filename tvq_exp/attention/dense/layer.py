@@ -106,6 +106,10 @@ class DenseAttention(AttentionBackend):
         keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
         return out, DenseState(t0 + t_new, k_all[:, :, -keep:].detach(), v_all[:, :, -keep:].detach()), {}
 
+    def equivalent_position(self, t: int) -> int:
+        """0: the position is bookkeeping only (a call reads the kept keys and values: their shapes say how many)."""
+        return 0
+
     @property
     def needs_logits(self) -> bool:
         """Whether the logits are computed explicitly (XL bias, ReLU², talking heads) instead of by SDPA."""

@@ -150,6 +150,10 @@ class LinearAttention(AttentionBackend):
         new_state = LinearState(t0 + t, s.squeeze(2).detach(), z.squeeze(2).detach())
         return out.reshape(b, h, t, self.d_v).to(v.dtype), new_state, {}
 
+    def equivalent_position(self, t: int) -> int:
+        """0: the position is bookkeeping only (a call reads the sums)."""
+        return 0
+
     def _chunks(
         self, fq: Tensor, fk: Tensor, v: Tensor, s0: Tensor, z0: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
