@@ -137,12 +137,15 @@ def test_the_xl_table_padded_as_on_cuda_gives_the_reference(
 
 
 @pytest.mark.parametrize("cache_keys", ["code", "mean"])
-def test_vq_carried_state_is_its_own_compact_copy_at_every_position(cache_keys: str) -> None:
+@pytest.mark.parametrize("batch,kv_heads", [(2, 2), (1, 1)])
+def test_vq_carried_state_is_its_own_compact_copy_at_every_position(cache_keys: str, batch: int, kv_heads: int) -> None:
     """Segments of a sequence whose keys and values come as projections give them (``(B, T, H, d)`` transposed): each
     carried state's tensors are contiguous copies of the window alone (not views holding the segment's keys), so
-    their strides are the same at every position (a compiled block guards on them)."""
-    attn = make_vq(4, cache_keys=cache_keys)
-    q, k, v = (torch.randn(2, 32, 2, d, dtype=torch.float64).transpose(1, 2) for d in (6, 6, 5))
+    their strides are the same at every position (a compiled block guards on them); also where one sequence and one
+    key head leave only size-1 dims before the cut (``contiguous()`` returns such a view as it is)."""
+    attn = make_vq(4, cache_keys=cache_keys, kv_heads=kv_heads)
+    q = torch.randn(batch, 32, 2, 6, dtype=torch.float64).transpose(1, 2)
+    k, v = (torch.randn(batch, 32, kv_heads, d, dtype=torch.float64).transpose(1, 2) for d in (6, 5))
     state, strides = None, set()
     for t in range(0, 32, 8):  # whole blocks a segment: the state's shapes are the same at every position
         _, state, _ = attn(q[:, :, t : t + 8], k[:, :, t : t + 8], v[:, :, t : t + 8], state)
@@ -150,6 +153,7 @@ def test_vq_carried_state_is_its_own_compact_copy_at_every_position(cache_keys: 
         assert {"k", "v", "codes", "cache_n", "cache_mu"} <= tensors.keys()
         for name, x in tensors.items():
             assert x.is_contiguous(), name
+            assert x.stride() == torch.empty(x.shape).stride(), f"{name}'s strides are not its own"
             assert x.untyped_storage().nbytes() == x.numel() * x.element_size(), f"{name} is a view of more"
         strides.add(tuple((name, x.stride()) for name, x in sorted(tensors.items())))
     assert len(strides) == 1

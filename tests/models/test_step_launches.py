@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from tests.helpers.ops import OpLog
+from tvq_exp.models.decoder import total_loss
 from tvq_exp.models.interval_sums import IntervalSums
 from tvq_exp.models.optim import all_finite
 
@@ -100,3 +101,16 @@ def test_interval_sums_take_a_metric_that_appears_and_survive_a_checkpoint() -> 
     again.load(sums.sums(), sums.batches)
     again.add({"a": torch.tensor(2.0), "b": torch.tensor(2.0)})
     assert again.means() == {"a": 2.0, "b": 2.0}
+
+
+def test_the_auxiliary_losses_sum_in_as_many_ops_for_48_layers_as_for_2() -> None:
+    """The decoder's sum of its blocks' auxiliary losses: their fp32 sum, and its gradient reaches every one."""
+    few = [torch.tensor(float(i), requires_grad=True) for i in range(2)]
+    many = [torch.tensor(i / 7, requires_grad=True) for i in range(48)]
+    assert ops_of(lambda: total_loss(few, few[0].device)) == ops_of(lambda: total_loss(many, many[0].device)) <= 2
+    total = total_loss(many, many[0].device)
+    assert total.dtype == torch.float32 and total.item() == pytest.approx(sum(i / 7 for i in range(48)), rel=1e-6)
+    total.backward()
+    assert all(loss.grad == 1 for loss in many)
+    assert total_loss([], torch.device("cpu")).item() == 0.0
+    assert total_loss([torch.tensor(1.5, dtype=torch.bfloat16)], torch.device("cpu")).dtype == torch.float32

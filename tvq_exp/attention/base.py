@@ -263,3 +263,11 @@ def causal_mask(t_q: int, t_k: int, offset: int, device: torch.device) -> Tensor
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """fp32 for half-precision inputs (autocast), else the input's own dtype (fp32 / fp64)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def own_copy(x: Tensor) -> Tensor:
+    """``x``, a cut of a larger tensor a carried state keeps, copied alone in standard strides (``contiguous()``
+    returns the view itself where every dim before the cut has size 1, as with ``B = H_kv = 1``: it would hold the
+    whole tensor until the next call, in strides that change with the call's length, on which a compiled block
+    guards)."""
+    return x.clone(memory_format=torch.contiguous_format)

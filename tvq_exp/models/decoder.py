@@ -102,17 +102,17 @@ class Decoder(nn.Module):
             x = x + self.pos_embedding(t0 + torch.arange(tokens.shape[1], device=tokens.device)).to(x.dtype)
         x = self.embed_dropout(x)
         new_state: ModelState = []
-        aux_loss = x.new_zeros((), dtype=torch.float32)
+        losses: list[Tensor] = []
         metrics: dict[str, Tensor] = {}
         for i, blk in enumerate(self.blocks):
             x, s, aux = self._block(blk, x, None if state is None else state[i])
             new_state.append(s)
             for name, value in aux.items():
                 if name.endswith("_loss"):
-                    aux_loss = aux_loss + value
+                    losses.append(value)
                 metrics[f"layer{i}/{name}"] = value.detach()
         logits = self.head(self.norm(x)) * self.logit_scale
-        return DecoderOutput(logits, new_state, {"loss": aux_loss, **metrics})
+        return DecoderOutput(logits, new_state, {"loss": total_loss(losses, x.device), **metrics})
 
     def _block(
         self, blk: nn.Module, x: Tensor, state: BlockState | None
@@ -178,6 +178,14 @@ class Decoder(nn.Module):
         """Drop the codebook statistics gathered since the last :meth:`codebook_step` (a skipped step)."""
         for q in self.quantizers():
             q.discard_pending()
+
+
+def total_loss(losses: list[Tensor], device: torch.device) -> Tensor:
+    """The blocks' auxiliary losses (0-d tensors) summed in fp32, a 0-d tensor (0 without any): one stack and one sum
+    however deep the model (between compiled blocks an add per layer is an eager launch each)."""
+    if not losses:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.stack([loss.float() for loss in losses]).sum()
 
 
 def moved_state(state: ModelState | None, delta: int) -> ModelState | None:

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import accumulation_dtype
+from tvq_exp.attention.base import accumulation_dtype, own_copy
 
 
 def block_stats(codes: Tensor, values: Tensor, valid: Tensor, size: int) -> tuple[Tensor, Tensor]:
@@ -143,7 +143,7 @@ class CacheMeans(NamedTuple):
         items: ``(N, I, S, d_v)``, in the values' dtype (what the kernels' products take): item ``i`` (block
             ``first + i``) reads entry ``max(first + i - 1, 0)`` (a block sees the cache of the blocks two and more
             before it). Gradients flow through it to the values.
-        state: ``(N, S, d_v)`` fp32: the entry a carried state keeps (no gradient).
+        state: ``(N, S, d_v)`` fp32: the entry a carried state keeps (no gradient), a tensor of its own.
     """
 
     counts: Tensor
@@ -159,7 +159,7 @@ def cache_means(
     :func:`~tvq_exp.attention.vq.fused.prefix.fused_cache_means`."""
     counts, means = running_code_means(codes, values, valid, n0, mu0)
     return CacheMeans(
-        counts, item_entries(means, first, first + items - 1, values.dtype), means[:, state].detach()
+        counts, item_entries(means, first, first + items - 1, values.dtype), own_copy(means[:, state].detach())
     )
 
 

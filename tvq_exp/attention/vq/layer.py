@@ -27,7 +27,7 @@ from typing import Annotated, Any, Unpack
 import torch
 from torch import Tensor
 
-from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype
+from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype, own_copy
 from tvq_exp.attention.blocked import (
     BlockedAttention,
     BlockLayout,
@@ -440,22 +440,23 @@ class VQAttention(BlockedAttention):
     ) -> VQState:
         """State after position ``t0 + t_new``; ``p0`` is the (block-aligned) position of ``keys[:, :, 0]``.
 
-        Every tensor contiguous, a copy of its cut: the state keeps the window, not the call's keys and values it
-        was cut from (a view would hold them until the next call), and its strides are the same at every position
-        (a compiled block guards on them: a view's depend on the call's layout)."""
+        Every tensor a copy of its cut in standard strides (:func:`~tvq_exp.attention.base.own_copy`; the cache
+        means' entry is a tensor of its own already): the state keeps the window, not the call's keys and values it
+        was cut from (a view would hold them until the next call), and its strides are the same at every position (a
+        compiled block guards on them: a view's depend on the call's layout)."""
         t_end = t0 + t_new
         start = window_start(t_end, self.block_len)
         j = self._newest_entry(t_end, p0)
         state = VQState(
             position=t_end,
-            k=keys[:, :, start - p0 :].detach().contiguous(),
-            v=values[:, :, start - p0 :].detach().contiguous(),
-            codes=codes[:, :, start - p0 :].contiguous(),
+            k=own_copy(keys[:, :, start - p0 :].detach()),
+            v=own_copy(values[:, :, start - p0 :].detach()),
+            codes=own_copy(codes[:, :, start - p0 :]),
         )
         if prefix is not None:
             heads = keys.shape[:2]
-            state.cache_n = prefix.counts[:, j].unflatten(0, heads).contiguous()
-            state.cache_mu = prefix.state.unflatten(0, heads).contiguous()
+            state.cache_n = own_copy(prefix.counts[:, j].unflatten(0, heads))
+            state.cache_mu = prefix.state.unflatten(0, heads)  # (the means' own tensor)
         return state
 
     def _newest_entry(self, t_end: int, p0: int) -> int:
@@ -467,9 +468,10 @@ class VQAttention(BlockedAttention):
         """``cache_keys="mean"``'s part of the state after ``t_end``: the window's raw keys and the key means."""
         start = window_start(t_end, self.block_len) - p0
         return (
-            raw[:, :, start:].detach().contiguous(),
-            key_means[:, :, self._newest_entry(t_end, p0)].detach().contiguous(),
+            own_copy(raw[:, :, start:].detach()),
+            own_copy(key_means[:, :, self._newest_entry(t_end, p0)].detach()),
         )
+
 
 
 def _to_blocks(
