@@ -185,7 +185,7 @@ def total_loss(losses: list[Tensor], device: torch.device) -> Tensor:
     however deep the model (between compiled blocks an add per layer is an eager launch each)."""
     if not losses:
         return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.stack([loss.float() for loss in losses]).sum()
+    return torch.stack(losses).sum(dtype=torch.float32)
 
 
 def moved_state(state: ModelState | None, delta: int) -> ModelState | None:
