@@ -138,7 +138,9 @@ def test_the_xl_table_padded_as_on_cuda_gives_the_reference(
 
 @pytest.mark.parametrize("cache_keys", ["code", "mean"])
 @pytest.mark.parametrize("batch,kv_heads", [(2, 2), (1, 1)])
-def test_vq_carried_state_is_its_own_compact_copy_at_every_position(cache_keys: str, batch: int, kv_heads: int) -> None:
+def test_vq_carried_state_is_its_own_compact_copy_at_every_position(
+    cache_keys: str, batch: int, kv_heads: int
+) -> None:
     """Segments of a sequence whose keys and values come as projections give them (``(B, T, H, d)`` transposed): each
     carried state's tensors are contiguous copies of the window alone (not views holding the segment's keys), so
     their strides are the same at every position (a compiled block guards on them); also where one sequence and one

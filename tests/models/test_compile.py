@@ -61,6 +61,25 @@ def training_step(module: AutoregressiveLitModule, x: Tensor, state: ModelState 
     return loss, out
 
 
+def step_each(
+    modules: tuple[AutoregressiveLitModule, ...],
+    x: Tensor,
+    states: dict[int, ModelState | None],
+    seed: int | None = None,
+) -> list[Tensor]:
+    """One training step of each module from its carried state ``states[i]`` (replaced by the step's, detached), each
+    from torch seed ``seed`` when given: their losses."""
+    losses = []
+    for i, module in enumerate(modules):
+        module.zero_grad()
+        if seed is not None:
+            torch.manual_seed(seed)
+        loss, out = training_step(module, x, states[i])
+        states[i] = detach_state(out.state)
+        losses.append(loss)
+    return losses
+
+
 @pytest.mark.parametrize("block", ["gau", "mha"])
 def test_the_training_step_compiles_without_graph_breaks_and_equals_eager(block: str) -> None:
     """Two steps (a fresh segment, then one continuing its state): forward, loss, the codebook metrics, backward
@@ -141,12 +160,7 @@ def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_e
     x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
     states: dict[int, ModelState | None] = {0: None, 1: None}
     for step in range(2):
-        results = []
-        for i, module in enumerate((eager, compiled)):
-            module.zero_grad()
-            loss, out = training_step(module, x, states[i])
-            states[i] = detach_state(out.state)
-            results.append(loss)
+        results = step_each((eager, compiled), x, states)
         torch.testing.assert_close(results[1], results[0], rtol=1e-6, atol=1e-6)
         for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6, msg=name)
@@ -174,16 +188,17 @@ def test_tbptt_segments_after_the_first_reuse_one_compiled_block_and_carry_their
     states: dict[int, ModelState | None] = {0: None, 1: None}
     frames = []
     for step in range(4):
-        losses = []
-        for i, module in enumerate((eager, compiled)):
-            module.zero_grad()
-            loss, out = training_step(module, x, states[i])
-            states[i] = detach_state(out.state)
-            losses.append(loss)
-            assert {(s.position, s.attn.position) for s in states[i]} == {(24 * (step + 1),) * 2}
+        losses = step_each((eager, compiled), x, states)
+        for state in states.values():
+            assert {(s.position, s.attn.position) for s in state} == {(24 * (step + 1),) * 2}
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
         frames.append(counter.frame_count)
-    assert frames == [2, 3, 3, 3]  # the blocks' code and the quantisers' update; the blocks' once more with a state
+    assert frames == [
+        2,
+        3,
+        3,
+        3,
+    ]  # the blocks' code and the quantisers' update; the blocks' once more with a state
 
 
 def test_the_moved_states_train_as_the_states_where_they_are() -> None:
@@ -191,16 +206,12 @@ def test_the_moved_states_train_as_the_states_where_they_are() -> None:
     gradients and states of steps that hand it over where it is (the model's equivalence replaced by none)."""
     moving, staying = twin_vq_stacks(2)
     staying.model.equivalent_position = lambda t: t  # type: ignore[method-assign]
-    x = torch.randint(0, 256, (2, 21), generator=torch.Generator().manual_seed(1))  # 20 positions: not whole blocks
+    x = torch.randint(
+        0, 256, (2, 21), generator=torch.Generator().manual_seed(1)
+    )  # 20 positions: not whole blocks
     states: dict[int, ModelState | None] = {0: None, 1: None}
     for _ in range(4):
-        results = []
-        for i, module in enumerate((moving, staying)):
-            module.zero_grad()
-            torch.manual_seed(2)
-            loss, out = training_step(module, x, states[i])
-            states[i] = detach_state(out.state)
-            results.append(loss)
+        results = step_each((moving, staying), x, states, seed=2)
         assert torch.equal(results[0], results[1])
         for p_m, p_s in zip(moving.parameters(), staying.parameters(), strict=True):
             assert torch.equal(p_m.grad, p_s.grad)
@@ -215,7 +226,9 @@ def test_absolute_positions_and_blocks_that_differ_claim_no_equivalent_position(
     gau = functools.partial(GAUBlock, d_k=16)
     rope = functools.partial(GAUBlock, d_k=16, position="rope")
     one_length = Decoder(256, 32, 2, gau, functools.partial(vq, block_len=8))
-    embedded = Decoder(256, 32, 2, gau, functools.partial(vq, block_len=8), pos_embedding=torch.nn.Embedding(99, 32))
+    embedded = Decoder(
+        256, 32, 2, gau, functools.partial(vq, block_len=8), pos_embedding=torch.nn.Embedding(99, 32)
+    )
     rotated = Decoder(256, 32, 2, rope, functools.partial(vq, block_len=8))
     two_lengths = Decoder(256, 32, 2, gau, functools.partial(vq, block_len=8))
     two_lengths.blocks[1].attn.block_len = 16

@@ -107,9 +107,15 @@ def test_the_auxiliary_losses_sum_in_as_many_ops_for_48_layers_as_for_2() -> Non
     """The decoder's sum of its blocks' auxiliary losses: their fp32 sum, and its gradient reaches every one."""
     few = [torch.tensor(float(i), requires_grad=True) for i in range(2)]
     many = [torch.tensor(i / 7, requires_grad=True) for i in range(48)]
-    assert ops_of(lambda: total_loss(few, few[0].device)) == ops_of(lambda: total_loss(many, many[0].device)) <= 2
+    assert (
+        ops_of(lambda: total_loss(few, few[0].device))
+        == ops_of(lambda: total_loss(many, many[0].device))
+        <= 2
+    )
     total = total_loss(many, many[0].device)
-    assert total.dtype == torch.float32 and total.item() == pytest.approx(sum(i / 7 for i in range(48)), rel=1e-6)
+    assert total.dtype == torch.float32 and total.item() == pytest.approx(
+        sum(i / 7 for i in range(48)), rel=1e-6
+    )
     total.backward()
     assert all(loss.grad == 1 for loss in many)
     assert total_loss([], torch.device("cpu")).item() == 0.0

@@ -159,7 +159,9 @@ def cache_means(
     :func:`~tvq_exp.attention.vq.fused.prefix.fused_cache_means`."""
     counts, means = running_code_means(codes, values, valid, n0, mu0)
     return CacheMeans(
-        counts, item_entries(means, first, first + items - 1, values.dtype), own_copy(means[:, state].detach())
+        counts,
+        item_entries(means, first, first + items - 1, values.dtype),
+        own_copy(means[:, state].detach()),
     )
 
 

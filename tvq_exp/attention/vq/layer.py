@@ -473,7 +473,6 @@ class VQAttention(BlockedAttention):
         )
 
 
-
 def _to_blocks(
     keys: Tensor, values: Tensor, codes: Tensor, block_len: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
