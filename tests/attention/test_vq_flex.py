@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.attention.backends import build
-from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FLEX_MIN_QUERIES, flex_support
+from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FLEX_MIN_QUERIES, FlexSupport, flex_support
 
 pytestmark = [
     pytest.mark.skipif(not FLEX_AVAILABLE, reason="torch has no flex_attention"),
@@ -174,3 +174,31 @@ def test_decoding_past_the_recompile_limit_falls_back_to_eager_flex() -> None:
             outs.append(torch.cat(steps, dim=2))
     assert flex.last_kernel == "flex"
     _close(outs[1], outs[0])
+
+
+@pytest.mark.parametrize("kernel", ["auto", "flex"])
+@pytest.mark.parametrize("backend", ["vq", "dense"])
+def test_the_kernel_choice_reads_whether_flex_runs_without_asking_its_truth(
+    backend: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch 2.11's compiler cannot call a frozen dataclass's ``__bool__``: on the H200 of 2026-11-30 every compiled
+    VQ block broke its graph at the kernel choice (``bool(FlexSupport)``). The choice and flex's own check read
+    :attr:`FlexSupport.ok`; a call that asked for the support's truth fails here."""
+
+    def refuse(self: FlexSupport) -> bool:
+        raise AssertionError("FlexSupport's truth asked for: read .ok (torch 2.11 cannot compile __bool__)")
+
+    torch.manual_seed(0)
+    attn = build(backend, d_k=8, d_v=6, heads=2, kernel=kernel, **(
+        {"codebook_size": 5, "kv_heads": 1, "block_len": 4} if backend == "vq" else {}
+    ))  # fmt: skip
+    # the construction's checks run eager: only the call's are watched
+    monkeypatch.setattr(FlexSupport, "__bool__", refuse)
+    q, k, v = _inputs(length=FLEX_MIN_QUERIES)
+    if backend == "dense":
+        k, v = k.expand(-1, 2, -1, -1), v.expand(-1, 2, -1, -1)
+    # on CPU ``auto`` takes flex without gradients (the compiled kernel); ``flex`` runs with them too
+    with warnings.catch_warnings(), torch.set_grad_enabled(kernel == "flex"):
+        warnings.simplefilter("ignore")
+        out, _, _ = attn(q, k, v, None)
+    assert attn.last_kernel == "flex" and torch.isfinite(out).all()

@@ -57,6 +57,11 @@ BAD_OVERRIDES: list[tuple[list[str], str]] = [
     (["data.seq_len=0"], "data.seq_len"),
     (["data.batch_size=0"], "data.batch_size"),
     (["+data.corpus.pth=x"], "data.corpus.pth"),
+    # CUDA graphs with accumulated micro-batches (the same without accumulation: the paper preset, accepted)
+    (
+        ["module.compile=true", "+module.compile_mode=reduce-overhead", "trainer.accumulate_grad_batches=2"],
+        "module.compile_mode",
+    ),
 ]
 
 

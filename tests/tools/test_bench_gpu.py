@@ -132,16 +132,18 @@ def test_the_training_kernel_is_auto_unless_named_and_an_unknown_one_is_refused(
 
 def test_more_training_overrides_come_last_and_compose_into_a_valid_run() -> None:
     """``--train-overrides``: Hydra overrides after the shape (so they win), composing into a configuration the run
-    accepts: the CUDA-graph training the paper step is timed with next to the default one."""
+    accepts: the step launched by the host, timed next to the preset's CUDA graphs."""
     from tests.helpers.config import compose_config
     from tvq_exp.run.validation import validate
 
-    extra = "+module.compile_mode=reduce-overhead data.batch_size=4"
+    preset = compose_config("train", training_shape(parser().parse_args([])))
+    assert preset.module.compile_mode == "reduce-overhead"
+    extra = "module.compile_mode=default data.batch_size=4"
     shape = training_shape(parser().parse_args(["--train-overrides", extra]))
-    assert shape[-2:] == ("+module.compile_mode=reduce-overhead", "data.batch_size=4")
+    assert shape[-2:] == ("module.compile_mode=default", "data.batch_size=4")
     cfg = compose_config("train", shape)
     validate(cfg)
-    assert cfg.module.compile_mode == "reduce-overhead" and cfg.module.compile_scope == "blocks"
+    assert cfg.module.compile_mode == "default" and cfg.module.compile_scope == "blocks"
 
 
 PROBE = """
@@ -181,6 +183,27 @@ def test_the_tests_section_counts_each_outcome_and_names_the_tests_that_failed(t
     assert counts == {"tests": 5, "passed": 2, "failed": 2, "errors": 0, "skipped": 1}
     assert [t.split("::")[-1] for t in done["not_passed"]] == ["test_bad_cuda", "test_param_cuda[c]"]
     assert done["returncode"] == 1 and done["error"].startswith("pytest exited 1: ")
+    assert {t.split("::")[-1]: r for t, r in done["reasons"].items()} == {
+        "test_bad_cuda": "call: assert False",
+        "test_param_cuda[c]": "call: AssertionError: assert 'c' != 'c'",
+    }
+
+
+def test_the_tests_section_stopped_at_its_budget_keeps_why_the_finished_tests_failed(tmp_path: Path) -> None:
+    """On the H200 of 2026-11-30 the section stopped at its budget with two CUDA tests failed and nothing of why:
+    pytest prints its failures' report at the end of the run. Each reason is written as it happens."""
+    probe = tmp_path / "test_probe.py"
+    probe.write_text(
+        "import time\n\n\ndef test_bad_cuda():\n    raise ValueError('the kernel\\nmissed')\n\n\n"
+        "@__import__('pytest').fixture\ndef broken():\n    raise KeyError('no device')\n\n\n"
+        "def test_setup_cuda(broken):\n    pass\n\n\ndef test_slow_cuda():\n    time.sleep(120)\n"
+    )
+    done = run_tests_section(25, paths=[str(probe)])
+    assert done["error"] == "stopped at its 25 s budget"
+    assert {t.split("::")[-1]: r for t, r in done["reasons"].items()} == {
+        "test_bad_cuda": "call: ValueError: the kernel missed",
+        "test_setup_cuda": "setup: KeyError: 'no device'",
+    }
 
 
 def test_the_tests_section_stopped_at_its_budget_keeps_what_finished(tmp_path: Path) -> None:

@@ -253,9 +253,9 @@ def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None =
     needs_grad = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
     dims = tuple(a.shape[-1] for a in args[:3])  # every kernel's first three arguments: q, k, v
     if compiled is None:
-        compiled = bool(flex_support(q.device, requires_grad=needs_grad, compiled=True, head_dims=dims))
+        compiled = flex_support(q.device, requires_grad=needs_grad, compiled=True, head_dims=dims).ok
     support = flex_support(q.device, requires_grad=needs_grad, compiled=compiled, head_dims=dims)
-    if not support:
+    if not support.ok:
         raise FlexUnsupported(support.reason)
     if not needs_grad:  # torch's CPU check looks at requires_grad, not at the grad mode
         args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
@@ -276,7 +276,9 @@ def wants_flex(kernel: str, module: nn.Module, q: Tensor, k: Tensor, v: Tensor, 
         any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in module.parameters())
     )
     dims = (q.shape[-1], k.shape[-1], v.shape[-1])
-    return bool(options) and bool(flex_support(q.device, requires_grad=grad, compiled=True, head_dims=dims))
+    # ``.ok``, not ``bool()``: torch 2.11's compile cannot call a frozen dataclass's ``__bool__`` (a graph break in each
+    # compiled block on the H200 of 2026-11-30)
+    return options.ok and flex_support(q.device, requires_grad=grad, compiled=True, head_dims=dims).ok
 
 
 __all__ = [

@@ -8,7 +8,6 @@ share its buffers and step counter; the search, estimators, sampling, health and
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 from collections.abc import Iterator
 from typing import Annotated
@@ -41,9 +40,9 @@ from tvq_exp.quantize.update import CodebookUpdate
 
 UPDATES = ("ema", "gradient", "affine")
 ESTIMATORS = ("straight_through", "rotation", "relaxed")
-_FROZEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "tvq_codebook_statistics_frozen", default=False
-)
+# whether statistics_frozen is on: a module global, which every torch.compile traces (torch 2.11's cannot trace a
+# ContextVar's get: on the H200 of 2026-11-30 it broke each compiled block's graph in two at the quantiser)
+_frozen = False
 
 
 @contextlib.contextmanager
@@ -51,11 +50,12 @@ def statistics_frozen() -> Iterator[None]:
     """Inside this context no quantiser accumulates statistics or k-means-initialises: activation
     checkpointing recomputes each block's forward in the backward pass, and that recomputation must not
     count the step's keys a second time."""
-    token = _FROZEN.set(True)
+    global _frozen
+    before, _frozen = _frozen, True
     try:
         yield
     finally:
-        _FROZEN.reset(token)
+        _frozen = before
 
 
 def _attended_codes(codebook: Tensor, codes: Tensor, keys: Tensor, quant: Tensor) -> Tensor:
@@ -229,7 +229,7 @@ class VectorQuantizer(nn.Module):
         kh = k.transpose(0, 1).reshape(h, b * t, d)
         kf = kh.float()  # once, for the search and the losses (a bf16 key tensor cast once, not twice)
         flat = kf.detach()
-        learning = self.training and torch.is_grad_enabled() and not _FROZEN.get()
+        learning = self.training and torch.is_grad_enabled() and not _frozen
         if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
         codebook = self.codebook

@@ -449,8 +449,25 @@ def check_train_nodes(cfg: DictConfig) -> None:
     check_trainer_conflicts(cfg.trainer)
     check_nodes(data_nodes(cfg.data))
     check_node(cfg.module, "module", _target(cfg.module, "module"), skip=INJECTED["module"])
+    check_cuda_graph_accumulation(cfg)
     check_monitors(cfg)
     check_run_options(cfg)
+
+
+def check_cuda_graph_accumulation(cfg: DictConfig) -> None:
+    """A step replayed from CUDA graphs (``module.compile_mode`` ``reduce-overhead`` or ``max-autotune``) with
+    gradient accumulation is refused: each micro-batch marks a new step for the graphs, whose next replay may write
+    the backward's outputs where the last micro-batch's gradients still lie (``.grad`` may hold a graph's output
+    itself), and no device test has shown the sum right."""
+    from tvq_exp.models.module import CUDA_GRAPH_MODES  # noqa: PLC0415 - imports Lightning, as the trainer's check
+
+    mode, accumulate = cfg.module.get("compile_mode"), int(cfg.trainer.get("accumulate_grad_batches") or 1)
+    if cfg.module.get("compile") and mode in CUDA_GRAPH_MODES and accumulate > 1:
+        raise ConfigError(
+            "module.compile_mode", mode,
+            f"CUDA graphs with trainer.accumulate_grad_batches={accumulate} are not supported: set "
+            "module.compile_mode=default (or max-autotune-no-cudagraphs), or accumulate 1",
+        )  # fmt: skip
 
 
 def check_parts(parts: DictConfig) -> None:

@@ -68,7 +68,7 @@ elif [ "$1" = b ]; then
   # In the order of what they tell, each writing to $OUT as it goes (a call cut short by the device budget keeps what
   # was written). 1. the paper step eager (compiled blocks) and replayed from CUDA graphs in one process: the host's
   # share of the step and the MFU its device work allows (tvq_exp/tools/bench/graphed_step.py)
-  timeout 200 python3 -m tvq_exp.tools.bench.graphed_step --seconds 30 --out $OUT/graphed.json > $OUT/graphed.log 2>&1
+  timeout $(( ${TOTAL:-520} < 400 ? 150 : 200 )) python3 -m tvq_exp.tools.bench.graphed_step --seconds 30 --out $OUT/graphed.json > $OUT/graphed.log 2>&1
   echo "graphed rc=$? $((SECONDS-t0)) s"; tail -5 $OUT/graphed.log
   python3 - <<'PY'
 import json, os
@@ -78,21 +78,9 @@ if os.path.exists(path):
     print({k: d.get(k) for k in ("batch", "compile_s", "eager_ms_per_step", "graphed_ms_per_step", "host_share",
                                  "tokens_per_s", "mfu", "mfu_datasheet", "eager_mfu", "peak_mem_mb", "losses")})
 PY
-  # 2. the paper step with the fused kernels at d_v = 1536 (kernel=triton: six value chunks, no scores written)
-  #    against call a's kernel=auto (the plain kernel's GEMMs and fp32 scores), profiled after 12 steps
-  left=$((520 - (SECONDS - t0)))
-  timeout $(( left < 200 ? left : 200 )) python3 train.py experiment=enwik8_paper trainer=gpu trainer.devices=1 \
-    global_batch_size=null trainer.check_val_every_n_epoch=null trainer.val_check_interval=1000000 \
-    trainer.limit_val_batches=1 trainer.max_steps=40 trainer.log_every_n_steps=2 logger=csv \
-    trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
-    model.attention.kernel=triton debug=device_profile callbacks.device_profile.skip=12 \
-    callbacks.device_profile.steps=3 callbacks.device_profile.rows=25 hydra.run.dir=/tmp/fused > $OUT/fused.log 2>&1
-  echo "fused rc=$? $((SECONDS-t0)) s"
-  cp /tmp/fused/csv/metrics.csv $OUT/fused_metrics.csv 2>/dev/null
-  cp /tmp/fused/device-profile.json $OUT/fused_profile.json 2>/dev/null
-  # 3. with what is left, the module's own CUDA-graph mode (compile_mode=reduce-overhead) with torch's logs
-  left=$((520 - (SECONDS - t0)))
-  if [ $left -gt 90 ]; then
+  # 2. the module's own CUDA-graph mode (compile_mode=reduce-overhead) with torch's logs
+  left=$((${TOTAL:-520} - (SECONDS - t0)))
+  if [ $left -gt 60 ]; then
     TORCH_LOGS=graph_breaks,recompiles,cudagraphs,perf_hints timeout $left python3 train.py experiment=enwik8_paper \
       trainer=gpu trainer.devices=1 global_batch_size=null trainer.check_val_every_n_epoch=null \
       trainer.val_check_interval=1000000 trainer.limit_val_batches=1 trainer.max_steps=60 trainer.log_every_n_steps=2 \
@@ -103,6 +91,18 @@ PY
     echo "graph breaks: $(grep -c 'Graph break in user code' $OUT/graphs.log)"
     grep -i "skipping cudagraphs\|re-record\|recompile_limit" $OUT/graphs.log | cut -c1-240 | sort | uniq -c | head
   fi
+  # 3. with what is left, the paper step with the fused kernels at d_v = 1536 (kernel=triton: six value chunks, no scores written)
+  #    against call a's kernel=auto (the plain kernel's GEMMs and fp32 scores), profiled after 12 steps
+  left=$((${TOTAL:-520} - (SECONDS - t0)))
+  [ $left -gt 60 ] && timeout $(( left < 200 ? left : 200 )) python3 train.py experiment=enwik8_paper trainer=gpu trainer.devices=1 \
+    global_batch_size=null trainer.check_val_every_n_epoch=null trainer.val_check_interval=1000000 \
+    trainer.limit_val_batches=1 trainer.max_steps=40 trainer.log_every_n_steps=2 logger=csv \
+    trainer.enable_progress_bar=false ++logger.csv.flush_logs_every_n_steps=2 data=kjv data.batch_size=16 \
+    model.attention.kernel=triton debug=device_profile callbacks.device_profile.skip=12 \
+    callbacks.device_profile.steps=3 callbacks.device_profile.rows=25 hydra.run.dir=/tmp/fused > $OUT/fused.log 2>&1
+  echo "fused rc=$? $((SECONDS-t0)) s"
+  cp /tmp/fused/csv/metrics.csv $OUT/fused_metrics.csv 2>/dev/null
+  cp /tmp/fused/device-profile.json $OUT/fused_profile.json 2>/dev/null
   python3 - <<'PY'
 import csv, json, os
 out = os.environ["OUT"]

@@ -178,7 +178,7 @@ class DenseAttention(AttentionBackend):
         becomes the mask's window. Raises :class:`~tvq_exp.attention.flex_runtime.FlexUnsupported` for ReLU²
         scores and talking heads."""
         support = self.flex_support(q.device, compiled=False)
-        if not support:
+        if not support.ok:
             raise FlexUnsupported(support.reason)
         window, table = self.attention_window, None
         if self.bias is not None:

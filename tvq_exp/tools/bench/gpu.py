@@ -18,9 +18,9 @@ the start-up about 7.5 minutes in all):
    :func:`~tvq_exp.attention.vq.fused.support.value_chunks`; ``triton``: the fused kernels), the training step
    compiled (``module.compile``, on with ``trainer=gpu``), for ``--train-seconds`` (90 s) after its compilation
    (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
-   machines; the shape, not the corpus, sets the cost) with ``--train-overrides`` after it (``+module.compile_mode=
-   reduce-overhead``: the step from CUDA graphs): tokens/s, TFLOP/s, MFU against the measured matmul rate
-   and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`), and the
+   machines; the shape, not the corpus, sets the cost) with ``--train-overrides`` after it
+   (``module.compile_mode=default``: the step launched by the host, not replayed from the preset's CUDA graphs):
+   tokens/s, TFLOP/s, MFU against the measured matmul rate and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`), and the
    step's device profile, whose ``compile`` part says whether the step compiled whole (graph breaks, the functions
    resumed after them, frames compiled per TBPTT position). The
    per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
@@ -29,7 +29,8 @@ the start-up about 7.5 minutes in all):
    that train a model in a subprocess first (:data:`FIRST_TESTS`, :data:`TEST_SELECTION`). Among them the VQ kernels
    against the plain reference on the device, fp32 within 1e-5 and bf16 within 1e-2 of the reference in fp32, or 1.5
    times the plain kernel's own bf16 error where that is larger. The count of each outcome and the ids of the tests
-   that failed, read from pytest's verbose lines as they come, so a run stopped at its budget keeps what finished.
+   that failed, read from pytest's verbose lines as they come, so a run stopped at its budget keeps what finished,
+   and each failure's ``reasons`` (its phase and crash message, written as it happens: :mod:`.pytest_reasons`).
 
 The JSON file is rewritten after each section (and within the attention section after each case), so a run cut
 short keeps what finished. A section that fails records its ``error`` and the next still runs; the command then
@@ -52,6 +53,7 @@ from typing import Any
 import torch
 
 from tvq_exp.files import write_text
+from tvq_exp.tools.bench import pytest_reasons
 from tvq_exp.tools.bench.gpu_attention import KERNELS, LENGTHS, attention_section
 from tvq_exp.tools.bench.gpu_training import TRAIN_KERNELS, TRAIN_SHAPE, stopped_output, training_section
 
@@ -122,8 +124,9 @@ def tests_section(
     ``budget_s``: the count of each outcome and the ids of the tests that failed or errored, read from pytest's
     verbose lines as they come, so a run stopped at its budget still gives what finished; ``error`` when a test
     failed or the budget ran out."""
-    command = [sys.executable, "-u", "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-k", selection,
-               "--continue-on-collection-errors", *(cuda_test_files() if paths is None else paths)]  # fmt: skip
+    command = [sys.executable, "-u", "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-p", pytest_reasons.__name__,
+               "-k", selection, "--continue-on-collection-errors",
+               *(cuda_test_files() if paths is None else paths)]  # fmt: skip
     stopped = None
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=budget_s)
@@ -136,10 +139,12 @@ def tests_section(
     }  # the last line of a test id wins (a teardown error follows its pass)
     words = {"passed": "PASSED", "failed": "FAILED", "errors": "ERROR", "skipped": "SKIPPED"}
     counts = {key: sum(o == word for o in outcomes.values()) for key, word in words.items()}
+    reasons = dict(line.removeprefix(pytest_reasons.PREFIX).split("\t", 1) for line in out.splitlines()
+                   if line.startswith(pytest_reasons.PREFIX) and "\t" in line)  # fmt: skip
     lines = out.strip().splitlines()
     result = {
         "command": "pytest -k " + selection, "returncode": returncode, "tests": len(outcomes), **counts,
-        "not_passed": sorted(t for t, o in outcomes.items() if o in ("FAILED", "ERROR")),
+        "not_passed": sorted(t for t, o in outcomes.items() if o in ("FAILED", "ERROR")), "reasons": reasons,
         "summary": stopped or (lines[-1] if lines else ""),
     }  # fmt: skip
     if stopped:
@@ -172,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--train-overrides",
         default="",
-        help="more Hydra overrides for the training, space-separated (e.g. +module.compile_mode=reduce-overhead)",
+        help="more Hydra overrides for the training, space-separated (e.g. module.compile_mode=default)",
     )
     p.add_argument(
         "--batch-sizes",
