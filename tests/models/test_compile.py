@@ -316,3 +316,31 @@ def test_cuda_graphs_of_compiled_blocks_train_as_eager_does(monkeypatch: pytest.
                 torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-4, atol=1e-5, msg=name)
             for (name, b_e), b_c in zip(eager.named_buffers(), compiled.buffers(), strict=True):
                 torch.testing.assert_close(b_c, b_e, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_evaluation_hands_its_state_to_the_compiled_blocks_at_the_equivalent_position() -> None:
+    """``compile_scope=blocks`` (the paper preset) runs the compiled blocks in evaluation too, where the ``sequence``
+    protocol carries the state over a sequence's segments: they reach the blocks at their equivalent positions (one
+    compile for all segments after the first, not one each), their bits equal eager's, and the carried states keep
+    their true positions."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    eager, compiled = twin_vq_stacks(2)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.compile_step(backend=counter, fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    batch = {"input": x[:, :-1], "target": x[:, 1:], "reset": torch.zeros(2, dtype=torch.bool)}
+    frames = []
+    for module in (eager, compiled):
+        module.eval()
+        module.eval_stage = lambda: "val"  # type: ignore[method-assign]  (no trainer attached)
+    with torch.no_grad():
+        for step in range(4):
+            for module in (eager, compiled):
+                module.validation_step(batch, step)
+                assert {(s.position, s.attn.position) for s in module.eval_state} == {(24 * (step + 1),) * 2}
+            frames.append(counter.frame_count)
+    assert frames == [1, 2, 2, 2]  # the blocks' code without a state, then once with one
+    bits = [module.eval_bits["val"].compute()["loss"] for module in (eager, compiled)]
+    assert bits[1] == pytest.approx(bits[0], rel=1e-6)

@@ -30,7 +30,7 @@ from tvq_exp.tools.bench.gpu import (
 from tvq_exp.tools.bench.gpu import (
     tests_section as run_tests_section,
 )
-from tvq_exp.tools.bench.gpu_attention import Case, attention_section, plan
+from tvq_exp.tools.bench.gpu_attention import Case, attention_section, error_text, plan
 from tvq_exp.tools.bench.gpu_training import training_section
 
 needs_data = pytest.mark.needs_data("text/gutenberg")
@@ -450,3 +450,26 @@ def test_the_graphed_cuda_case_replays_the_eager_calls_output_and_gradients(
         # the leaves (B, T, H, d) behind the layer's (B, H, T, d) views
         grads = [x._base.grad for x in (a, b)]
         assert (grads == [None, None]) if mode == "fwd" else torch.equal(*grads)
+
+
+def test_a_failed_case_records_the_errors_it_was_raised_from() -> None:
+    """On the H200 of 2026-11-30 the 8k CUDA-graph case kept only ``operation failed due to a previous error during
+    capture``: the error that broke the capture, raised before it, was lost."""
+
+    def capture() -> None:
+        try:
+            raise ValueError("operation not permitted when stream is capturing\nmore lines")
+        except ValueError:
+            raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
+
+    with pytest.raises(RuntimeError) as caught:
+        capture()
+    assert error_text(caught.value) == (
+        "RuntimeError: operation failed due to a previous error during capture "
+        "(after ValueError: operation not permitted when stream is capturing)"
+    )
+    assert error_text(KeyError("no device")) == "KeyError: 'no device'"
+    try:
+        raise RuntimeError("outer") from None
+    except RuntimeError as err:  # an error raised ``from None`` names nothing before it
+        assert error_text(err) == "RuntimeError: outer"

@@ -109,7 +109,8 @@ class AutoregressiveLitModule(L.LightningModule):
             compilation: each block's forward, with its backward; the blocks share one code, so the compiler's
             work is one block's however deep the model, where a whole 48-layer step takes minutes per TBPTT
             position; the embedding, head and loss run eager around them), and each quantiser's codebook update
-            (one code, which every quantiser runs).
+            (one code, which every quantiser runs). The compiled blocks run in validation too, which hands its
+            carried state over at the equivalent position as well (:meth:`equivalent`).
         compile_mode: ``torch.compile``'s mode for the forward and backward ``compile`` compiles (the codebook
             update, which changes buffers in place, keeps the default): ``default``; ``reduce-overhead``: CUDA
             graphs (inductor's CUDA graph trees: each compiled graph's kernels replayed in one launch, against a
@@ -255,12 +256,19 @@ class AutoregressiveLitModule(L.LightningModule):
         graphs' memory, which the next replay overwrites while it reads the state."""
         return copy_state(state) if self.cuda_graphs() else detach_state(state)
 
-    def step_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
-        """:meth:`training_loss`, compiled after :meth:`compile_step`, of ``state`` moved to the model's
-        :meth:`~tvq_exp.models.decoder.Decoder.equivalent_position` and its output's state moved back: the compiled
-        code, which guards on the carried position, compiles once for all of TBPTT's segments after the first."""
+    def equivalent(self, state: ModelState | None) -> tuple[ModelState | None, int]:
+        """``state`` moved to the model's :meth:`~tvq_exp.models.decoder.Decoder.equivalent_position`, and how far
+        it moved: the amount that moves the output's state back to where it is. Compiled code guards on the carried
+        position, so the training and evaluation steps hand the state over there (outside compiled code): one
+        compile for all of a sequence's segments after the first."""
         shift = 0 if state is None else state[0].position - self.model.equivalent_position(state[0].position)
-        loss, out = (self._training_loss or self.training_loss)(tokens, target, moved_state(state, -shift))
+        return moved_state(state, -shift), shift
+
+    def step_loss(self, tokens: Tensor, target: Tensor, state: ModelState | None) -> tuple[Tensor, Any]:
+        """:meth:`training_loss`, compiled after :meth:`compile_step`, of ``state`` at its :meth:`equivalent`
+        position and its output's state moved back."""
+        state, shift = self.equivalent(state)
+        loss, out = (self._training_loss or self.training_loss)(tokens, target, state)
         out.state = moved_state(out.state, shift)
         return loss, out
 
@@ -320,8 +328,10 @@ class AutoregressiveLitModule(L.LightningModule):
 
     def validation_step(self, batch: Mapping[str, Tensor], batch_idx: int) -> None:
         stage = self.eval_stage()
-        nats, out = self._step(batch, self._continue(self.eval_state, batch))
-        self.eval_state = self.carried(out.state)
+        # at its equivalent position: with compile_scope=blocks the blocks run compiled here too
+        state, shift = self.equivalent(self._continue(self.eval_state, batch))
+        nats, out = self._step(batch, state)
+        self.eval_state = self.carried(moved_state(out.state, shift))
         target = batch["target"]
         start = batch.get("position", torch.zeros(target.shape[0], dtype=torch.long, device=target.device))
         positions = start[:, None] + torch.arange(target.shape[1], device=target.device)

@@ -1,5 +1,6 @@
 #!/bin/bash
-# prepared for the next device session (issue 40), not yet run. Two calls, each through the device tool with carry
+# run on 2026-11-30 (the second H200 check of the day, thirty-first session: docs/benchmarks_gpu/2026-11-30-h200-second/;
+# `next.sh a`, then `TOTAL=395 next.sh b`). Two calls, each through the device tool with carry
 # [".gpu"] and a timeout of 540 s; .gpu/ (in .git/info/exclude) holds site/ (hydra, omegaconf, antlr4 copied from
 # .venv's site-packages: the lent machines lack them) and data/text/kjv_bible.txt. A new checkout has no .gpu/:
 #

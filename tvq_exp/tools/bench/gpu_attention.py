@@ -226,9 +226,7 @@ def measure(
         times = time_calls(call, device, reps, budget_s=5.0)
         profile = _profile(call, device) if profiled else None
     except Exception as err:  # noqa: BLE001 - any failure of one case is recorded, the next case runs
-        return {
-            "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
-        }
+        return {"error": error_text(err)}
     finally:
         if device.type == "cuda" and not context_lost(device):
             torch.cuda.empty_cache()
@@ -237,12 +235,24 @@ def measure(
     return result if profile is None else result | {"profile": profile}
 
 
+def error_text(err: BaseException, links: int = 3) -> str:
+    """``Type: first line`` of ``err``, then of the errors it was raised from or during (up to ``links``): a CUDA
+    graph's capture that failed says only ``operation failed due to a previous error during capture`` (the H200 of
+    2026-11-30, at 8k), the error that broke it is the one before."""
+    parts: list[str] = []
+    while err is not None and len(parts) <= links:
+        lines = str(err).strip().splitlines()
+        parts.append(f"{type(err).__name__}: {lines[0][:200] if lines else ''}")
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    return " (after ".join(parts) + ")" * (len(parts) - 1)
+
+
 def _profile(call: Callable[[], None], device: torch.device) -> dict[str, Any]:
     """One more call, profiled; its error instead where the profiler fails (the case's times are kept)."""
     try:
         return profile_calls(call, device, rows=PROFILE_ROWS)
     except Exception as err:  # noqa: BLE001 - a profiler failure must not cost the case its times
-        return {"error": f"{type(err).__name__}: {str(err).strip()[:200]}"}
+        return {"error": error_text(err)}
 
 
 def context_lost(device: torch.device) -> bool:
