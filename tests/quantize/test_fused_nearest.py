@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tvq_exp.measure.syncs import counting_syncs
-from tvq_exp.quantize.fused_nearest import TILES, code_pieces, fused_nearest_code
+from tvq_exp.quantize.fused_nearest import TILES, bf16_rounded, code_pieces, fused_nearest_code
 from tvq_exp.quantize.kmeans import nearest_code, plain_nearest_code
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -50,6 +50,22 @@ def test_the_bf16_pieces_of_a_code_sum_to_it_exactly_smallest_first() -> None:
     assert torch.equal(lo + mid + hi, codes) and torch.equal(hi, codes.bfloat16().float())
     assert (mid.abs() <= hi.abs() * 2.0**-8).all() and (lo.abs() <= mid.abs() * 2.0**-8).all()
     assert torch.equal(code_pieces(codes, torch.float32), codes[:, None])
+
+
+def test_the_bf16_pieces_compiled_are_the_pieces_eager() -> None:
+    """Compiled, the search's pieces are made in the step's kernels. Inductor drops the rounding of a bf16 cast fused
+    with its cast back: made by ``x.to(bf16).float()``, the second and third pieces came out zero (the compiled
+    search then read codes rounded to bf16; the H200's CUDA test of the compiled search in bf16 failed on
+    2026-11-30). The rounding by the bits is RNE, as the cast's, eager and compiled."""
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randn(2, 64, 32, generator=gen) * 2.0 ** torch.linspace(-60, 60, 32)
+    ties = [1 + 2.0**-8, 1 + 3 * 2.0**-8, -(1 + 2.0**-8), 0.0]  # halfway: to the even neighbour; and a zero
+    codes[0, 0, :4] = torch.tensor(ties)
+    torch._dynamo.reset()
+    compiled = torch.compile(code_pieces, fullgraph=True)(codes, torch.bfloat16)
+    assert torch.equal(compiled, code_pieces(codes, torch.bfloat16))
+    assert torch.equal(compiled.float().sum(1), codes) and compiled[:, :2].abs().amax() > 0
+    assert torch.equal(bf16_rounded(codes), codes.bfloat16().float())
 
 
 def test_bf16_keys_tell_apart_codes_that_differ_only_in_their_second_or_third_piece() -> None:

@@ -54,9 +54,20 @@ def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:
         return codes[:, None].contiguous()
     pieces, rest = [], codes
     for _ in range(PIECES[dtype]):
-        pieces.append(rest.to(torch.bfloat16))
-        rest = rest - pieces[-1].float()
+        piece = bf16_rounded(rest)
+        pieces.append(piece.to(torch.bfloat16))  # exact: the piece has bf16's bits
+        rest = rest - piece
     return torch.stack(pieces[::-1], 1)
+
+
+def bf16_rounded(x: Tensor) -> Tensor:
+    """``x`` (fp32, finite) rounded to bf16's 8 significant bits, to nearest even, still in fp32: what
+    ``x.to(torch.bfloat16).float()`` gives eagerly, by integer operations on the bits. Inductor drops the rounding of
+    a cast that it fuses with the cast back (``emulate_precision_casts`` is off by default), so compiled, the cast
+    pair made every piece after the first zero: the compiled search read codes rounded to bf16 (found on CPU,
+    2026-11-30, after the H200's CUDA test of the compiled search failed in bf16)."""
+    bits = x.view(torch.int32)
+    return ((bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000).view(torch.float32)
 
 
 def search_dtype(keys: torch.dtype) -> torch.dtype:
@@ -129,4 +140,12 @@ def _(x: Tensor, c2: Tensor, pieces: Tensor) -> Tensor:
     return x.new_empty(x.shape[:2], dtype=torch.long)
 
 
-__all__ = ["code_pieces", "fused_nearest_code", "nearest_code_op", "search", "search_codes", "search_dtype"]
+__all__ = [
+    "bf16_rounded",
+    "code_pieces",
+    "fused_nearest_code",
+    "nearest_code_op",
+    "search",
+    "search_codes",
+    "search_dtype",
+]
