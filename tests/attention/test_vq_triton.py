@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.attention.backends import build
+from tests.helpers.descriptors import count_descriptors
 from tests.helpers.paths import REPO
 from tvq_exp.attention.vq import layer as vq_layer
 from tvq_exp.attention.vq.fused import config, fused_window_cache_attention, op
@@ -277,20 +278,6 @@ def test_the_gpu_tiles_equal_plain_and_naive_under_the_interpreter(
 
 
 DESCRIPTOR_CASES = ("even tiles, whole tiles, rows from 8", "even tiles, whole tiles, per-item codebook")
-
-
-def count_descriptors(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], list[int]]]:
-    """The (shape, block shape) of every tensor descriptor the op makes from here on."""
-    from triton.tools import tensor_descriptor
-
-    made, real = [], tensor_descriptor.TensorDescriptor
-
-    def spy(base: torch.Tensor, shape: list[int], strides: list[int], block_shape: list[int]) -> object:
-        made.append((tuple(shape), list(block_shape)))
-        return real(base, shape, strides, block_shape)
-
-    monkeypatch.setattr(tensor_descriptor, "TensorDescriptor", spy)
-    return made
 
 
 def count_descriptor_loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from tests.attention.backends import build
+from tests.helpers.descriptors import count_descriptors
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (the kernel on the GPU)"
@@ -78,14 +79,7 @@ def run_fp32(layer: Any, q: Tensor, k: Tensor, v: Tensor, grad: Tensor) -> tuple
 def test_the_fused_kernel_equals_plain_on_cuda(
     case: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    made, real = [], TensorDescriptor.from_tensor  # the key-tile rows of every tensor descriptor the op makes
-    monkeypatch.setattr(
-        TensorDescriptor,
-        "from_tensor",
-        staticmethod(lambda x, block, *a: made.append(block[0]) or real(x, block, *a)),
-    )
+    made = count_descriptors(monkeypatch)
     options = dict(CASES[case])
     t = options.pop("t", 640)
     torch.manual_seed(0)
@@ -102,7 +96,8 @@ def test_the_fused_kernel_equals_plain_on_cuda(
         assert fused.last_kernel == "triton"
         assert len(got) == len(want)
     # through descriptors: the forward's 128-key tiles and dq's 64, in bf16 only (fp32 takes narrow tiles)
-    assert set(made) == ({128, 64} if case == "descriptors" and dtype == torch.bfloat16 else set()), made
+    rows = {block[0] for _, block in made}  # the key-tile rows of every tensor descriptor the op made
+    assert rows == ({128, 64} if case == "descriptors" and dtype == torch.bfloat16 else set()), made
     if dtype == torch.float32:
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert relative_error(g, w) <= TOLERANCE[dtype], (case, i)
