@@ -20,10 +20,10 @@ the start-up about 7.5 minutes in all):
    (``--compile-seconds`` more are allowed for it) on ``--data`` (the Gutenberg books; enwik8 is not on the lent
    machines; the shape, not the corpus, sets the cost) with ``--train-overrides`` after it
    (``module.compile_mode=default``: the step launched by the host, not replayed from the preset's CUDA graphs):
-   tokens/s, TFLOP/s, MFU against the measured matmul rate and against the datasheet peak, and peak memory, from the throughput callback (:mod:`.gpu_training`), and the
-   step's device profile, whose ``compile`` part says whether the step compiled whole (graph breaks, the functions
-   resumed after them, frames compiled per TBPTT position). The
-   per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
+   tokens/s, TFLOP/s, MFU against the measured matmul rate and against the datasheet peak, and peak memory, from
+   the throughput callback (:mod:`.gpu_training`), and the step's device profile, whose ``compile`` part says
+   whether the step compiled whole (graph breaks, the functions resumed after them, frames compiled per TBPTT
+   position). The per-process batch halves from 16 (on a device of at least 120 GB, else 8) until it fits, while time is left; a
    run stopped at the budget still gives the figures of the rows it flushed;
 3. ``tests``: every test whose id names ``cuda`` (``pytest -k cuda``), the fused kernels' files first, without the two
    that train a model in a subprocess first (:data:`FIRST_TESTS`, :data:`TEST_SELECTION`). Among them the VQ kernels
@@ -124,8 +124,8 @@ def tests_section(
     ``budget_s``: the count of each outcome and the ids of the tests that failed or errored, read from pytest's
     verbose lines as they come, so a run stopped at its budget still gives what finished; ``error`` when a test
     failed or the budget ran out."""
-    command = [sys.executable, "-u", "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "-p", pytest_reasons.__name__,
-               "-k", selection, "--continue-on-collection-errors",
+    command = [sys.executable, "-u", "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider",
+               "-p", pytest_reasons.__name__, "-k", selection, "--continue-on-collection-errors",
                *(cuda_test_files() if paths is None else paths)]  # fmt: skip
     stopped = None
     try:

@@ -3,8 +3,8 @@ fails or errors has its reason written on its own line the moment pytest knows i
 the end of the run, which a run stopped at its budget never prints. On the H200 of 2026-11-30 two CUDA tests failed
 in a section stopped at its budget, and the check kept their names and nothing of why.
 
-A line is :data:`PREFIX`, the test's id (an id may hold spaces), a tab, the phase (``setup``, ``call``, ``teardown``) and the crash's message, cut to
-:data:`LIMIT` characters, on one line."""
+A line is :data:`PREFIX`, the test's id (an id may hold spaces), a tab, the phase (``setup``, ``call``,
+``teardown``) and the crash's message, cut to :data:`LIMIT` characters, on one line."""
 
 from __future__ import annotations
 
@@ -33,4 +33,5 @@ def reason(report: pytest.TestReport) -> str:
 @pytest.hookimpl(trylast=True)  # after the terminal's own verdict, so the verbose line stays whole
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.failed and _terminal is not None:
-        _terminal.write_line(f"{PREFIX}{report.nodeid}\t{report.when}: {reason(report)}", flush=True)  # type: ignore[attr-defined]
+        line = f"{PREFIX}{report.nodeid}\t{report.when}: {reason(report)}"
+        _terminal.write_line(line, flush=True)  # type: ignore[attr-defined]
