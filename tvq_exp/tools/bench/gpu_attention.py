@@ -35,6 +35,7 @@ device (:func:`~tvq_exp.measure.profile.profile_calls`): the profile that explai
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import queue
 import subprocess
@@ -286,6 +287,10 @@ def work(
     device unusable (the parent runs the rest in a new worker)."""
     if device.type == "cuda":
         torch.cuda.init()
+    # imported before the first case's time limit starts: the first backward imports torch's symbolic shapes (and
+    # sympy), 0.9 s on a 2-core CI machine, which made a 1 s limit fail SDPA's first CPU case under load
+    importlib.import_module("torch.fx.experimental.symbolic_shapes")
+
     print("READY", flush=True)
     for c in cases:
         profile = f"{c.kernel}:{c.seq_len}" in profiled
