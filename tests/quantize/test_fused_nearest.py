@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tvq_exp.measure.syncs import counting_syncs
-from tvq_exp.quantize.fused_nearest import TILES, bf16_rounded, code_pieces, fused_nearest_code
+from tvq_exp.quantize.fused_nearest import TILES, bf16_rounded, code_pieces, fused_nearest_code, search_codes
 from tvq_exp.quantize.kmeans import nearest_code, plain_nearest_code
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -65,7 +65,21 @@ def test_the_bf16_pieces_compiled_are_the_pieces_eager() -> None:
     compiled = torch.compile(code_pieces, fullgraph=True)(codes, torch.bfloat16)
     assert torch.equal(compiled, code_pieces(codes, torch.bfloat16))
     assert torch.equal(compiled.float().sum(1), codes) and compiled[:, :2].abs().amax() > 0
-    assert torch.equal(bf16_rounded(codes), codes.bfloat16().float())
+    assert torch.equal(
+        torch.compile(bf16_rounded, fullgraph=True)(codes), codes.bfloat16()
+    )  # the bits' rounding
+
+
+def test_eagerly_the_pieces_round_by_casts_in_few_launches() -> None:
+    """Eagerly a bf16 cast rounds: each piece is a cast and a subtraction (the bits' rounding, which a compiled step
+    needs, and the pieces' casts took seven launches a piece): 10 launches for the search's codes of bf16 keys (the
+    squared norms 2, the scaled codes 1, the pieces 6, their stack 1), per layer and step."""
+    from tests.helpers.ops import OpLog
+
+    codebook = torch.randn(2, 40, 16, generator=torch.Generator().manual_seed(4))
+    with OpLog() as log:
+        search_codes(codebook, torch.bfloat16)
+    assert len(log.launches()) == 10, [op.name for op in log.launches()]
 
 
 def test_bf16_keys_tell_apart_codes_that_differ_only_in_their_second_or_third_piece() -> None:

@@ -473,3 +473,18 @@ def test_a_failed_case_records_the_errors_it_was_raised_from() -> None:
         raise RuntimeError("outer") from None
     except RuntimeError as err:  # an error raised ``from None`` names nothing before it
         assert error_text(err) == "RuntimeError: outer"
+
+
+def test_the_plain_quantiser_case_is_vq_tritons_layer_with_the_quantisers_work_by_torchs_ops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``vq_triton_plain_quantiser`` times ``vq_triton``'s layer but for the quantiser's fused pass, in the same call:
+    the A/B the twenty-sixth session's two machines could not give."""
+    from tvq_exp.tools.bench.gpu_attention import attention_layer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fused kernels build on a CPU under the interpreter
+    fused, plain = (
+        attention_layer(k, 16, torch.device("cpu")) for k in ("vq_triton", "vq_triton_plain_quantiser")
+    )
+    assert fused.kernel == plain.kernel == "triton"
+    assert fused.quantizer.fused_pass and not plain.quantizer.fused_pass

@@ -30,8 +30,9 @@ from tvq_exp.options import (
 from tvq_exp.quantize.affine import AffineUpdate
 from tvq_exp.quantize.ema import EMAUpdate, decay_into
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
+from tvq_exp.quantize.fused_statistics import CodeStatistics, code_statistics, key_sums, plain_statistics
 from tvq_exp.quantize.gradient import GradientUpdate
-from tvq_exp.quantize.health import code_counts, dead_fraction, usage_perplexity
+from tvq_exp.quantize.health import dead_fraction, usage_perplexity
 from tvq_exp.quantize.kmeans import fused_search, kmeans, nearest_code
 from tvq_exp.quantize.reseed import dead_codes, sample_rows
 from tvq_exp.quantize.sampling import relaxation, sampled_code, sampled_code_and_noise
@@ -56,29 +57,6 @@ def statistics_frozen() -> Iterator[None]:
         yield
     finally:
         _frozen = before
-
-
-def _attended_codes(codebook: Tensor, codes: Tensor, keys: Tensor, quant: Tensor) -> Tensor:
-    """The codes the attention reads (no gradient), ``(B, H, T, d)`` in the keys' dtype: the codebook's ``S`` rows
-    cast, then gathered (not ``N`` rows gathered, then cast: a key-sized read and write less). With several heads,
-    gathered in the keys' layout where it is ``(B, T, H, d)`` (a model's projection) or contiguous (``codes (H, N)``
-    reordered to it, a small integer copy): the fused attention reads them, and hands back their gradient to the keys,
-    in the keys' layout, with no copy either way. Else ``(H, N, d)`` (the keys' layout with one head or one sequence):
-    ``quant`` itself where the dtypes agree (one gather for both)."""
-    b, h, t, d = keys.shape
-    source = codebook.detach().to(keys.dtype)  # (H, S, d)
-    heads_inner = keys.transpose(1, 2).is_contiguous()
-    if h > 1 and (heads_inner or (b > 1 and keys.is_contiguous())):
-        rows = (codes + torch.arange(h, device=codes.device)[:, None] * source.shape[1]).view(h, b, t)
-        rows = rows.permute(1, 2, 0) if heads_inner else rows.transpose(0, 1)  # in the keys' order
-        value = source.flatten(0, 1)[rows.reshape(-1)].view(*rows.shape, d)
-        return value.transpose(1, 2) if heads_inner else value
-    value = (
-        quant.detach()
-        if keys.dtype == codebook.dtype
-        else torch.gather(source, 1, codes[..., None].expand(h, -1, d))
-    )
-    return value.view(h, b, t, d).transpose(0, 1)
 
 
 class VectorQuantizer(nn.Module):
@@ -127,6 +105,10 @@ class VectorQuantizer(nn.Module):
         graph: a compiled step breaks its graph there, once per quantiser, and gathers eager's statistics; ``ema``
         rule only. ``fit_floor`` (fisher only): the weight is ``fit_floor + (1 - fit_floor)·w``, a share of the
         uniform fit kept for the keys the loss does not weigh (0: none).
+    ``fused_pass``: after the search, the per-key work (the codes' rows in the keys' layout, the commitment loss and
+    its gradient, the norms, counts and EMA sums) in one Triton kernel where :meth:`fuses_statistics` (eager, CUDA
+    with Triton): one read of the keys for about fifteen ATen launches over key-sized tensors; False: torch's ops
+    everywhere (the reference; the GPU check times both).
     Statistics accumulate over the forward passes of one optimiser step (training mode, gradients on, not
     inside :func:`statistics_frozen`) and are applied once by :meth:`update` (all-reduced under DDP).
     """
@@ -159,6 +141,7 @@ class VectorQuantizer(nn.Module):
         fit_floor: Annotated[float, Between(0, 1, "[)")] = 0.0,
         commit_weight: NonNegativeFloat = 1e-4,
         codebook_weight: NonNegativeFloat = 1.0,
+        fused_pass: bool = True,
     ) -> None:
         super().__init__()
         if estimator == "relaxed" and assignment != "sampled":
@@ -185,6 +168,7 @@ class VectorQuantizer(nn.Module):
             raise OptionError("fit_floor", fit_floor, allowed, type(self))
         self.fit_weight, self.fit_floor = fit_weight, fit_floor
         self.commit_weight, self.codebook_weight = commit_weight, codebook_weight
+        self.fused_pass = fused_pass
         self.rule = _rule(update, smoothing, count_floor)
         self.rule.create(
             self, torch.randn(heads, codebook_size, dim) * (init_std or (heads * codebook_size) ** -0.5)
@@ -224,12 +208,16 @@ class VectorQuantizer(nn.Module):
                 f"keys {tuple(k.shape)} do not match the codebook ({self.heads} heads, dim {self.dim})"
             )
         k = self.search_keys(k)
+        training = self.training and torch.is_grad_enabled()
+        fused = self.fuses_statistics(k, training)
         # (H, N, d), the layout of the search, the statistics and the losses (none needs (B, H, T, d)): a view where
         # the keys come as (B, T, H, d), else one copy in their dtype
         kh = k.transpose(0, 1).reshape(h, b * t, d)
-        kf = kh.float()  # once, for the search and the losses (a bf16 key tensor cast once, not twice)
+        # the fused pass reads the keys as they are; else cast once, for the search and the losses (a bf16 key tensor
+        # cast once, not twice)
+        kf = kh if fused else kh.float()  # once
         flat = kf.detach()
-        learning = self.training and torch.is_grad_enabled() and not _frozen
+        learning = training and not _frozen
         if learning and not self.initialized_on_host:
             self.init_from_keys(flat)
         codebook = self.codebook
@@ -239,31 +227,42 @@ class VectorQuantizer(nn.Module):
         keys = kh.detach() if bf16 else flat
         codes = nearest = nearest_code(keys, codebook.detach())  # (H, N)
         noise = None
-        training = self.training and torch.is_grad_enabled()
         # a drawn code in training (also in a checkpoint's recompute, which replays the draw), else the nearest
         if training and self.assignment == "sampled":
             codes, noise = self._draw(flat, codebook.detach(), nearest)
-        index = codes[..., None].expand(h, b * t, d)
-        quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
-        value = _attended_codes(codebook, codes, k, quant)
-        counts = code_counts(codes, self.codebook_size)
         weighted = self.fit_weight == "fisher"
+        sums = learning and not weighted and self.rule.sums_keys
+        if fused:
+            quant, stats = None, code_statistics(k, codes, codebook, sums)
+        else:
+            index = codes[..., None].expand(h, b * t, d)
+            quant = torch.gather(codebook, 1, index)  # (H, N, d), for the losses and the statistics
+            stats = plain_statistics(k, codes, codebook, sums, kf, quant)
         if learning and not weighted:
-            self._accumulate(flat, codes, counts)
-        aux = self._aux(kf, quant, counts)
-        quant = quant.view(h, b, t, d).transpose(0, 1)
+            self._accumulate(flat, stats)
+        aux = self._aux(stats, k.numel(), quant, kf)
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
-        k_hat = estimate(k, value.detach())
+        k_hat = estimate(k, stats.rows.detach())
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
             x = kh.to(torch.promote_types(k.dtype, torch.float32))
             term = relaxation(x, codebook, nearest, noise, self.current_temperature())
             k_hat = k_hat + term.view(h, b, t, d).transpose(0, 1).to(k.dtype)
         if training and self.hard_warmup:  # + (1 - α)·sg(k' - C_z): the value moves from the key to the code
             soft = 1 - self.hard_fraction()
+            quant = quant.view(h, b, t, d).transpose(0, 1)
             k_hat = k_hat + (soft * (k.detach().float() - quant.detach().float())).to(k.dtype)
         if learning and weighted and k_hat.requires_grad:
             _weigh_in_backward(k_hat, functools.partial(self._accumulate_weighted, flat, codes))
         return k_hat, codes.view(h, b, t).transpose(0, 1), aux
+
+    def fuses_statistics(self, k: Tensor, training: bool) -> bool:
+        """Whether this forward takes its statistics and losses from keys ``k`` in one fused pass
+        (:func:`.fused_statistics.code_statistics`): eagerly where the search is fused (CUDA with Triton; compiled,
+        inductor fuses the plain ops), for the rules whose codes learn no gradient, and not where the fp32 gathered
+        codes or keys are needed (the hard warm-up's blend, a drawn code, the Fisher weights)."""
+        special = training and (self.hard_warmup or self.assignment == "sampled")
+        eager = self.fused_pass and fused_search(k) and not torch.compiler.is_compiling()
+        return eager and not self.rule.trainable and not special and self.fit_weight == "uniform"
 
     def _draw(self, flat: Tensor, codebook: Tensor, nearest: Tensor) -> tuple[Tensor, Tensor | None]:
         """Codes drawn at :meth:`current_temperature` (the ``nearest (H, N)`` where it has annealed to 0), and
@@ -277,12 +276,13 @@ class VectorQuantizer(nn.Module):
             drawn, noise = sampled_code(flat, codebook, nearest, drawing), None
         return (torch.where(temperature > 0, drawn, nearest) if annealed else drawn), noise  # no host read
 
-    def _accumulate(self, flat: Tensor, codes: Tensor, counts: Tensor) -> None:
-        self.pending_count += counts
-        self.rule.accumulate(self, flat, codes)
+    def _accumulate(self, flat: Tensor, stats: CodeStatistics) -> None:
+        self.pending_count += stats.counts
+        if stats.sums is not None:
+            self.rule.accumulate(self, stats.sums)
         if self.reseed_fraction > 0:
             take = torch.randperm(flat.shape[1], device=flat.device)[: self.sample_keys]
-            self.recent_keys = flat[:, take]
+            self.recent_keys = flat[:, take].float()
 
     def _accumulate_weighted(self, flat: Tensor, codes: Tensor, grad: Tensor) -> None:
         """``fit_weight=fisher``: :meth:`_accumulate` with each key weighted by ``||∂L/∂k_hat||²`` (``grad (B, H, T,
@@ -294,24 +294,29 @@ class VectorQuantizer(nn.Module):
         weight = self.fit_floor + (1 - self.fit_floor) * weight
         weight = weight.to(self.pending_count.dtype)
         self.pending_count += torch.zeros_like(self.pending_count).scatter_add_(1, codes, weight)
-        self.rule.accumulate(self, flat * weight[..., None].to(flat.dtype), codes)
+        if self.rule.sums_keys:
+            self.rule.accumulate(
+                self, key_sums(flat * weight[..., None].to(flat.dtype), codes, self.codebook_size)
+            )
         if self.reseed_fraction > 0:
             # (H, K), drawn with the weights (uniform only where every weight is 0)
             take = torch.multinomial(weight.float() + 1e-12, min(n, self.sample_keys), replacement=True)
             self.recent_keys = flat.gather(1, take[..., None].expand(h, take.shape[1], d))
 
-    def _aux(self, kf: Tensor, quant: Tensor, counts: Tensor) -> dict[str, Tensor]:
-        """The losses and metrics of keys ``kf`` (fp32, ``(H, N, d)``) quantised to ``quant`` (``(H, N, d)``)."""
-        commit = F.mse_loss(kf, quant.detach().float())
+    def _aux(self, stats: CodeStatistics, numel: int, quant: Tensor | None, kf: Tensor) -> dict[str, Tensor]:
+        """The losses and metrics of this forward's :class:`.CodeStatistics` over ``numel`` key values; ``quant``
+        (the gathered codes, ``(H, N, d)``, None where fused) and ``kf`` (the keys, ``(H, N, d)`` fp32) for the
+        trainable rules' codebook loss."""
+        commit = stats.sq_error / numel
         aux = {
             "commit_loss": self.commit_weight * commit * (self.heads * self.dim)
         }  # summed over heads, dims
         if self.rule.trainable:
             aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
-        aux["perplexity"] = usage_perplexity(counts).mean().detach()
-        mean_square = torch.linalg.vector_norm(kf.detach()).square() / kf.numel()  # one read, no squared copy
+        aux["perplexity"] = usage_perplexity(stats.counts).mean().detach()
+        mean_square = stats.sq_norm / numel
         aux["quant_error"] = (commit / mean_square.clamp_min(1e-12)).detach()
-        aux["dead_codes"] = (dead_fraction(counts).mean() * self.codebook_size).detach()
+        aux["dead_codes"] = (dead_fraction(stats.counts).mean() * self.codebook_size).detach()
         return aux
 
     @torch.no_grad()

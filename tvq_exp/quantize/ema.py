@@ -43,9 +43,10 @@ class EMAUpdate(CodebookUpdate):
         owner.embed.copy_(torch.where(mask[..., None], vectors, owner.embed))
         owner.ema_sum.copy_(torch.where(mask[..., None], vectors * owner.ema_count[..., None], owner.ema_sum))
 
-    def accumulate(self, owner: nn.Module, keys: Tensor, codes: Tensor) -> None:
-        h, n, d = keys.shape
-        owner.pending_sum.scatter_add_(1, codes[..., None].expand(h, n, d), keys.to(owner.pending_sum.dtype))
+    sums_keys = True
+
+    def accumulate(self, owner: nn.Module, sums: Tensor) -> None:
+        owner.pending_sum += sums
 
     def apply(self, owner: nn.Module, decay: float | Tensor) -> None:
         all_reduce_sum(owner.pending_sum)

@@ -55,19 +55,21 @@ def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:
     pieces, rest = [], codes
     for _ in range(PIECES[dtype]):
         piece = bf16_rounded(rest)
-        pieces.append(piece.to(torch.bfloat16))  # exact: the piece has bf16's bits
+        pieces.append(piece)
         rest = rest - piece
     return torch.stack(pieces[::-1], 1)
 
 
 def bf16_rounded(x: Tensor) -> Tensor:
-    """``x`` (fp32, finite) rounded to bf16's 8 significant bits, to nearest even, still in fp32: what
-    ``x.to(torch.bfloat16).float()`` gives eagerly, by integer operations on the bits. Inductor drops the rounding of
-    a cast that it fuses with the cast back (``emulate_precision_casts`` is off by default), so compiled, the cast
-    pair made every piece after the first zero: the compiled search read codes rounded to bf16 (found on CPU,
-    2026-11-30, after the H200's CUDA test of the compiled search failed in bf16)."""
+    """``x`` (fp32, finite) rounded to bf16, to nearest even: ``x.to(torch.bfloat16)`` eagerly (one launch), and
+    compiled by integer operations on the bits, then cast (exact). Inductor drops the rounding of a cast that it fuses
+    with a cast back to fp32 (``emulate_precision_casts`` is off by default): the pieces made by the cast pair were
+    zero after the first, and the compiled search read codes rounded to bf16 (found on CPU, 2026-11-30, after the
+    H200's CUDA test of the compiled search failed in bf16)."""
+    if not torch.compiler.is_compiling():
+        return x.to(torch.bfloat16)
     bits = x.view(torch.int32)
-    return ((bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000).view(torch.float32)
+    return ((bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000).view(torch.float32).to(torch.bfloat16)
 
 
 def search_dtype(keys: torch.dtype) -> torch.dtype:

@@ -19,6 +19,8 @@ class CodebookUpdate(abc.ABC):
 
     trainable: bool = False
     """True: the codes receive the gradient of the codebook loss ``||C_z - sg(k)||²`` (no EMA)."""
+    sums_keys: bool = False
+    """True: :meth:`accumulate` takes each forward's per-code key sums (the quantiser computes them only then)."""
 
     @abc.abstractmethod
     def create(self, owner: nn.Module, init: Tensor) -> None:
@@ -33,8 +35,9 @@ class CodebookUpdate(abc.ABC):
         """Set the codes where ``mask (H, S)`` to ``vectors (H, S, d)`` (k-means init, re-seeding); the
         usage counts ``owner.ema_count`` already hold the new codes' counts."""
 
-    def accumulate(self, owner: nn.Module, keys: Tensor, codes: Tensor) -> None:
-        """Gather one training forward's statistics (none by default)."""
+    def accumulate(self, owner: nn.Module, sums: Tensor) -> None:
+        """Gather one training forward's statistics: ``sums (H, S, d)`` fp32, the sum of the keys that took each
+        code, given only to a rule that :attr:`sums_keys` (none by default)."""
         return None  # a rule without statistics keeps this default
 
     def apply(self, owner: nn.Module, decay: float | Tensor) -> None:

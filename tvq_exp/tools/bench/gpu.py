@@ -65,12 +65,13 @@ SECTIONS = ("attention", "training", "tests")
 BUDGETS = {"attention": 180.0, "training": 150.0, "tests": 120.0}
 LARGE_MEMORY_GB = 120  # a device this large tries the paper's per-process batch of 16 first
 # the tests section's files, most wanted first: the fused kernels against the plain one on the device, the code
-# search, the cache's running means, the interpreter suite compiled for the device (an H200's 140 s ran out in
-# 2026-11-28's run over the whole suite in name order, and the selection has grown since); then
-# :func:`cuda_test_files`
+# search, the quantiser's pass over its keys, the cache's running means, the interpreter suite compiled for the device
+# (an H200's 140 s ran out in 2026-11-28's run over the whole suite in name order, and the selection has grown since);
+# then :func:`cuda_test_files`
 FIRST_TESTS = (
     "tests/attention/test_vq_triton_cuda.py", "tests/quantize/test_fused_nearest.py",
-    "tests/attention/test_vq_cache_triton.py", "tests/attention/test_vq_triton.py",
+    "tests/quantize/test_fused_statistics.py", "tests/attention/test_vq_cache_triton.py",
+    "tests/attention/test_vq_triton.py",
 )  # fmt: skip
 # the CUDA tests; not those that train a model in a subprocess first (a documented command, the command-line fuzz):
 # minutes of the section's budget for no check of the kernels

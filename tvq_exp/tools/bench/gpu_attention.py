@@ -19,6 +19,9 @@ Causal attention, bf16, head dim ``d`` (128: where SDPA's flash kernel runs), ``
 - ``vq_triton_compiled``: ``vq_triton``'s layer under ``torch.compile`` (as ``module.compile`` runs it in training):
   the quantiser, the cache's running means and the layout around the fused kernels become inductor's kernels, the
   fused op (two custom ops, ``tvq::window_cache_forward`` / ``_backward``) is one node of the compiled graph;
+- ``vq_triton_plain_quantiser``: ``vq_triton``'s layer with the quantiser's per-key work by torch's ops
+  (``codebook.fused_pass=False``), timed in the same call as ``vq_triton`` (its fused pass): the twenty-sixth
+  session's kernels for that work saved device time and lost wall clock, timed on two machines;
 - ``dense_flex``: the dense backend's compiled flex-attention kernel (``kernel=flex``).
 
 Each measurement prints one ``CASE {json}`` line as soon as it is done: ``ms`` (median of CUDA-synchronised calls
@@ -59,8 +62,8 @@ REPO = Path(__file__).resolve().parents[3]
 # share of 130 s in a process of its own: start-up and compilation took most of it, and VQ's fused kernel got
 # forward + backward at 8k only.
 KERNELS = (
-    "sdpa_flash", "vq_triton", "vq_triton_graphed", "vq_triton_compiled", "sdpa_cudnn", "dense_flex", "vq_plain",
-    "vq_flex",
+    "sdpa_flash", "vq_triton", "vq_triton_graphed", "vq_triton_compiled", "vq_triton_plain_quantiser", "sdpa_cudnn",
+    "dense_flex", "vq_plain", "vq_flex",
 )  # fmt: skip
 LENGTHS = (8192, 32768, 131072)
 TOKENS = 512 * 1024  # B·H·T
@@ -135,7 +138,8 @@ def attention_layer(kernel: str, head_dim: int, device: torch.device) -> Any:
     opts = {
         "codebook_size": 512,
         "block_len": 512,
-        "kernel": kernel.removeprefix("vq_").removesuffix("_compiled").removesuffix("_graphed"),
+        "kernel": kernel.removeprefix("vq_").split("_")[0],
+        "codebook": {"fused_pass": not kernel.endswith("_plain_quantiser")},
     }
     return build_attention("vq", d_k=head_dim, d_v=head_dim, heads=HEADS, **opts).to(device)
 

@@ -84,11 +84,14 @@ class Row:
     @property
     def gated(self) -> bool:
         """Whether spills and repeated products fail the report: bf16 (the path trained and benchmarked), the
-        nearest-code search (fp32 only, and on every path), the running code means and the row term (every dtype). fp32 operands
+        nearest-code search (fp32 only, and on every path), the running code means, the row term and the quantiser's
+        pass over its keys (every dtype). fp32 operands
         of the attention kernels (three tf32 products per dot) are the GPU's correctness path: their spills and
         repeats are reported, not refused."""
         return (
-            self.dtype != "fp32" or self.kernel in ("nearest", "row term") or self.kernel.startswith("means")
+            self.dtype != "fp32"
+            or self.kernel in ("nearest", "row term")
+            or self.kernel.startswith(("means", "quantiser"))
         )
 
     @property
@@ -231,6 +234,23 @@ def compile_nearest(d_k: int, dtype: str, t: Tiles | None = None) -> Row:
     return _row("nearest", d_k, 0, dtype, t, compiled)
 
 
+def compile_statistics(kernel: str, d_k: int, dtype: str) -> Row:
+    """Compile one of the quantiser's pass over its keys (:mod:`tvq_exp.quantize.fused_statistics`: ``statistics``
+    with the key sums, or ``error_grad``; keys ``dtype``, its GPU rows) for sm_90a. The row's ``BM``: keys a program."""
+    from tvq_exp.quantize import fused_statistics as statistics
+
+    fn = getattr(statistics.statistics_kernels(False), f"{kernel}_kernel")
+    t = Tiles(statistics.ROWS[False], 0, 0, num_warps=4)
+    const: dict[str, object] = {"BM": t.bm, "DK": padded_dim(d_k)} | (
+        {"SUMS": True} if kernel == "statistics" else {}
+    )
+    pointers = {"x_ptr": f"*{dtype}", "codes_ptr": "*i64", "c_ptr": "*fp32", "cx_ptr": f"*{dtype}",
+                "rows_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", "g_ptr": "*fp32", "moments_ptr": "*fp32",
+                "counts_ptr": "*fp32", "sums_ptr": "*fp32"}  # fmt: skip
+    divisible = {"D", "sx_b", "sx_h", "sx_t", "sr_b", "sr_h", "sr_t", "sd_b", "sd_h", "sd_t"}
+    return _row(f"quantiser {kernel}", d_k, 0, dtype, t, _compile(fn, pointers, const, divisible, t))
+
+
 def compile_row_term(dtype: str) -> Row:
     """Compile the backward's row term (``delta_kernel``: ``Σ dO·O`` per row, :data:`.op.DELTA_TILES`) for sm_90a."""
     from tvq_exp.attention.vq.fused.op import DELTA_TILES
@@ -307,7 +327,8 @@ def _row(kernel: str, d_k: int, d_v: int, dtype: str, t: Tiles, compiled: object
 def report(
     heads: tuple[tuple[int, int], ...] = SHIPPED, dtypes: tuple[str, ...] = ("bf16", "fp32")
 ) -> list[Row]:
-    """Every shipped configuration, compiled; then the nearest-code search at each shipped ``d_k``."""
+    """Every shipped configuration, compiled; then the nearest-code search at each shipped ``d_k``, the cache means'
+    kernels, the row term and the quantiser's pass over its keys at each shipped ``d_k``."""
     rows = []
     for (d_k, d_v), dtype in itertools.product(heads, dtypes):
         for kernel, flags, const in variants(d_k, d_v, dtype == "fp32"):
@@ -324,6 +345,8 @@ def report(
 
     rows += [compile_prefix(kernel, dtype) for kernel in GPU_TILES for dtype in dtypes]
     rows += [compile_row_term(dtype) for dtype in dtypes]
+    kernels = ("statistics", "error_grad")
+    rows += [compile_statistics(k, d_k, dtype) for k in kernels for d_k in d_ks for dtype in dtypes]
     return rows
 
 
