@@ -34,7 +34,9 @@ torch.manual_seed(0)
 B, H, T, d = 1, 4, 256, 16
 layer = build_attention("vq", d_k=d, d_v=d, heads=H, codebook_size=64, block_len=64, kernel="triton")
 gen = torch.Generator().manual_seed(0)
-leaves = [(torch.randn(B, T, H, d, generator=gen) * d**-0.25).bfloat16().requires_grad_(True) for _ in range(3)]
+leaves = [
+    (torch.randn(B, T, H, d, generator=gen) * d**-0.25).bfloat16().requires_grad_(True) for _ in range(3)
+]
 q, k, v = (x.transpose(1, 2) for x in leaves)
 grad = torch.randn(B, T, H, d, generator=gen).bfloat16().transpose(1, 2)
 for _ in range(2):  # the second call counted (the first initialises)
@@ -52,4 +54,6 @@ big = collections.Counter(op.name for op in launches if op.numel >= k.numel())
 print(f"forward: {forward} ATen launches, {forward_kernels} Triton kernels {kernels[:forward_kernels]}")
 print(f"forward + backward: {len(launches)} ATen launches, {len(kernels)} Triton kernels")
 print(f"key-sized ATen results: {dict(big)}")
-print(f"output sum {out.float().sum().item():.6f}, keys' gradient sum {leaves[1].grad.float().sum().item():.6f}")
+print(
+    f"output sum {out.float().sum().item():.6f}, keys' gradient sum {leaves[1].grad.float().sum().item():.6f}"
+)
