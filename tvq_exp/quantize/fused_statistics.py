@@ -6,7 +6,7 @@ keys' dtype and layout (what the attention reads), the squared error ``||k - C_z
 gradient to the key), the key's squared norm (the relative error's denominator), the code's count and, for the EMA
 rule, the key added to its code's sum. By torch's ops that is about fifteen launches over key-sized tensors: an fp32
 copy of the keys, an fp32 gather of the codes, the losses' passes, a gather in the keys' layout, two scatters. On
-the H200 of 2026-11-30 they took 1.3 of the 7.1 device ms of VQ's eager attention layer at 32k (forward and
+the H200 of 2026-11-30 they took about 1.2 of the 7.1 device ms of VQ's eager attention layer at 32k (forward and
 backward, 512k keys of 128, ``S = 512``), 0.55 ms more than the 128k target allowed. Here one kernel reads each key
 once and writes its code's row; the gradient of the squared error is one more (:data:`error_grad_kernel`) in the
 backward.
@@ -132,6 +132,7 @@ def _strides(x: Tensor) -> tuple[int, int, int]:
 
 
 def _launch_shape(k: Tensor) -> tuple[bool, int, tuple[int, int], dict[str, int]]:
+    """Whether ``k`` is interpreted (on CPU), the programs a head, the grid and the kernels' launch constants."""
     b, h, t, d = k.shape
     interpret = k.device.type == "cpu"
     rows = ROWS[interpret]
