@@ -257,9 +257,9 @@ class VectorQuantizer(nn.Module):
 
     def fuses_statistics(self, k: Tensor, training: bool) -> bool:
         """Whether this forward takes its statistics and losses from keys ``k`` in one fused pass
-        (:func:`.fused_statistics.code_statistics`): eagerly where the search is fused (CUDA with Triton; compiled,
-        inductor fuses the plain ops), for the rules whose codes learn no gradient, and not where the fp32 gathered
-        codes or keys are needed (the hard warm-up's blend, a drawn code, the Fisher weights)."""
+        (:func:`.fused_statistics.code_statistics`): with ``fused_pass``, eagerly where the search is fused (CUDA with
+        Triton; compiled, inductor fuses the plain ops), for the rules whose codes learn no gradient, and not where the
+        fp32 gathered codes or keys are needed (the hard warm-up's blend, a drawn code, the Fisher weights)."""
         special = training and (self.hard_warmup or self.assignment == "sampled")
         eager = self.fused_pass and fused_search(k) and not torch.compiler.is_compiling()
         return eager and not self.rule.trainable and not special and self.fit_weight == "uniform"
