@@ -244,13 +244,15 @@ def test_compiled_the_quantiser_writes_one_fp32_copy_of_the_keys() -> None:
     assert sizes.count(leaf.numel()) == 1, code
 
 
+@pytest.mark.parametrize("fused_pass", [True, False])
 def test_where_the_search_is_fused_bf16_keys_reach_it_uncast_as_a_view(
-    monkeypatch: pytest.MonkeyPatch,
+    fused_pass: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With the fused pass after the search or torch's ops (which make the keys' fp32 copy: not the search's)."""
     import tvq_exp.quantize.codebook as codebook_module
 
     torch.manual_seed(0)
-    vq = VectorQuantizer(2, 16, 8).eval()
+    vq = VectorQuantizer(2, 16, 8, fused_pass=fused_pass).eval()
     # (B, H, T, d) as the projections give it
     k = torch.randn(2, 64, 2, 8, dtype=torch.bfloat16).transpose(1, 2)
     searched = []

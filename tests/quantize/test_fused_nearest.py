@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from tvq_exp.measure.syncs import counting_syncs
-from tvq_exp.quantize.fused_nearest import TILES, bf16_rounded, code_pieces, fused_nearest_code, search_codes
+from tvq_exp.quantize.fused_nearest import (
+    TILES,
+    bf16_rounded,
+    code_pieces,
+    fused_nearest_code,
+    launch_pieces,
+    search_codes,
+)
 from tvq_exp.quantize.kmeans import nearest_code, plain_nearest_code
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -70,16 +77,47 @@ def test_the_bf16_pieces_compiled_are_the_pieces_eager() -> None:
     )  # the bits' rounding
 
 
-def test_eagerly_the_pieces_round_by_casts_in_few_launches() -> None:
-    """Eagerly a bf16 cast rounds: each piece is a cast and a subtraction (the bits' rounding, which a compiled step
-    needs, and the pieces' casts took seven launches a piece): 10 launches for the search's codes of bf16 keys (the
-    squared norms 2, the scaled codes 1, the pieces 6, their stack 1), per layer and step."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "codes", "dim"), [(2, 41, 20), (1, 3, 128), (3, 16, 7)])
+def test_the_search_codes_of_one_launch_are_torchs(
+    heads: int, codes: int, dim: int, dtype: torch.dtype
+) -> None:
+    """Eagerly the search's codes are one kernel (:func:`launch_pieces`): its pieces torch's (:func:`code_pieces`) bit
+    for bit, the ties to even and zeros among them, across 120 binary orders of magnitude, at ragged rows and dims;
+    its squared norms torch's up to the order of a sum. Compiled, torch's ops (in one graph) give the same."""
+    gen = torch.Generator().manual_seed(heads * codes + dim)
+    codebook = torch.randn(heads, codes, dim, generator=gen) * 2.0 ** torch.linspace(-60, 60, dim)
+    codebook[0, 0, : min(dim, 4)] = torch.tensor([1 + 2.0**-8, 1 + 3 * 2.0**-8, -(1 + 2.0**-8), 0.0])[
+        : min(dim, 4)
+    ]
+    c2, pieces = launch_pieces(codebook, dtype)
+    want = code_pieces(-2 * codebook, dtype)
+    assert pieces.dtype == dtype and torch.equal(pieces, want)
+    assert c2.shape == (heads, codes) and torch.allclose(c2, (codebook * codebook).sum(-1), rtol=1e-6, atol=0)
+    eager = search_codes(codebook, dtype)
+    torch._dynamo.reset()
+    compiled = torch.compile(search_codes, fullgraph=True)(codebook, dtype)
+    assert torch.equal(eager[1], pieces) and torch.equal(compiled[1], pieces)
+    assert torch.allclose(compiled[0], c2, rtol=1e-6, atol=0)
+
+
+def test_eagerly_the_search_codes_are_one_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eagerly the search's codes for bf16 keys (the squared norms, the scaled codes' three pieces) are one kernel and
+    two allocations, per layer and forward, where torch's ops took ten launches (the pieces rounded by casts; by the
+    bits, as compiled, five launches a piece)."""
+    import triton.runtime.interpreter as interpreter
+
     from tests.helpers.ops import OpLog
 
+    launched: list[str] = []  # recorded, not run
+    monkeypatch.setattr(
+        interpreter.InterpretedFunction, "run", lambda self, *a, **k: launched.append(self.__name__)
+    )
     codebook = torch.randn(2, 40, 16, generator=torch.Generator().manual_seed(4))
     with OpLog() as log:
         search_codes(codebook, torch.bfloat16)
-    assert len(log.launches()) == 10, [op.name for op in log.launches()]
+    assert [op.name for op in log.launches()] == ["aten.empty", "aten.empty"]
+    assert launched == ["pieces_kernel"]
 
 
 def test_bf16_keys_tell_apart_codes_that_differ_only_in_their_second_or_third_piece() -> None:
@@ -194,3 +232,13 @@ def test_on_cuda_the_search_is_the_fused_op_equal_to_the_plain_one_and_compiles_
     counters.clear()
     compiled = torch.compile(nearest_code, fullgraph=True)(x, codebook)
     assert torch.equal(compiled, got) and dict(counters["graph_break"]) == {}
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_search_codes_of_one_launch_are_torchs(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    codebook = (torch.randn(4, 512, 128, generator=gen) * 2.0 ** torch.linspace(-40, 40, 128)).cuda()
+    c2, pieces = launch_pieces(codebook, dtype)
+    assert torch.equal(pieces, code_pieces(-2 * codebook, dtype))
+    assert torch.allclose(c2, (codebook * codebook).sum(-1), rtol=1e-6, atol=0)

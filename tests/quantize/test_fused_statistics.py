@@ -14,7 +14,16 @@ import torch
 import tvq_exp.quantize.codebook as codebook_module
 from tests.helpers.ops import OpLog
 from tvq_exp.quantize.codebook import VectorQuantizer
-from tvq_exp.quantize.fused_statistics import ROWS, code_statistics, launch_error_grad, plain_statistics
+from tvq_exp.quantize.fused_statistics import (
+    METRICS_CODES,
+    ROWS,
+    CodeStatistics,
+    code_statistics,
+    fused_metrics,
+    launch_error_grad,
+    plain_metrics,
+    plain_statistics,
+)
 
 kmeans_module = importlib.import_module(
     "tvq_exp.quantize.kmeans"
@@ -89,6 +98,37 @@ def test_each_quantity_is_its_own_by_hand() -> None:
 def quantiser(**options: object) -> VectorQuantizer:
     torch.manual_seed(0)
     return VectorQuantizer(3, 16, 8, **options)
+
+
+def test_the_metrics_of_one_launch_by_hand() -> None:
+    """Two heads of four codes: counts 2, 2, 0, 0 (perplexity 2, two codes dead: under 1% of the fair share 1), and
+    none at all (perplexity 1; no fair share, so none dead); a relative error of 3 / 12."""
+    counts = torch.tensor([[2.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    stats = CodeStatistics(torch.empty(0), torch.tensor(3.0), torch.tensor(12.0), counts, None)
+    got = fused_metrics(stats, numel=10)
+    assert torch.allclose(got.perplexity, torch.tensor(1.5), rtol=1e-6)
+    assert got.quant_error.item() == 0.25 and got.dead_codes.item() == 1.0  # (2 + 0) / 2 heads
+
+
+@pytest.mark.parametrize(("h", "s"), [(3, 11), (2, METRICS_CODES + 37), (1, 1)])
+def test_the_metrics_of_one_launch_equal_torchs(h: int, s: int) -> None:
+    """Random counts (a head without keys; codes at the dead threshold exactly, 1% of a fair share of 100), over
+    several of the program's steps: perplexity to fp32's rounding, relative error and dead codes exactly."""
+    gen = torch.Generator().manual_seed(s)
+    counts = torch.randint(0, 300, (h, s), generator=gen).float()
+    counts[0, : min(s, 7)] = 0.0
+    if h > 1:
+        counts[1] = 0.0
+    if h > 2:  # a fair share of 100 a code: a count of 1 is at the threshold (alive), 0 under it
+        counts[2] = 100.0
+        counts[2, :2] = torch.tensor([1.0, 199.0])
+        counts[2, 2:4] = torch.tensor([0.0, 100.0])
+    stats = CodeStatistics(torch.empty(0), torch.tensor(7.25), torch.tensor(29.0), counts, None)
+    got, want = fused_metrics(stats, numel=h * s), plain_metrics(stats, numel=h * s)
+    assert torch.allclose(got.perplexity, want.perplexity, rtol=2e-6)
+    assert torch.equal(got.quant_error, want.quant_error) and torch.equal(got.dead_codes, want.dead_codes)
+    zero = CodeStatistics(torch.empty(0), torch.tensor(0.0), torch.tensor(0.0), counts, None)
+    assert fused_metrics(zero, numel=5).quant_error.item() == 0.0  # all-zero keys: no division by zero
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -174,7 +214,8 @@ def test_the_fused_pass_alone_reads_and_writes_key_sized_tensors(monkeypatch: py
     with OpLog() as log:
         k_hat, _, aux = vq(k)
     big = [op.name for op in log.launches() if op.numel >= k.numel()]
-    assert big == ["aten.empty_like"] and launched == ["nearest_kernel", "statistics_kernel"], (big, launched)
+    kernels = ["pieces_kernel", "nearest_kernel", "statistics_kernel", "metrics_kernel"]
+    assert big == ["aten.empty_like"] and launched == kernels, (big, launched)
     launched.clear()
     (k_hat.float().sum() + aux["commit_loss"]).backward()
     assert launched == ["error_grad_kernel"]
@@ -222,3 +263,15 @@ def test_on_cuda_the_fused_pass_equals_the_plain_one(dtype: torch.dtype) -> None
         assert torch.allclose(grad, grad_want, rtol=1e-6, atol=1e-7)
     else:  # both round to nearest: at most the products' one ulp apart
         assert bf16_ulps(grad, grad_want).max() <= 1
+
+
+@needs_cuda
+def test_on_cuda_the_metrics_of_one_launch_equal_torchs() -> None:
+    gen = torch.Generator().manual_seed(6)
+    counts = torch.randint(0, 50, (4, 512), generator=gen).float()
+    counts[1, :100] = 0.0
+    stats = CodeStatistics(torch.empty(0), torch.tensor(12.5), torch.tensor(99.0), counts, None)
+    cuda = CodeStatistics(*(None if x is None else x.cuda() for x in stats))
+    got, want = fused_metrics(cuda, numel=4096), plain_metrics(stats, numel=4096)
+    for name, value in want._asdict().items():  # a GPU's fp32 division may be a rounding off IEEE's
+        assert torch.allclose(getattr(got, name).cpu(), value, rtol=2e-6), name

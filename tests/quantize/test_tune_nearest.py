@@ -5,6 +5,7 @@ rows a program; the JSON holds each record; the shipped tiles are restored."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,15 @@ def test_times_the_plain_the_fp32_and_each_bf16_tiling_and_each_finds_the_plain_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shipped = fused_nearest.TILES[torch.bfloat16]
-    launched = []  # each launch's rows a program (the grid's cdiv)
+    launched = []  # each search launch's rows a program (the grid's cdiv; not the codebook pieces' launch)
     cdiv = fused_nearest.cdiv
-    monkeypatch.setattr(fused_nearest, "cdiv", lambda n, rows: launched.append(rows) or cdiv(n, rows))
+
+    def spy(n: int, rows: int) -> int:
+        if sys._getframe(1).f_code.co_name == "search":
+            launched.append(rows)
+        return cdiv(n, rows)
+
+    monkeypatch.setattr(fused_nearest, "cdiv", spy)
     out = tmp_path / "nearest.json"
     args = ["--device", "cpu", "--keys", "600", "--heads", "2", "--codes", "80", "--dim", "24", "--reps", "1"]
     assert tune_nearest.main([*args, "--out", str(out)]) == 0

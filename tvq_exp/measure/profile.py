@@ -18,8 +18,8 @@ from tvq_exp.measure.timing import sync
 # quantiser's pass over its keys) by the names the profiler gives them: their functions'
 OUR_KERNELS = (
     "forward_kernel", "dq_kernel", "window_key_kernel", "code_kernel", "block_sums_kernel", "prefix_forward_kernel",
-    "prefix_backward_kernel", "code_rows_kernel", "delta_kernel", "nearest_kernel", "statistics_kernel",
-    "error_grad_kernel",
+    "prefix_backward_kernel", "code_rows_kernel", "delta_kernel", "nearest_kernel", "pieces_kernel",
+    "statistics_kernel", "error_grad_kernel", "metrics_kernel",
 )  # fmt: skip
 # SDPA's flash, memory-efficient (fmha_cutlass) and cuDNN kernels
 ATTENTION_MARKS = ("flash", "fmha", "cudnn")

@@ -30,9 +30,15 @@ from tvq_exp.options import (
 from tvq_exp.quantize.affine import AffineUpdate
 from tvq_exp.quantize.ema import EMAUpdate, decay_into
 from tvq_exp.quantize.estimators import rotation_trick, straight_through
-from tvq_exp.quantize.fused_statistics import CodeStatistics, code_statistics, key_sums, plain_statistics
+from tvq_exp.quantize.fused_statistics import (
+    CodeStatistics,
+    code_statistics,
+    fused_metrics,
+    key_sums,
+    plain_metrics,
+    plain_statistics,
+)
 from tvq_exp.quantize.gradient import GradientUpdate
-from tvq_exp.quantize.health import dead_fraction, usage_perplexity
 from tvq_exp.quantize.kmeans import fused_search, kmeans, nearest_code
 from tvq_exp.quantize.reseed import dead_codes, sample_rows
 from tvq_exp.quantize.sampling import relaxation, sampled_code, sampled_code_and_noise
@@ -240,7 +246,7 @@ class VectorQuantizer(nn.Module):
             stats = plain_statistics(k, codes, codebook, sums, kf, quant)
         if learning and not weighted:
             self._accumulate(flat, stats)
-        aux = self._aux(stats, k.numel(), quant, kf)
+        aux = self._aux(stats, k.numel(), quant, kf, fused)
         estimate = rotation_trick if self.estimator == "rotation" else straight_through
         k_hat = estimate(k, stats.rows.detach())
         if noise is not None:  # relaxed: + (soft - sg(soft)), zero in value
@@ -303,20 +309,18 @@ class VectorQuantizer(nn.Module):
             take = torch.multinomial(weight.float() + 1e-12, min(n, self.sample_keys), replacement=True)
             self.recent_keys = flat.gather(1, take[..., None].expand(h, take.shape[1], d))
 
-    def _aux(self, stats: CodeStatistics, numel: int, quant: Tensor | None, kf: Tensor) -> dict[str, Tensor]:
-        """The losses and metrics of this forward's :class:`.CodeStatistics` over ``numel`` key values; ``quant``
-        (the gathered codes, ``(H, N, d)``, None where fused) and ``kf`` (the keys, ``(H, N, d)`` fp32) for the
-        trainable rules' codebook loss."""
-        commit = stats.sq_error / numel
-        aux = {
-            "commit_loss": self.commit_weight * commit * (self.heads * self.dim)
-        }  # summed over heads, dims
+    def _aux(
+        self, stats: CodeStatistics, numel: int, quant: Tensor | None, kf: Tensor, fused: bool
+    ) -> dict[str, Tensor]:
+        """The losses and metrics of this forward's :class:`.CodeStatistics` over ``numel`` key values (``fused``: the
+        metrics in one launch, :func:`.fused_metrics`); ``quant`` (the gathered codes, ``(H, N, d)``, None where fused)
+        and ``kf`` (the keys, ``(H, N, d)`` fp32) for the trainable rules' codebook loss."""
+        # the mean squared error, summed over heads and dims
+        aux = {"commit_loss": stats.sq_error * (self.commit_weight * self.heads * self.dim / numel)}
         if self.rule.trainable:
             aux["codebook_loss"] = self.codebook_weight * F.mse_loss(quant.float(), kf.detach())
-        aux["perplexity"] = usage_perplexity(stats.counts).mean().detach()
-        mean_square = stats.sq_norm / numel
-        aux["quant_error"] = (commit / mean_square.clamp_min(1e-12)).detach()
-        aux["dead_codes"] = (dead_fraction(stats.counts).mean() * self.codebook_size).detach()
+        metrics = (fused_metrics if fused else plain_metrics)(stats, numel)
+        aux.update(metrics._asdict())
         return aux
 
     @torch.no_grad()

@@ -42,6 +42,9 @@ from tvq_exp.nn.triton_loader import cdiv, load_kernels, padded_dim
 # them (python -m tvq_exp.quantize.tune_nearest)
 TILES = {torch.float32: (64, 64, 4, 3), torch.bfloat16: (256, 64, 8, 3)}
 PIECES = {torch.float32: 1, torch.bfloat16: 3}
+PIECE_ROWS = (
+    16  # codebook rows a program of the pieces' launch (at d = 128: 16 fp32 values a thread on 4 warps)
+)
 
 
 def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:
@@ -61,13 +64,11 @@ def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def bf16_rounded(x: Tensor) -> Tensor:
-    """``x`` (fp32, finite) rounded to bf16, to nearest even: ``x.to(torch.bfloat16)`` eagerly (one launch), and
-    compiled by integer operations on the bits, then cast (exact). Inductor drops the rounding of a cast that it fuses
-    with a cast back to fp32 (``emulate_precision_casts`` is off by default): the pieces made by the cast pair were
-    zero after the first, and the compiled search read codes rounded to bf16 (found on CPU, 2026-11-30, after the
-    H200's CUDA test of the compiled search failed in bf16)."""
-    if not torch.compiler.is_compiling():
-        return x.to(torch.bfloat16)
+    """``x`` (fp32, finite) rounded to bf16, to nearest even, by integer operations on the bits, then cast (exact).
+    Inductor drops the rounding of a cast that it fuses with a cast back to fp32 (``emulate_precision_casts`` is off by
+    default): the pieces made by the cast pair were zero after the first, and the compiled search read codes rounded to
+    bf16 (found on CPU, 2026-11-30, after the H200's CUDA test of the compiled search failed in bf16). Eagerly the
+    search takes its pieces from one kernel (:func:`launch_pieces`), which rounds by the same bits."""
     bits = x.view(torch.int32)
     return ((bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000).view(torch.float32).to(torch.bfloat16)
 
@@ -80,11 +81,29 @@ def search_dtype(keys: torch.dtype) -> torch.dtype:
 def search_codes(codebook: Tensor, keys: torch.dtype) -> tuple[Tensor, Tensor]:
     """What the search reads of ``codebook (H, S, d)`` for keys of dtype ``keys``: the codes' squared norms ``(H, S)``
     fp32 and the pieces of ``-2·C`` ``(H, P, S, d)`` (:func:`code_pieces`), in fp32 whatever the autocast. The caller
-    makes them, outside the op: under ``torch.compile`` these small ops (13 for bf16 keys) fuse into the step's kernels,
-    where inside the op each was a launch of its own, per layer and step."""
+    makes them, outside the search's op: under ``torch.compile`` torch's ops (10 for bf16 keys) fuse into the step's
+    kernels; eagerly they are one launch (:data:`pieces_kernel`), where each was a launch of its own per layer and
+    forward."""
     with torch.autocast(codebook.device.type, enabled=False):
         c = codebook.float()
+        if not torch.compiler.is_compiling():
+            return launch_pieces(c, search_dtype(keys))
         return (c * c).sum(-1).contiguous(), code_pieces(-2 * c, search_dtype(keys))
+
+
+def launch_pieces(codebook: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`search_codes` of an fp32 ``codebook (H, S, d)`` for keys read in ``dtype`` in one launch: its ``c2``
+    equals torch's up to the order of the ``d`` squares' sum, its pieces bit for bit."""
+    h, s, d = codebook.shape
+    codebook = codebook.contiguous()
+    c2 = torch.empty(h, s, device=codebook.device)
+    pieces = torch.empty(h, PIECES[dtype], s, d, device=codebook.device, dtype=dtype)
+    rows = PIECE_ROWS
+    if h * s:
+        nearest_kernels(codebook.device.type == "cpu").pieces_kernel[(cdiv(h * s, rows),)](
+            codebook, c2, pieces, h * s, s, d, BR=rows, DK=padded_dim(d), PIECES=PIECES[dtype], num_warps=4
+        )  # fmt: skip
+    return c2, pieces
 
 
 def search(x: Tensor, c2: Tensor, pieces: Tensor) -> Tensor:
@@ -146,6 +165,7 @@ __all__ = [
     "bf16_rounded",
     "code_pieces",
     "fused_nearest_code",
+    "launch_pieces",
     "nearest_code_op",
     "search",
     "search_codes",

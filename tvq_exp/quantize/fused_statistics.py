@@ -27,11 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tvq_exp.nn.triton_loader import cdiv, load_kernels, padded_dim
-from tvq_exp.quantize.health import code_counts
+from tvq_exp.quantize.health import DEAD_SHARE, code_counts, dead_fraction, usage_perplexity
 
 # keys per program: on a GPU 32 on 4 warps (make kernel-report: at 128-wide keys 32 fp32 values of each of the key and
 # its code a thread, no spills; 64 rows spilled fp32 keys), under the interpreter 16 (its cost grows with the tile)
 ROWS = {False: 32, True: 16}
+METRICS_CODES = 1024  # codes a step of the metrics' one program
 
 
 class CodeStatistics(NamedTuple):
@@ -74,6 +75,39 @@ def plain_statistics(
         counts=code_counts(codes, codebook.shape[1]),
         sums=key_sums(flat, codes, codebook.shape[1]) if sums else None,
     )
+
+
+class CodeMetrics(NamedTuple):
+    """The quantiser's metrics of one forward (0-d fp32 tensors, no gradient): ``perplexity``, the heads' mean usage
+    perplexity (:func:`~tvq_exp.quantize.health.usage_perplexity`); ``quant_error``, ``Σ||k - C_z||² / Σ||k||²``;
+    ``dead_codes``, the heads' mean count of dead codes (:func:`~tvq_exp.quantize.health.dead_fraction` times S)."""
+
+    perplexity: Tensor
+    quant_error: Tensor
+    dead_codes: Tensor
+
+
+def plain_metrics(stats: CodeStatistics, numel: int) -> CodeMetrics:
+    """:class:`CodeMetrics` of ``stats`` over ``numel`` key values, by torch's ops (:func:`fused_metrics`'
+    reference)."""
+    counts = stats.counts
+    return CodeMetrics(
+        usage_perplexity(counts).mean().detach(),
+        (stats.sq_error / stats.sq_norm.clamp_min(1e-12 * numel)).detach(),
+        (dead_fraction(counts).mean() * counts.shape[-1]).detach(),
+    )
+
+
+def fused_metrics(stats: CodeStatistics, numel: int) -> CodeMetrics:
+    """:func:`plain_metrics` in one launch (:data:`metrics_kernel`, one program): by torch's ops they are some twenty
+    launches of a few numbers each, per quantiser and forward, which an eager step on a GPU waits on its host for."""
+    out = torch.empty(3, device=stats.counts.device)
+    h, s = stats.counts.shape
+    statistics_kernels(stats.counts.device.type == "cpu").metrics_kernel[(1,)](
+        stats.counts.float().contiguous(), stats.sq_error.detach(), stats.sq_norm, out, h, s, numel, DEAD_SHARE,
+        BS=min(METRICS_CODES, padded_dim(s)), num_warps=4,
+    )  # fmt: skip
+    return CodeMetrics(out[0], out[1], out[2])
 
 
 def _attended_codes(codebook: Tensor, codes: Tensor, keys: Tensor, quant: Tensor) -> Tensor:
@@ -201,11 +235,14 @@ class _FusedStatistics(torch.autograd.Function):
 
 
 __all__ = [
+    "CodeMetrics",
     "CodeStatistics",
     "code_statistics",
+    "fused_metrics",
     "key_sums",
     "launch_error_grad",
     "launch_statistics",
+    "plain_metrics",
     "plain_statistics",
     "statistics_kernels",
 ]

@@ -56,3 +56,31 @@ def nearest_kernel(
         best = tl.where(take, tile_best, best)
         arg = tl.where(take, s0 + tile_arg, arg)
     tl.store(out_ptr + h * N + rows, arg.to(tl.int64), mask=row_ok)
+
+
+@triton.jit
+def pieces_kernel(
+    c_ptr, c2_ptr, pieces_ptr,
+    R, S, D,
+    BR: tl.constexpr, DK: tl.constexpr, PIECES: tl.constexpr,
+):  # fmt: skip
+    """The codebook ``c (H, S, D)`` fp32 (``R = H·S`` rows, ``BR`` a program) as :data:`nearest_kernel` reads it:
+    ``c2 (H, S)`` = ``||c||²`` and ``pieces (H, PIECES, S, D)``, ``-2·c`` itself (``PIECES = 1``, fp32) or its three
+    bf16 pieces, smallest first, each what the larger ones leave rounded to nearest even by its bits (exact values:
+    they store as they are, also where the interpreter's fp32 → bf16 stores truncate)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    dims = tl.arange(0, DK)
+    ok = r < R
+    mask = ok[:, None] & (dims[None, :] < D)
+    r = r.to(tl.int64)
+    c = tl.load(c_ptr + r[:, None] * D + dims[None, :], mask=mask, other=0.0)
+    tl.store(c2_ptr + r, tl.reduce(c * c, 1, tl.standard._sum_combine), mask=ok)
+    rest = -2.0 * c
+    at = (r // S * PIECES * S + r % S)[:, None] * D + dims[None, :]  # the largest piece's place
+    for i in tl.static_range(PIECES):
+        piece = rest
+        if PIECES > 1:
+            bits = rest.to(tl.int32, bitcast=True)
+            piece = ((bits + (0x7FFF + ((bits >> 16) & 1))) & -65536).to(tl.float32, bitcast=True)
+        tl.store(pieces_ptr + at + (PIECES - 1 - i) * S * D, piece.to(pieces_ptr.dtype.element_ty), mask=mask)
+        rest = rest - piece

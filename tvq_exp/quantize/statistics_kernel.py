@@ -84,3 +84,42 @@ def error_grad_kernel(
     c = tl.load(c_ptr + (h * S + z[:, None]) * D + dims[None, :], mask=mask, other=0.0)
     dx = (2.0 * tl.load(g_ptr)) * (x.to(tl.float32) - c)
     tl.store(dx_ptr + h * sd_h + b[:, None] * sd_b + t[:, None] * sd_t + dims[None, :], dx, mask=mask)
+
+
+@triton.jit
+def metrics_kernel(
+    counts_ptr, sq_error_ptr, sq_norm_ptr, out_ptr,
+    H, S, numel, share,
+    BS: tl.constexpr,
+):  # fmt: skip
+    """The quantiser's three metrics from ``counts (H, S)`` fp32 and the 0-d sums ``Σ ||x - c[z]||²`` and ``Σ ||x||²``
+    over ``numel`` key values, in one program (``BS`` codes a step): ``out (3,)`` fp32 = the heads' mean usage
+    perplexity (``exp`` of the entropy of a head's code frequencies), the relative error ``Σ||x - c[z]||² /
+    max(Σ||x||², 1e-12·numel)``, and the heads' mean count of dead codes (used fewer than ``share`` of the fair share
+    ``N/S``; with ``share = 0``, never used). Counts are whole numbers: their sums are exact in any order."""
+    perplexity = 0.0
+    dead = 0.0
+    for h in range(H):
+        total = 0.0
+        for s0 in range(0, S, BS):
+            s = s0 + tl.arange(0, BS)
+            total += tl.reduce(
+                tl.load(counts_ptr + h * S + s, mask=s < S, other=0.0), 0, tl.standard._sum_combine
+            )
+        denom = tl.maximum(total, 1e-12)
+        threshold = share * (total / S)
+        entropy = 0.0
+        dead_here = 0.0
+        for s0 in range(0, S, BS):
+            s = s0 + tl.arange(0, BS)
+            c = tl.load(counts_ptr + h * S + s, mask=s < S, other=0.0)
+            p = c / denom
+            term = tl.where(s < S, p * tl.log(tl.maximum(p, 1e-12)), 0.0)
+            is_dead = (s < S) & tl.where(share > 0, c < threshold, c <= 0)
+            entropy += tl.reduce(term, 0, tl.standard._sum_combine)
+            dead_here += tl.reduce(is_dead.to(tl.float32), 0, tl.standard._sum_combine)
+        perplexity += tl.exp(-entropy)
+        dead += dead_here / S
+    tl.store(out_ptr, perplexity / H)
+    tl.store(out_ptr + 1, tl.load(sq_error_ptr) / tl.maximum(tl.load(sq_norm_ptr), 1e-12 * numel))
+    tl.store(out_ptr + 2, dead / H * S)

@@ -2,7 +2,8 @@
 out (B, T, H, d), the search and the quantiser's pass fused as on CUDA), counted on CPU under Triton's interpreter: the
 ATen ops a dispatch mode sees (each a launch on a GPU, allocations included), the key-sized ones, and the Triton
 kernels. Run from a checkout's root: ``TRITON_INTERPRET=1 .venv/bin/python docs/kernel_analysis/2026-11-30/quantiser_launches.py``
-(at a commit before the fused pass, the same script counts the plain quantiser)."""
+(at a commit before the fused pass, the same script counts the plain quantiser; its last line, the forward's ATen
+launches in order, is new since the thirty-third session)."""
 
 import collections
 import importlib
@@ -46,7 +47,7 @@ for _ in range(2):  # the second call counted (the first initialises)
     log = OpLog()
     with log, torch.autocast("cpu", torch.bfloat16):
         out = layer(q, k, v)[0]
-    forward, forward_kernels = len(log.launches()), len(kernels)
+    forward, forward_kernels, forward_ops = len(log.launches()), len(kernels), [op.name for op in log.launches()]
     with log:
         out.backward(grad)
 launches = log.launches()
@@ -54,6 +55,7 @@ big = collections.Counter(op.name for op in launches if op.numel >= k.numel())
 print(f"forward: {forward} ATen launches, {forward_kernels} Triton kernels {kernels[:forward_kernels]}")
 print(f"forward + backward: {len(launches)} ATen launches, {len(kernels)} Triton kernels")
 print(f"key-sized ATen results: {dict(big)}")
+print(f"the forward's ATen launches in order: {' '.join(name.removeprefix('aten.') for name in forward_ops)}")
 print(
     f"output sum {out.float().sum().item():.6f}, keys' gradient sum {leaves[1].grad.float().sum().item():.6f}"
 )

@@ -251,6 +251,33 @@ def compile_statistics(kernel: str, d_k: int, dtype: str) -> Row:
     return _row(f"quantiser {kernel}", d_k, 0, dtype, t, _compile(fn, pointers, const, divisible, t))
 
 
+def compile_pieces(d_k: int, dtype: str) -> Row:
+    """Compile the search's codebook pieces (:func:`tvq_exp.quantize.fused_nearest.launch_pieces`; pieces ``dtype``:
+    three bf16 ones, or fp32 scaled codes) for sm_90a. The row's ``BM``: codebook rows a program."""
+    import torch
+
+    import tvq_exp.quantize.fused_nearest as nearest
+
+    keys = torch.bfloat16 if dtype == "bf16" else torch.float32
+    t = Tiles(nearest.PIECE_ROWS, 0, 0, num_warps=4)
+    const = {"BR": t.bm, "DK": padded_dim(d_k), "PIECES": nearest.PIECES[keys]}
+    pointers = {"c_ptr": "*fp32", "c2_ptr": "*fp32", "pieces_ptr": f"*{dtype}"}
+    compiled = _compile(nearest.nearest_kernels(False).pieces_kernel, pointers, const, {"D"}, t)
+    return _row("search pieces", d_k, 0, dtype, t, compiled)
+
+
+def compile_metrics() -> Row:
+    """Compile the quantiser's metrics (:func:`tvq_exp.quantize.fused_statistics.fused_metrics`, one program) for
+    sm_90a. The row's ``BM``: codes a step."""
+    from tvq_exp.quantize import fused_statistics as statistics
+
+    t = Tiles(statistics.METRICS_CODES, 0, 0, num_warps=4)
+    pointers = {"counts_ptr": "*fp32", "sq_error_ptr": "*fp32", "sq_norm_ptr": "*fp32", "out_ptr": "*fp32",
+                "share": "fp32"}  # fmt: skip
+    compiled = _compile(statistics.statistics_kernels(False).metrics_kernel, pointers, {"BS": t.bm}, set(), t)
+    return _row("quantiser metrics", 0, 0, "fp32", t, compiled)
+
+
 def compile_row_term(dtype: str) -> Row:
     """Compile the backward's row term (``delta_kernel``: ``Σ dO·O`` per row, :data:`.op.DELTA_TILES`) for sm_90a."""
     from tvq_exp.attention.vq.fused.op import DELTA_TILES
@@ -347,7 +374,8 @@ def report(
     rows += [compile_row_term(dtype) for dtype in dtypes]
     kernels = ("statistics", "error_grad")
     rows += [compile_statistics(k, d_k, dtype) for k in kernels for d_k in d_ks for dtype in dtypes]
-    return rows
+    rows += [compile_pieces(d_k, dtype) for d_k in d_ks for dtype in dtypes]
+    return rows + [compile_metrics()]
 
 
 def table(rows: list[Row]) -> str:
