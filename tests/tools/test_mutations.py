@@ -40,6 +40,20 @@ def test_every_mutation_names_a_behaviour_existing_tests_and_a_snippet_found_onc
     assert {"attention", "quantize", "nn", "data", "models", "run"} <= covered
 
 
+def test_every_parametrized_test_a_mutation_names_is_one_pytest_collects() -> None:
+    """A named case (``test_x[ids]``) whose parameters changed since is no test pytest runs: the harness's baseline
+    then refuses the whole run (two mutations named a case of six parameters after the test took a seventh)."""
+    import subprocess
+
+    named = {test for m in _harness().load() for test in m.tests if "[" in test}
+    files = sorted({test.partition("::")[0] for test in named})
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=REPO, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert not named - {line.strip() for line in collected.splitlines()}
+
+
 @pytest.mark.parametrize("copies", [0, 2])
 def test_a_snippet_not_found_exactly_once_is_an_error(tmp_path: Path, copies: int) -> None:
     harness = _harness()
