@@ -42,9 +42,8 @@ from tvq_exp.nn.triton_loader import cdiv, load_kernels, padded_dim
 # them (python -m tvq_exp.quantize.tune_nearest)
 TILES = {torch.float32: (64, 64, 4, 3), torch.bfloat16: (256, 64, 8, 3)}
 PIECES = {torch.float32: 1, torch.bfloat16: 3}
-PIECE_ROWS = (
-    16  # codebook rows a program of the pieces' launch (at d = 128: 16 fp32 values a thread on 4 warps)
-)
+# codebook rows a program of the pieces' launch (at d = 128: 16 fp32 values a thread on 4 warps)
+PIECE_ROWS = 16
 
 
 def code_pieces(codes: Tensor, dtype: torch.dtype) -> Tensor:

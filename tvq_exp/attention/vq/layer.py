@@ -363,9 +363,8 @@ class VQAttention(BlockedAttention):
             bias = WindowBias(layout.to_grouped_items(self.bias.position_query(q), hk), rel)
         if prefix is not None and prefix.items.shape[1]:  # block r sees the cache of blocks <= r - 2
             cache_n = item_entries(prefix.counts, first, last)
-            log_n = cache_n.log().to(
-                acc
-            )  # whole counts: an unused code's log(0) = -inf (two launches, not five)
+            # whole counts: an unused code's log(0) = -inf (two launches, not five)
+            log_n = cache_n.log().to(acc)
             cache = CodeCache(self._cache_keys(b, key_means, first, last, kb.dtype), log_n, prefix.items)
         per_item = cache is not None and cache.codebook.dim() == 4  # flex reads one codebook for every item
         self.last_kernel = self.window_kernel(q, kb, vb, per_item)
