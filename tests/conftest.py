@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.data import check_data_mark, missing_data
+from tests.helpers.interpreter import quicken
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "datasets"
@@ -23,6 +24,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "needs_data(*paths): real data under TVQ_DATA_DIR; missing: fails in CI, else skips (reason shown)",
     )
+    quicken()  # Triton's interpreter without two of its costs (tests/helpers/interpreter.py)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

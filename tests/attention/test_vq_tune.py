@@ -120,7 +120,7 @@ def test_the_search_leaves_the_comparison_of_lengths_its_share_of_the_budget(
     monkeypatch.setattr(tune, "monotonic", lambda: clock[0])
     monkeypatch.setitem(tune.CANDIDATES, "forward", ((32, 16, 4, 2),))
     out = tmp_path / "tune.json"
-    argv = ["--device", "cpu", "--seq-len", "64", "--lengths", "64", "--head-dim", "16", "--tokens", "256",
+    argv = ["--device", "cpu", "--seq-len", "32", "--lengths", "32", "--head-dim", "16", "--tokens", "128",
             "--reps", "1", "--kernels", "forward", "--budget", "150", "--out", str(out)]  # fmt: skip
     assert tune.main(argv) == 0
     records = json.loads(out.read_text())["records"]
