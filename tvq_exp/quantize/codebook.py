@@ -15,6 +15,7 @@ from typing import Annotated
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._compile import _disable_dynamo
 
 from tvq_exp.options import (
     AtLeast,
@@ -398,11 +399,12 @@ class VectorQuantizer(nn.Module):
         self.rule.assign(self, dead, sample_rows(keys, self.codebook_size))
 
 
-@torch.compiler.disable
+@_disable_dynamo  # torch.compiler.disable, which imports torch._dynamo at its first call, not at this import
 def _weigh_in_backward(k_hat: Tensor, hook: functools.partial) -> None:
     """Register ``hook`` on ``k_hat``'s gradient, outside any compiled graph: Dynamo refuses a hook that updates
     the codebook's buffers inside the model's graph ("Unsafe side effect"), so a compiled step breaks its graph
-    here, and only where ``fit_weight=fisher``."""
+    here, and only where ``fit_weight=fisher``. Importing ``torch._dynamo`` takes 2.5 s on this project's CPU: a
+    command line refused before training (no Lightning, no compile) no longer waits for it."""
     k_hat.register_hook(hook)
 
 
