@@ -68,6 +68,22 @@ def test_flash_chunk_streaming_and_decoding(options: dict) -> None:
     assert state.position == T and state.n == (T // g) * g and state.k.shape[2] == T % g
 
 
+@pytest.mark.parametrize("options", FLASH_OPTIONS[:1] + FLASH_OPTIONS[4:5], ids=["relu2", "softmax"])
+def test_a_state_whose_count_is_an_int_continues_as_the_state_of_now(options: dict) -> None:
+    """The count ``n`` of the positions before the partial group is a 0-d int64 tensor (compiled code takes it as
+    an input); a checkpoint's state of before, when it was an int, holds the same tensor, and continues the same,
+    inside a group and across groups."""
+    attn = with_random_bias(sized("flash_chunk", kv_heads=1, **options)).double()
+    q, k, v = inputs(torch.float64, kv_heads=1)
+    _, state, _ = attn(q[:, :, :13], k[:, :, :13], v[:, :, :13])
+    assert state.n.dtype == torch.long and state.n.dim() == 0
+    old = type(state)(state.position, state.k, state.v, state.kv, int(state.n))
+    assert old == state
+    for end in (14, T):
+        rest = (q[:, :, 13:end], k[:, :, 13:end], v[:, :, 13:end])
+        assert torch.equal(attn(*rest, old)[0], attn(*rest, state)[0])
+
+
 def test_flash_chunk_normaliser_never_uses_the_total_length() -> None:
     """A prefix of the sequence gives exactly the prefix of the outputs (no length-dependent scale)."""
     attn = sized("flash_chunk", group_size=4).double()

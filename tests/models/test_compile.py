@@ -4,6 +4,7 @@ graph breaks."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -130,13 +131,20 @@ def test_the_gpu_presets_compile_the_training_step_and_the_cpu_presets_do_not() 
 def twin_vq_stacks(layers: int, **attention: Any) -> tuple[AutoregressiveLitModule, AutoregressiveLitModule]:
     """Two equal modules of ``layers`` small GAU-VQ blocks (``d_model`` 32, ``S`` 16, ``L`` 8; ``attention``: more
     of the VQ layer's options) set to compile by blocks: one to run eager, one to compile."""
-    blocks = functools.partial(GAUBlock, d_k=16)
     vq = functools.partial(build_attention, "vq", codebook_size=16, block_len=8, **attention)
+    return twin_stacks(layers, functools.partial(GAUBlock, d_k=16), vq, "blocks")
+
+
+def twin_stacks(
+    layers: int, block: Callable[..., torch.nn.Module], attention: Callable[..., torch.nn.Module], scope: str
+) -> tuple[AutoregressiveLitModule, AutoregressiveLitModule]:
+    """Two equal modules of ``layers`` blocks (``d_model`` 32) set to compile ``scope``: one to run eager, one to
+    compile."""
     modules = []
     for _ in range(2):
         torch.manual_seed(0)
         modules.append(
-            AutoregressiveLitModule(Decoder(256, 32, layers, blocks, vq).train(), compile_scope="blocks")
+            AutoregressiveLitModule(Decoder(256, 32, layers, block, attention).train(), compile_scope=scope)
         )
     return modules[0], modules[1]
 
@@ -199,6 +207,40 @@ def test_tbptt_segments_after_the_first_reuse_one_compiled_block_and_carry_their
         3,
         3,
     ]  # the blocks' code and the quantisers' update; the blocks' once more with a state
+
+
+BASELINES = {  # attention, its options, the block's position; the compiled frames after each of six segments
+    "flash_chunk": ("flash_chunk", {"group_size": 8}, "xl", [1, 2, 2, 2, 2, 2]),  # at position 0
+    "linear_rope": ("linear", {}, "rope", [1, 2, 3, 3, 3, 3]),  # the third: its positions made symbolic
+}
+
+
+@pytest.mark.parametrize("scope", ["step", "blocks"])
+@pytest.mark.parametrize("baseline", list(BASELINES))
+def test_tbptt_segments_of_the_baselines_compile_a_bounded_number_of_times(baseline: str, scope: str) -> None:
+    """Six TBPTT segments of 24 positions: FLASH (its state at position 0, its count of positions a tensor) and RoPE
+    linear attention (rotations at absolute positions: no equivalence; its positions symbolic from their second
+    value) compile for the first segments, then no more, and train as eager. Before, each compiled
+    once per segment, then ran eagerly past dynamo's recompile limit (8)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    name, options, position, want = BASELINES[baseline]
+    block = functools.partial(GAUBlock, d_k=16, position=position)
+    eager, compiled = twin_stacks(2, block, functools.partial(build_attention, name, **options), scope)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.compile_step(backend=counter, fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    frames = []
+    for step in range(6):
+        losses = step_each((eager, compiled), x, states)
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+        for p_e, p_c in zip(eager.parameters(), compiled.parameters(), strict=True):
+            torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
+        assert {s.position for s in states[1]} == {24 * (step + 1)}  # the true positions carried on
+        frames.append(counter.frame_count)
+    assert frames == want
 
 
 def test_the_moved_states_train_as_the_states_where_they_are() -> None:

@@ -145,6 +145,13 @@ class Decoder(nn.Module):
         }
         return found.pop() if len(found) == 1 and self.pos_embedding is None else t
 
+    def positions_repeat(self) -> bool:
+        """Whether every carried position has an :meth:`equivalent_position` below some bound, so that code compiled
+        with the carried position as a constant compiles a bounded number of times (the VQ, dense, linear and FLASH
+        backends' states); not with RoPE's rotations at absolute positions nor absolute position embeddings."""
+        far = 2**62
+        return self.equivalent_position(far) < far
+
     def state_floats(self, seq_len: int) -> int:
         """Size of the recurrent inference state per layer and sequence after ``seq_len`` positions (the mean
         over layers of each attention backend's :meth:`~tvq_exp.attention.base.AttentionBackend.state_floats`):

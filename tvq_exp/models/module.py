@@ -224,9 +224,13 @@ class AutoregressiveLitModule(L.LightningModule):
         deep model's updates are a few kernels each, not a few dozen eager ops). The forward and backward take
         :attr:`compile_mode`."""
         mode = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
+        # a carried position is a constant of the compiled code where the model's positions repeat (their equivalent
+        # positions); where they do not (RoPE, absolute embeddings), it would compile once per position up to dynamo's
+        # recompile limit and then run eagerly: there its ints become symbolic from their second value (automatic)
+        dynamic = False if self.model.positions_repeat() else None
         if self.compile_scope == "blocks":
             for block in self.model.blocks:
-                block.compile(backend=backend, fullgraph=fullgraph, dynamic=False, **mode)
+                block.compile(backend=backend, fullgraph=fullgraph, dynamic=dynamic, **mode)
             self._training_loss = self.training_loss
             updates = {
                 type(q): torch.compile(type(q).update, backend=backend, fullgraph=fullgraph, dynamic=False)
@@ -235,7 +239,7 @@ class AutoregressiveLitModule(L.LightningModule):
             self._codebook_step = functools.partial(_each_update, self.model.quantizers(), updates)
             return
         self._training_loss = torch.compile(
-            self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=False, **mode
+            self.training_loss, backend=backend, fullgraph=fullgraph, dynamic=dynamic, **mode
         )
         self._codebook_step = torch.compile(
             self.model.codebook_step, backend=backend, fullgraph=fullgraph, dynamic=False

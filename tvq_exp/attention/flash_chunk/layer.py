@@ -30,12 +30,17 @@ NORMS = ("count", "fixed")
 @dataclass(eq=False)
 class FlashChunkState(State):
     """FLASH's state: the keys ``k`` and values ``v`` of the current partial group ``(B, H_kv, t mod G, d)``,
-    ``kv = Σ k_j v_jᵀ (B, H_kv, d_k, d_v)`` over the ``n`` positions of all complete groups."""
+    ``kv = Σ k_j v_jᵀ (B, H_kv, d_k, d_v)`` over the ``n`` positions of all complete groups, ``n`` a 0-d int64
+    tensor: a compiled step takes it as an input, where an int would be a constant it compiles once for each."""
 
     k: Tensor
     v: Tensor
     kv: Tensor
-    n: int
+    n: Tensor
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, Tensor):  # a checkpoint's state of before, when the count was an int
+            self.n = torch.tensor(self.n, dtype=torch.long, device=self.kv.device)
 
 
 class FlashChunkAttention(AttentionBackend):
@@ -126,6 +131,11 @@ class FlashChunkAttention(AttentionBackend):
             )
         return total
 
+    def equivalent_position(self, t: int) -> int:
+        """0: the position is bookkeeping only (a call reads the partial group's length from its keys, and the count
+        of the positions before it from the state's tensor ``n``)."""
+        return 0
+
     def state_floats(self, seq_len: int) -> int:
         """Keys and values of the current partial group and ``Σ k vᵀ (d_k, d_v)``, per key/value head."""
         partial = seq_len % self.group_size
@@ -140,10 +150,12 @@ class FlashChunkAttention(AttentionBackend):
             k=k.new_zeros(b, h, 0, dk),
             v=k.new_zeros(b, h, 0, self.d_v),
             kv=torch.zeros(b, h, dk, self.d_v, device=k.device, dtype=acc),
-            n=0,
+            n=torch.zeros((), dtype=torch.long, device=k.device),
         )
 
-    def _groups(self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: int) -> tuple[Tensor, Tensor]:
+    def _groups(
+        self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: Tensor | int
+    ) -> tuple[Tensor, Tensor]:
         """All groups at once for a sequence starting at a group boundary.
 
         ``kv0`` / ``n0``: linear state and length of the earlier (causal) context. Returns
@@ -169,7 +181,7 @@ class FlashChunkAttention(AttentionBackend):
         out = self._combine(logits, quad_mask, vb.to(acc), lin, lin_n.view(r, 1, 1))
         return out.to(v.dtype).reshape(b, h, r * G, -1)[:, :, :t], kv.squeeze(2)
 
-    def _within_group(self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: int) -> Tensor:
+    def _within_group(self, q: Tensor, k: Tensor, v: Tensor, kv0: Tensor, n0: Tensor) -> Tensor:
         """Queries ``q (B, H, t, d_k)`` at the last ``t`` of the positions of one (partial) group,
         whose keys ``k (B, H_kv, n, d_k)`` and values start at the group boundary: ``(B, H, t, d_v)``."""
         b, h, t, dk = q.shape
@@ -179,7 +191,7 @@ class FlashChunkAttention(AttentionBackend):
         dist = torch.arange(n - t, n, device=q.device)[:, None] - torch.arange(n, device=q.device)[None, :]
         logits = self._group_logits(q, qb, kb, dist).to(acc)
         lin = qb.to(acc) @ kv0.to(acc).view(b, hk, 1, 1, dk, -1)
-        out = self._combine(logits, dist >= 0, vb.to(acc), lin, torch.tensor(float(n0), device=q.device))
+        out = self._combine(logits, dist >= 0, vb.to(acc), lin, n0)
         return out.to(v.dtype).reshape(b, h, t, -1)
 
     def _combine(self, logits: Tensor, quad_mask: Tensor, v: Tensor, lin: Tensor, lin_n: Tensor) -> Tensor:
@@ -201,7 +213,7 @@ class FlashChunkAttention(AttentionBackend):
         bias = self.bias.bias(qh, dist) if self.causal else self.bias.encoder_bias(qh, dist)
         return qc @ kb.transpose(-1, -2) + bias.view(b, hk, gh, r, rows, -1)
 
-    def _context(self, kv: Tensor, kv0: Tensor, n0: int, sizes: Tensor) -> tuple[Tensor, Tensor]:
+    def _context(self, kv: Tensor, kv0: Tensor, n0: Tensor | int, sizes: Tensor) -> tuple[Tensor, Tensor]:
         """Linear context of every group: ``(Σ k vᵀ (B, Hk, 1, R, dk, dv), its length (R,))``.
 
         Causal: ``kv0`` plus the groups before (an exclusive prefix). Encoder: every other group,
