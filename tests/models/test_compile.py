@@ -243,6 +243,27 @@ def test_tbptt_segments_of_the_baselines_compile_a_bounded_number_of_times(basel
     assert frames == want
 
 
+def test_compiled_dense_attention_choosing_its_kernel_keeps_one_graph() -> None:
+    """``kernel=auto`` asks at each call whether flex attention can run; asked inside a compiled block, its check of
+    TorchDynamo's support was a function dynamo will not trace: a graph break at every call (an error here, under
+    ``fullgraph=True``). Three segments of a stream (the carried keys at the memory's 24), equal to eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    dense = functools.partial(build_attention, "dense", window_len=8, memory_len=24, kernel="auto")
+    eager, compiled = twin_stacks(2, functools.partial(GAUBlock, d_k=16), dense, "blocks")
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.compile_step(backend=counter, fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    for _ in range(3):
+        losses = step_each((eager, compiled), x, states)
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+    # a fresh segment, one with 24 carried keys, and one with the memory full: the kept keys are a view of the call's
+    # keys, whose strides differ once they outnumber the memory
+    assert counter.frame_count == 3
+
+
 def test_the_moved_states_train_as_the_states_where_they_are() -> None:
     """Eager, four TBPTT segments: the steps with the state moved to its equivalent position give the losses,
     gradients and states of steps that hand it over where it is (the model's equivalence replaced by none)."""

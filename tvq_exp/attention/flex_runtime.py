@@ -110,7 +110,8 @@ def flex_support(
         )
     if device.type not in FLEX_DEVICES:
         return FlexSupport(False, f"flex_attention runs on {'/'.join(FLEX_DEVICES)}, not {device.type}")
-    if not torch._dynamo.is_dynamo_supported():
+    # (compiling: dynamo runs, so it is supported; its check is a function dynamo will not trace, a graph break)
+    if not torch.compiler.is_compiling() and not torch._dynamo.is_dynamo_supported():
         return FlexSupport(
             False, "flex_attention needs TorchDynamo, which this Python/platform does not support"
         )
