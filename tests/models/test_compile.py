@@ -4,7 +4,7 @@ graph breaks."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -149,6 +149,23 @@ def twin_stacks(
     return modules[0], modules[1]
 
 
+def segments(
+    eager: AutoregressiveLitModule, compiled: AutoregressiveLitModule, count: int
+) -> Iterator[tuple[list[Tensor], dict[int, ModelState | None], int]]:
+    """Compile ``compiled``'s step (aot_eager, ``fullgraph=True``) and run ``count`` TBPTT segments of 24 positions
+    through both modules, their states carried: after each, the two losses, the states and the compiled frames."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled.compile_step(backend=counter, fullgraph=True)
+    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
+    states: dict[int, ModelState | None] = {0: None, 1: None}
+    for _ in range(count):
+        losses = step_each((eager, compiled), x, states)
+        yield losses, states, counter.frame_count
+
+
 def test_compiling_by_blocks_compiles_one_block_for_the_whole_stack_and_equals_eager() -> None:
     """``compile_scope="blocks"``: three identical blocks share one compiled code (one frame per state shape:
     a fresh segment, then one continuing its state) that each of them runs, their three quantisers one compiled
@@ -186,21 +203,12 @@ def test_tbptt_segments_after_the_first_reuse_one_compiled_block_and_carry_their
     """Four TBPTT segments of 24 positions (``L = 8``): the state reaches each block at its equivalent position (16
     for 24, 48, 72), so the blocks' code compiles for the first segment and the second, and no more; the carried
     states keep their true positions, and the steps equal eager's (whose states move too)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    torch._dynamo.reset()
-    eager, compiled = twin_vq_stacks(2)
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled.compile_step(backend=counter, fullgraph=True)
-    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
-    states: dict[int, ModelState | None] = {0: None, 1: None}
     frames = []
-    for step in range(4):
-        losses = step_each((eager, compiled), x, states)
+    for step, (losses, states, frame_count) in enumerate(segments(*twin_vq_stacks(2), 4)):
         for state in states.values():
             assert {(s.position, s.attn.position) for s in state} == {(24 * (step + 1),) * 2}
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
-        frames.append(counter.frame_count)
+        frames.append(frame_count)
     assert frames == [
         2,
         3,
@@ -222,24 +230,16 @@ def test_tbptt_segments_of_the_baselines_compile_a_bounded_number_of_times(basel
     linear attention (rotations at absolute positions: no equivalence; its positions symbolic from their second
     value) compile for the first segments, then no more, and train as eager. Before, each compiled
     once per segment, then ran eagerly past dynamo's recompile limit (8)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     name, options, position, want = BASELINES[baseline]
     block = functools.partial(GAUBlock, d_k=16, position=position)
     eager, compiled = twin_stacks(2, block, functools.partial(build_attention, name, **options), scope)
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled.compile_step(backend=counter, fullgraph=True)
-    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
-    states: dict[int, ModelState | None] = {0: None, 1: None}
     frames = []
-    for step in range(6):
-        losses = step_each((eager, compiled), x, states)
+    for step, (losses, states, frame_count) in enumerate(segments(eager, compiled, 6)):
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
         for p_e, p_c in zip(eager.parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
         assert {s.position for s in states[1]} == {24 * (step + 1)}  # the true positions carried on
-        frames.append(counter.frame_count)
+        frames.append(frame_count)
     assert frames == want
 
 
@@ -247,21 +247,16 @@ def test_compiled_dense_attention_choosing_its_kernel_keeps_one_graph() -> None:
     """``kernel=auto`` asks at each call whether flex attention can run; asked inside a compiled block, its check of
     TorchDynamo's support was a function dynamo will not trace: a graph break at every call (an error here, under
     ``fullgraph=True``). Three segments of a stream (the carried keys at the memory's 24), equal to eager."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
     dense = functools.partial(build_attention, "dense", window_len=8, memory_len=24, kernel="auto")
-    eager, compiled = twin_stacks(2, functools.partial(GAUBlock, d_k=16), dense, "blocks")
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled.compile_step(backend=counter, fullgraph=True)
-    x = torch.randint(0, 256, (2, 25), generator=torch.Generator().manual_seed(1))
-    states: dict[int, ModelState | None] = {0: None, 1: None}
-    for _ in range(3):
-        losses = step_each((eager, compiled), x, states)
+    frames = []
+    for losses, _, frame_count in segments(
+        *twin_stacks(2, functools.partial(GAUBlock, d_k=16), dense, "blocks"), 3
+    ):
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+        frames.append(frame_count)
     # a fresh segment, one with 24 carried keys, and one with the memory full: the kept keys are a view of the call's
     # keys, whose strides differ once they outnumber the memory
-    assert counter.frame_count == 3
+    assert frames == [1, 2, 3]
 
 
 def test_the_moved_states_train_as_the_states_where_they_are() -> None:
