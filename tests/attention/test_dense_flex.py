@@ -45,21 +45,24 @@ CASES = [  # (causal, past)
 ]
 
 
-def _dims(device: str) -> tuple[int, int]:
-    """``d_k, d_v``: small on CPU; on CUDA at least 16, the compiled kernel's smallest head."""
-    return (16, 24) if device == "cuda" else (8, 4)
+def _dims(device: str, compiled: bool = False) -> tuple[int, int]:
+    """``d_k, d_v``: small on CPU, but not 8 or 16 for its compiled kernel; on CUDA at least 16, the compiled kernel's
+    smallest head."""
+    if device == "cuda":
+        return 16, 24
+    return (32, 40) if compiled else (8, 4)
 
 
-def _dense(causal: bool, device: str):
-    d_k, d_v = _dims(device)
+def _dense(causal: bool, device: str, compiled: bool = False):
+    d_k, d_v = _dims(device, compiled)
     attn = build("dense", d_k=d_k, d_v=d_v, heads=2, causal=causal, window_bias=True, window_len=M).to(device)
     torch.nn.init.normal_(attn.bias.u)  # zero at init: make the bias terms matter
     torch.nn.init.normal_(attn.bias.v)
     return attn
 
 
-def _qkv(t_q: int, past: int, device: str):
-    d_k, d_v = _dims(device)
+def _qkv(t_q: int, past: int, device: str, compiled: bool = False):
+    d_k, d_v = _dims(device, compiled)
     q = torch.randn(2, 2, t_q, d_k, device=device, requires_grad=True)
     k = torch.randn(2, 2, t_q + past, d_k, device=device, requires_grad=True)
     v = torch.randn(2, 2, t_q + past, d_v, device=device, requires_grad=True)  # d_v != d_k
@@ -128,8 +131,8 @@ def test_flex_without_bias_equals_sdpa_path() -> None:
 def _compiled_forward(causal: bool, past: int) -> None:
     if not flex_support("cpu", compiled=True):
         pytest.skip(flex_support("cpu", compiled=True).reason)
-    attn = _dense(causal, "cpu")
-    q, k, v = _qkv(24, past, "cpu")
+    attn = _dense(causal, "cpu", compiled=True)
+    q, k, v = _qkv(24, past, "cpu", compiled=True)
     with torch.no_grad():
         ref = attn.attend_plain(q, k, v, past)
         with warnings.catch_warnings():
@@ -221,7 +224,13 @@ def test_unsupported_options_say_why() -> None:
     narrow = flex_support("cuda", compiled=True, head_dims=(8, 8, 6))  # torch's CUDA kernel needs >= 16
     assert not narrow and "at least 16 (q, k, v: 8, 8, 6)" in narrow.reason
     assert flex_support("cuda", compiled=False, head_dims=(8, 8, 6))  # the eager form has no such limit
-    assert flex_support("cpu", compiled=True, head_dims=(8, 8, 6))
+    narrow_cpu = flex_support("cpu", compiled=True, head_dims=(8, 8, 6))  # torch's CPU kernel is wrong there
+    assert (
+        not narrow_cpu
+        and "heads of 8 or 16 (torch" in narrow_cpu.reason
+        and "q, k, v: 8, 8, 6" in narrow_cpu.reason
+    )
+    assert flex_support("cpu", compiled=False, head_dims=(8, 8, 6))
 
 
 def test_wide_cuda_heads_get_smaller_backward_blocks() -> None:

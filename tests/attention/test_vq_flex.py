@@ -18,7 +18,12 @@ import pytest
 import torch
 
 from tests.attention.backends import build
-from tvq_exp.attention.flex_runtime import FLEX_AVAILABLE, FLEX_MIN_QUERIES, FlexSupport, flex_support
+from tvq_exp.attention.flex_runtime import (
+    FLEX_AVAILABLE,
+    FLEX_MIN_QUERIES,
+    FlexSupport,
+    flex_support,
+)
 
 pytestmark = [
     pytest.mark.skipif(not FLEX_AVAILABLE, reason="torch has no flex_attention"),
@@ -28,16 +33,23 @@ pytestmark = [
 ATOL = RTOL = 1e-5
 # on CUDA the compiled kernel, gradients too
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DIMS = {"cpu": (8, 6), "cuda": (16, 24)}  # d_k, d_v: the compiled CUDA kernel needs heads of at least 16
+# d_k, d_v: the compiled CUDA kernel needs heads of at least 16, the compiled CPU kernel none of 8 or 16 (``cpu-compiled``)
+DIMS = {"cpu": (8, 6), "cpu-compiled": (32, 40), "cuda": (16, 24)}
 SEGMENTS = (3, 5, 1, 7, 4)  # uneven: partial blocks, one token, several blocks, a carried state throughout
 
 
+def _dims(device: str, compiled: bool) -> tuple[int, int]:
+    """``d_k, d_v`` on ``device``; on CPU, wide enough for the compiled kernel where ``compiled``."""
+    return DIMS["cpu-compiled" if compiled and device == "cpu" else device]
+
+
 def _pair(
-    bias: bool, cache: bool, grad_through_cache: bool = True, heads: int = 2, device: str = "cpu"
-) -> tuple:
+    bias: bool, cache: bool, grad_through_cache: bool = True, heads: int = 2, device: str = "cpu",
+    compiled: bool = False,
+) -> tuple:  # fmt: skip
     """Two VQ layers with the same parameters and codebook: ``kernel=plain`` and ``kernel=flex``."""
     torch.manual_seed(0)
-    d_k, d_v = DIMS[device]
+    d_k, d_v = _dims(device, compiled)
     plain = build(
         "vq", d_k=d_k, d_v=d_v, heads=heads, kv_heads=1, codebook_size=5, block_len=4, window_len=3,
         window_bias=bias, use_cache=cache, grad_through_cache=grad_through_cache,
@@ -62,9 +74,11 @@ def _stream(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return torch.cat(outs, dim=2), state
 
 
-def _inputs(heads: int = 2, length: int = sum(SEGMENTS), device: str = "cpu") -> tuple[torch.Tensor, ...]:
+def _inputs(
+    heads: int = 2, length: int = sum(SEGMENTS), device: str = "cpu", compiled: bool = False
+) -> tuple[torch.Tensor, ...]:
     torch.manual_seed(1)
-    d_k, d_v = DIMS[device]
+    d_k, d_v = _dims(device, compiled)
     q = torch.randn(2, heads, length, d_k).to(device).requires_grad_()
     k = torch.randn(2, 1, length, d_k).to(device).requires_grad_()
     v = torch.randn(2, 1, length, d_v).to(device).requires_grad_()
@@ -119,9 +133,9 @@ def _compiled_forward(bias: bool, cache: bool, kernel: str = "flex", length: int
     support = flex_support("cpu", compiled=True)
     if not support:
         pytest.skip(support.reason)
-    plain, flex = _pair(bias, cache)
+    plain, flex = _pair(bias, cache, compiled=True)
     flex.kernel = kernel  # inference on CPU: the compiled kernel
-    q, k, v = (x.detach() for x in _inputs(length=length))
+    q, k, v = (x.detach() for x in _inputs(length=length, compiled=True))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected, _, _ = plain(q, k, v)
@@ -135,12 +149,12 @@ def test_compiled_flex_forward_equals_the_plain_kernel() -> None:
     kernel (XL bias, the cache, grouped heads). With gradients on CPU, or for a short call (a decoding step),
     ``auto`` keeps the plain kernel."""
     _compiled_forward(bias=True, cache=True, kernel="auto", length=FLEX_MIN_QUERIES)
-    plain, auto = _pair(True, True)
+    plain, auto = _pair(True, True, compiled=True)
     auto.kernel = "auto"
-    auto(*_inputs())  # gradients on CPU
+    auto(*_inputs(compiled=True))  # gradients on CPU
     assert auto.last_kernel == "plain"
     with torch.no_grad():
-        auto(*(x[:, :, :1] for x in _inputs()))  # one query
+        auto(*(x[:, :, :1] for x in _inputs(compiled=True)))  # one query
     assert auto.last_kernel == "plain"
 
 
@@ -161,8 +175,8 @@ def test_decoding_past_the_recompile_limit_falls_back_to_eager_flex() -> None:
     support = flex_support("cpu", compiled=True)
     if not support:
         pytest.skip(support.reason)
-    plain, flex = _pair(True, True)
-    q, k, v = (x.detach() for x in _inputs(length=11))
+    plain, flex = _pair(True, True, compiled=True)
+    q, k, v = (x.detach() for x in _inputs(length=11, compiled=True))
     outs = []
     with torch.no_grad(), warnings.catch_warnings(), torch._dynamo.config.patch(recompile_limit=1):
         warnings.simplefilter("ignore")
@@ -189,12 +203,13 @@ def test_the_kernel_choice_reads_whether_flex_runs_without_asking_its_truth(
         raise AssertionError("FlexSupport's truth asked for: read .ok (torch 2.11 cannot compile __bool__)")
 
     torch.manual_seed(0)
-    attn = build(backend, d_k=8, d_v=6, heads=2, kernel=kernel, **(
+    d_k, d_v = _dims("cpu", compiled=True)
+    attn = build(backend, d_k=d_k, d_v=d_v, heads=2, kernel=kernel, **(
         {"codebook_size": 5, "kv_heads": 1, "block_len": 4} if backend == "vq" else {}
     ))  # fmt: skip
     # the construction's checks run eager: only the call's are watched
     monkeypatch.setattr(FlexSupport, "__bool__", refuse)
-    q, k, v = _inputs(length=FLEX_MIN_QUERIES)
+    q, k, v = _inputs(length=FLEX_MIN_QUERIES, compiled=True)
     if backend == "dense":
         k, v = k.expand(-1, 2, -1, -1), v.expand(-1, 2, -1, -1)
     # on CPU ``auto`` takes flex without gradients (the compiled kernel); ``flex`` runs with them too

@@ -246,17 +246,19 @@ def test_tbptt_segments_of_the_baselines_compile_a_bounded_number_of_times(basel
 def test_compiled_dense_attention_choosing_its_kernel_keeps_one_graph() -> None:
     """``kernel=auto`` asks at each call whether flex attention can run; asked inside a compiled block, its check of
     TorchDynamo's support was a function dynamo will not trace: a graph break at every call (an error here, under
-    ``fullgraph=True``). Three segments of a stream (the carried keys at the memory's 24), equal to eager."""
+    ``fullgraph=True``). Four segments of a stream (the carried keys at the memory's 24), equal to eager."""
     dense = functools.partial(build_attention, "dense", window_len=8, memory_len=24, kernel="auto")
     frames = []
-    for losses, _, frame_count in segments(
-        *twin_stacks(2, functools.partial(GAUBlock, d_k=16), dense, "blocks"), 3
+    for losses, states, frame_count in segments(
+        *twin_stacks(2, functools.partial(GAUBlock, d_k=16), dense, "blocks"), 4
     ):
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
         frames.append(frame_count)
-    # a fresh segment, one with 24 carried keys, and one with the memory full: the kept keys are a view of the call's
-    # keys, whose strides differ once they outnumber the memory
-    assert frames == [1, 2, 3]
+        kept = states[1][0].attn.k
+        assert kept.is_contiguous() and kept.untyped_storage().nbytes() == kept.nbytes  # its own memory
+    # a fresh segment, then the carried keys at the memory's 24: their own memory, one layout whether the call's keys
+    # fitted the memory (the first segment's) or outnumbered it (a view of them recompiled on its strides)
+    assert frames == [1, 2, 2, 2]
 
 
 def test_the_moved_states_train_as_the_states_where_they_are() -> None:

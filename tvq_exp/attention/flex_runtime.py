@@ -9,7 +9,9 @@ attention, so a torch upgrade is checked in one file.
 Device notes (see :func:`flex_support`): on CPU the compiled kernel (inductor, needs a C++ compiler) is
 forward-only: torch refuses ``requires_grad`` inputs on CPU, and inductor has no CPU backward. The eager
 (uncompiled) implementation materialises the scores but has a correct math backward; :func:`run_flex` lifts
-torch's CPU device check for that eager path only (:func:`eager_cpu_backward`). Kernels are compiled with
+torch's CPU device check for that eager path only (:func:`eager_cpu_backward`). The compiled CPU kernel is also
+wrong for query/key heads of 8 and 16 (:data:`FLEX_CPU_WRONG_KEY_DIMS`): such heads run eagerly, or plain under
+``kernel=auto``. Kernels are compiled with
 ``dynamic=False``: automatic dynamic shapes (the recompile torch makes on the second distinct length) produced
 a CPU kernel that fails with ``index out of bounds: 0 <= tmp36 < cur_qSplitSize`` when the ``score_mod``
 indexes a captured table by the query index, so every new shape compiles once instead (a few seconds on CPU).
@@ -60,6 +62,11 @@ def __getattr__(name: str) -> object:
 FLEX_MIN_QUERIES = 128
 FLEX_DEVICES = ("cuda", "cpu", "xpu")
 FLEX_CUDA_MIN_HEAD_DIM = 16  # torch's compiled CUDA kernel: "embedding dimension ... must be at least 16"
+# torch 2.14.1's compiled CPU kernel gives wrong outputs, differing from call to call on the same inputs, where the
+# queries' and keys' head dimension is 8 or 16, whatever the values' (a causal mask, 4 queries against 8 keys: most of
+# its outputs wrong; every width from 1 to 40 and 48, 56, 64, 80, 96, 128 checked; the repro is
+# tests/attention/test_flex_cpu_heads.py): such heads run flex eagerly on CPU.
+FLEX_CPU_WRONG_KEY_DIMS = (8, 16)
 # torch's compiled CUDA flex backward: for heads wider than this its default block sizes need more shared memory
 # than an H100/H200 has ("No valid triton configs ... out of resource: triton_tem_fused_flex_attention_backward",
 # pytorch/pytorch#133254), so such heads get backward blocks of FLEX_CUDA_WIDE_BACKWARD (the GAU's d_v is 2·d_model).
@@ -98,8 +105,9 @@ def flex_support(
         requires_grad: whether a backward pass is needed.
         compiled: the fused ``torch.compile`` kernel (True) or the eager, unfused implementation that
             materialises the ``Tq×Tk`` scores (False: a reference, slow).
-        head_dims: the last dimensions of ``q, k, v`` where known (the compiled CUDA kernel needs each to be
-            at least :data:`FLEX_CUDA_MIN_HEAD_DIM`).
+        head_dims: the last dimensions of ``q, k, v`` where known (the compiled kernel needs each to be at least
+            :data:`FLEX_CUDA_MIN_HEAD_DIM` on CUDA; on CPU the queries' and keys' must not be one of
+            :data:`FLEX_CPU_WRONG_KEY_DIMS`).
 
     Returns a :class:`FlexSupport`; ``reason`` is empty when it can run.
     """
@@ -122,6 +130,13 @@ def flex_support(
             False,
             f"compiled flex_attention on CUDA needs head dimensions of at least {FLEX_CUDA_MIN_HEAD_DIM} "
             f"(q, k, v: {', '.join(map(str, head_dims))}): use kernel=plain, or wider heads",
+        )
+    if device.type == "cpu" and head_dims and head_dims[0] in FLEX_CPU_WRONG_KEY_DIMS:
+        return FlexSupport(
+            False,
+            f"compiled flex_attention on CPU gives wrong outputs for query/key heads of "
+            f"{' or '.join(map(str, FLEX_CPU_WRONG_KEY_DIMS))} (torch {torch.__version__}; q, k, v: "
+            f"{', '.join(map(str, head_dims))}): use kernel=plain, another d_k, or compiled=False (eager)",
         )
     if device.type == "cpu" and _cxx_compiler() is None:
         return FlexSupport(
@@ -248,8 +263,8 @@ def kernel_options(q: Tensor, k: Tensor, v: Tensor) -> dict[str, int] | None:
 def run_flex(kernel: Callable[..., Tensor], args: tuple, compiled: bool | None = None) -> Tensor:
     """``kernel(*args)`` (a function calling :func:`flex_attention`, ``args[0]`` the queries), compiled
     (:func:`compiled_kernel`) or eager as ``compiled`` says (None: compiled unless it cannot run here, CPU with
-    gradients, or CUDA with heads narrower than 16, then eager). Raises :class:`FlexUnsupported` with the reason
-    when flex cannot run."""
+    gradients or query/key heads of 8 or 16, or CUDA with heads narrower than 16, then eager). Raises
+    :class:`FlexUnsupported` with the reason when flex cannot run."""
     q = args[0]
     needs_grad = torch.is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
     dims = tuple(a.shape[-1] for a in args[:3])  # every kernel's first three arguments: q, k, v
@@ -284,6 +299,7 @@ def wants_flex(kernel: str, module: nn.Module, q: Tensor, k: Tensor, v: Tensor, 
 
 __all__ = [
     "FLEX_AVAILABLE",
+    "FLEX_CPU_WRONG_KEY_DIMS",
     "FLEX_MIN_QUERIES",
     "KERNELS",
     "FlexSupport",

@@ -18,6 +18,7 @@ from tvq_exp.attention.base import (
     State,
     accumulation_dtype,
     causal_mask,
+    own_copy,
     repeat_kv,
 )
 from tvq_exp.attention.flex_runtime import KERNELS, FlexSupport, FlexUnsupported, wants_flex
@@ -104,7 +105,8 @@ class DenseAttention(AttentionBackend):
         past = k_all.shape[2] - t_new
         out = self._dispatch(q, repeat_kv(k_all, self.heads), repeat_kv(v_all, self.heads), past)
         keep = min([k_all.shape[2], *(n for n in (self.memory_len, self.attention_window) if n is not None)])
-        return out, DenseState(t0 + t_new, k_all[:, :, -keep:].detach(), v_all[:, :, -keep:].detach()), {}
+        kept_k, kept_v = (own_copy(x[:, :, -keep:].detach()) for x in (k_all, v_all))
+        return out, DenseState(t0 + t_new, kept_k, kept_v), {}
 
     def equivalent_position(self, t: int) -> int:
         """0: the position is bookkeeping only (a call reads the kept keys and values: their shapes say how many)."""
