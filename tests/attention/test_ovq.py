@@ -197,6 +197,32 @@ def test_growth_plateaus_and_adds_at_most_a_block() -> None:
     assert steps[0] > steps[20] > 0  # logarithmic: fast at first, slower later, until the cap
 
 
+@pytest.mark.parametrize("seeding", ["farthest", "first"])
+def test_a_state_moved_to_its_equivalent_position_continues_as_where_it_is(seeding: str) -> None:
+    """Every centroid is in use after 6 blocks here (``S = 6``, ``L = 4``, ``α = 2``): from position 28 on a state
+    continues as one at ``28 + t mod 4`` (the same outputs, the next state moved by as much), for continuations of
+    one position and of two blocks and one; before 28 no position is equivalent to another."""
+    attn = make(seeding=seeding)
+    assert attn.full_block() == 6 and [attn.active_centroids(b) for b in (5, 6)] == [5, 6]
+    assert [attn.equivalent_position(t) for t in (27, 28, 31, 32, 45)] == [27, 28, 31, 28, 29]
+    q, k, v = (x.detach() for x in inputs(50))
+    for t in range(24, 41):
+        _, state, _ = attn(q[:, :, :t], k[:, :, :t], v[:, :, :t])
+        moved = attn.equivalent_position(t)
+        for t_new in (1, 9):
+            rest = (q[:, :, t : t + t_new], k[:, :, t : t + t_new], v[:, :, t : t + t_new])
+            out, after, _ = attn(*rest, state)
+            moved_out, moved_after, _ = attn(*rest, state.moved(moved - t))
+            assert torch.equal(moved_out, out), (t, t_new)
+            assert moved_after.moved(t - moved) == after, (t, t_new)
+
+
+def test_a_dictionary_that_never_fills_claims_no_equivalent_position() -> None:
+    """``α·(e^((S − 1)/α) − 1)`` positions past 2⁴⁰·α: no block fills it, every position is its own."""
+    attn = make(num_centroids=512, growth_scale=1.0)
+    assert attn.full_block() is None and attn.equivalent_position(2**62) == 2**62
+
+
 @pytest.mark.parametrize(
     "bad,message",
     [

@@ -220,15 +220,18 @@ def test_tbptt_segments_after_the_first_reuse_one_compiled_block_and_carry_their
 BASELINES = {  # attention, its options, the block's position; the compiled frames after each of six segments
     "flash_chunk": ("flash_chunk", {"group_size": 8}, "xl", [1, 2, 2, 2, 2, 2]),  # at position 0
     "linear_rope": ("linear", {}, "rope", [1, 2, 3, 3, 3, 3]),  # the third: its positions made symbolic
+    # at 24, then at 40 (its equivalent position from 40 on: the dictionary's five centroids in use by block 4)
+    "ovq": ("ovq", {"num_centroids": 5, "block_len": 8}, "xl", [1, 2, 3, 3, 3, 3]),
 }
 
 
 @pytest.mark.parametrize("scope", ["step", "blocks"])
 @pytest.mark.parametrize("baseline", list(BASELINES))
 def test_tbptt_segments_of_the_baselines_compile_a_bounded_number_of_times(baseline: str, scope: str) -> None:
-    """Six TBPTT segments of 24 positions: FLASH (its state at position 0, its count of positions a tensor) and RoPE
+    """Six TBPTT segments of 24 positions: FLASH (its state at position 0, its count of positions a tensor), RoPE
     linear attention (rotations at absolute positions: no equivalence; its positions symbolic from their second
-    value) compile for the first segments, then no more, and train as eager. Before, each compiled
+    value) and OVQ (its state at its equivalent position once every centroid is in use) compile for the first
+    segments, then no more, and train as eager; their states hold no view of a call's tensors. Before, each compiled
     once per segment, then ran eagerly past dynamo's recompile limit (8)."""
     name, options, position, want = BASELINES[baseline]
     block = functools.partial(GAUBlock, d_k=16, position=position)
@@ -239,6 +242,8 @@ def test_tbptt_segments_of_the_baselines_compile_a_bounded_number_of_times(basel
         for p_e, p_c in zip(eager.parameters(), compiled.parameters(), strict=True):
             torch.testing.assert_close(p_c.grad, p_e.grad, rtol=1e-5, atol=1e-6)
         assert {s.position for s in states[1]} == {24 * (step + 1)}  # the true positions carried on
+        kept = [x for s in states[1] for x in s.attn.tensors()]
+        assert all(x.untyped_storage().nbytes() == x.nbytes for x in kept)  # no view of a call's tensors
         frames.append(frame_count)
     assert frames == want
 

@@ -148,8 +148,8 @@ class Decoder(nn.Module):
     def positions_repeat(self) -> bool:
         """Whether every carried position has an :meth:`equivalent_position` below some bound, so that code compiled
         with the carried position as a constant compiles a bounded number of times (the VQ, dense, linear and FLASH
-        backends' states); not with RoPE's rotations at absolute positions, absolute position embeddings, or OVQ's
-        dictionary, which grows with the block index."""
+        backends' states, OVQ's once its dictionary can fill); not with RoPE's rotations at absolute positions, absolute
+        position embeddings, or an OVQ dictionary that never fills."""
         far = 2**62
         return self.equivalent_position(far) < far
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype
+from tvq_exp.attention.base import AttentionBackend, Aux, Shape, State, accumulation_dtype, own_copy
 from tvq_exp.measure.flops import chunked_flops, padded, with_backward, xl_bias_flops
 from tvq_exp.options import NonNegativeInt, OneOf, PositiveFloat, PositiveInt, checked
 
@@ -105,8 +105,8 @@ class FlashChunkAttention(AttentionBackend):
         kv = state.kv if kv_done is None else state.kv + kv_done.to(state.kv.dtype)
         new_state = FlashChunkState(
             position=state.position + t_new,
-            k=keys[:, :, done * self.group_size :].detach(),
-            v=values[:, :, done * self.group_size :].detach(),
+            k=own_copy(keys[:, :, done * self.group_size :].detach()),
+            v=own_copy(values[:, :, done * self.group_size :].detach()),
             kv=kv.detach(),
             n=state.n + done * self.group_size,
         )

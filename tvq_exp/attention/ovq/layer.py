@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype
+from tvq_exp.attention.base import Aux, Shape, State, accumulation_dtype, own_copy
 from tvq_exp.attention.blocked import (
     BlockedAttention,
     BlockLayout,
@@ -123,6 +123,32 @@ class OVQAttention(BlockedAttention):
         positions. Its slope is at most 1: a block adds at most ``L`` centroids (seeded from its keys)."""
         t = blocks * self.block_len
         return min(self.num_centroids, math.ceil(self.growth_scale * math.log1p(t / self.growth_scale)))
+
+    def full_block(self) -> int | None:
+        """The fewest absorbed blocks after which every centroid is in use (:meth:`active_centroids` is ``S``), or
+        None where that lies past any position (``α·(e^((S − 1)/α) − 1)`` positions overflow)."""
+        alpha, s = self.growth_scale, self.num_centroids
+        x = (s - 1) / alpha  # active == S once α·ln(1 + t/α) > S − 1: t > α·(e^x − 1)
+        if x > 40 * math.log(2):  # past 2^40·α positions: never in a run
+            return None
+        b = max(0, math.floor(alpha * math.expm1(x) / self.block_len) - 2)  # a guess; the function decides
+        while b > 0 and self.active_centroids(b - 1) == s:
+            b -= 1
+        while self.active_centroids(b) < s:
+            b += 1
+        return b
+
+    def equivalent_position(self, t: int) -> int:
+        """``t`` until every centroid is in use for the blocks a call at ``t`` absorbs (from the state's first block,
+        ``⌊t/L⌋ − 1``, on), then ``(m + 1)·L + t mod L``, ``m`` the first such block past block 0: a call adds no
+        centroid there, sees the dictionary, keeps the window from a block before its last block start, and reads
+        the position only through ``t mod L`` and differences of block indices. ``t`` where the dictionary never
+        fills (:meth:`full_block` None)."""
+        full = self.full_block()
+        if full is None:
+            return t
+        start = (max(full, 1) + 1) * self.block_len
+        return t if t < start else start + t % self.block_len
 
     def flops(self, seq_len: int, batch: int = 1, backward: bool = False) -> int:
         """Per query row one product with the ``2L`` window keys plus, once some query block sees an
@@ -275,11 +301,11 @@ class OVQAttention(BlockedAttention):
         start = window_start(t_end, self.block_len) - p0
         return OVQState(
             position=t_end,
-            k=keys[:, :, start:].detach(),
-            v=values[:, :, start:].detach(),
+            k=own_copy(keys[:, :, start:].detach()),
+            v=own_copy(values[:, :, start:].detach()),
             keys=centroids.view(b, hk, self.num_centroids, -1),
-            values=means[:, -1, :, self.d_k :].detach().reshape(b, hk, self.num_centroids, -1),
-            counts=counts[:, -1].detach().reshape(b, hk, self.num_centroids),
+            values=own_copy(means[:, -1, :, self.d_k :].detach().reshape(b, hk, self.num_centroids, -1)),
+            counts=own_copy(counts[:, -1].detach().reshape(b, hk, self.num_centroids)),
         )
 
 
