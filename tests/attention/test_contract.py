@@ -120,6 +120,20 @@ def test_a_state_at_its_equivalent_position_continues_as_where_it_is(name: str, 
         assert moved_after.moved(t - equivalent) == after
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_states_dtypes_do_not_depend_on_the_call_that_made_it(name: str) -> None:
+    """fp32: the states after one position (nothing absorbed, no cache yet), after two blocks and a half, and at the
+    end hold tensors of the same dtypes, one for one: a compiled step guards on them and compiles again where one
+    changes."""
+    attn = backend(name).float()
+    q, k, v = (x.float() for x in inputs())
+    state, dtypes = None, []
+    for start, end in ((0, 1), (1, 2 * L + 2), (2 * L + 2, T)):
+        _, state, _ = attn(q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], state)
+        dtypes.append([x.dtype for x in state.tensors()])
+    assert dtypes[0] == dtypes[1] == dtypes[2]
+
+
 # keys quantised with a straight-through estimator: their gradient is by design not the derivative
 STRAIGHT_THROUGH_KEYS = {"vq", "ovq"}
 

@@ -67,7 +67,7 @@ SEEDINGS = ("farthest", "first")
 class OVQState(State):
     """OVQ's state (accumulation dtype): the keys ``k (B, H_kv, W, d_k)`` and values ``v (B, H_kv, W, d_v)`` since the
     start of the previous block; the dictionary: ``keys (B, H_kv, S, d_k)``, ``values (B, H_kv, S, d_v)`` centroids
-    and their ``counts (B, H_kv, S)``."""
+    and their ``counts (B, H_kv, S)`` (float64: exact integers at any length)."""
 
     k: Tensor
     v: Tensor
@@ -172,7 +172,8 @@ class OVQAttention(BlockedAttention):
         return self.kv_heads * (window + self.num_centroids * (self.d_k + self.d_v + 1))
 
     def empty_state(self, k: Tensor) -> OVQState:
-        """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)`` (accumulation dtype)."""
+        """State of a fresh sequence for keys like ``k (B, H_kv, ·, d_k)`` (accumulation dtype; the counts float64, as
+        every later state's)."""
         b, h, _, d_k = k.shape
         s, acc = self.num_centroids, accumulation_dtype(k.dtype)
         new = {"dtype": acc, "device": k.device}
@@ -182,7 +183,7 @@ class OVQAttention(BlockedAttention):
             v=torch.zeros(b, h, 0, self.d_v, **new),
             keys=torch.zeros(b, h, s, d_k, **new),
             values=torch.zeros(b, h, s, self.d_v, **new),
-            counts=torch.zeros(b, h, s, **new),
+            counts=torch.zeros(b, h, s, dtype=torch.float64, device=k.device),
         )
 
     def forward(
@@ -237,7 +238,7 @@ class OVQAttention(BlockedAttention):
         """Differentiable dictionary before each absorbed block and after the last: counts
         ``(B·H_kv, A + 1, S)`` and means of ``[key, value]`` ``(B·H_kv, A + 1, S, d_k + d_v)``."""
         n, absorbed, L = codes.shape
-        n0 = state.counts.to(keys.dtype).flatten(0, 1)
+        n0 = state.counts.double().flatten(0, 1)  # exact counts, as running_code_means returns them
         mu0 = torch.cat([state.keys, state.values], dim=-1).to(keys.dtype).flatten(0, 1)
         if absorbed == 0:
             return n0[:, None], mu0[:, None]
