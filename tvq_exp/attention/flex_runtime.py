@@ -5,14 +5,14 @@ A backend's kernel is a plain function calling :func:`flex_attention` (dense's i
 Transformer-VQ's in :mod:`.vq.flex`); :func:`run_flex` runs it compiled or eager and :func:`wants_flex` is the
 ``kernel=plain|flex|auto`` choice of a backend that has one. These encode the torch-version limits of flex
 attention, so a torch upgrade is checked in one file.
+Over 300 lines: that one file is the point (support, compile cache, guards: each a limit of torch's flex).
 
 Device notes (see :func:`flex_support`): on CPU the compiled kernel (inductor, needs a C++ compiler) is
 forward-only: torch refuses ``requires_grad`` inputs on CPU, and inductor has no CPU backward. The eager
 (uncompiled) implementation materialises the scores but has a correct math backward; :func:`run_flex` lifts
 torch's CPU device check for that eager path only (:func:`eager_cpu_backward`). The compiled CPU kernel is also
 wrong for query/key heads of 8 and 16 (:data:`FLEX_CPU_WRONG_KEY_DIMS`): such heads run eagerly, or plain under
-``kernel=auto``. Kernels are compiled with
-``dynamic=False``: automatic dynamic shapes (the recompile torch makes on the second distinct length) produced
+``kernel=auto``. Kernels are compiled with ``dynamic=False``: automatic dynamic shapes (the recompile torch makes on the second distinct length) produced
 a CPU kernel that fails with ``index out of bounds: 0 <= tmp36 < cur_qSplitSize`` when the ``score_mod``
 indexes a captured table by the query index, so every new shape compiles once instead (a few seconds on CPU).
 """
