@@ -12,8 +12,8 @@ forward-only: torch refuses ``requires_grad`` inputs on CPU, and inductor has no
 (uncompiled) implementation materialises the scores but has a correct math backward; :func:`run_flex` lifts
 torch's CPU device check for that eager path only (:func:`eager_cpu_backward`). The compiled CPU kernel is also
 wrong for query/key heads of 8 and 16 (:data:`FLEX_CPU_WRONG_KEY_DIMS`): such heads run eagerly, or plain under
-``kernel=auto``. Kernels are compiled with ``dynamic=False``: automatic dynamic shapes (the recompile torch makes on the second distinct length) produced
-a CPU kernel that fails with ``index out of bounds: 0 <= tmp36 < cur_qSplitSize`` when the ``score_mod``
+``kernel=auto``. Kernels are compiled with ``dynamic=False``: automatic dynamic shapes (the recompile torch makes
+on the second distinct length) produced a CPU kernel that fails with ``index out of bounds: 0 <= tmp36 < cur_qSplitSize`` when the ``score_mod``
 indexes a captured table by the query index, so every new shape compiles once instead (a few seconds on CPU).
 """
 

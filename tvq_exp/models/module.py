@@ -225,9 +225,9 @@ class AutoregressiveLitModule(L.LightningModule):
         :attr:`compile_mode`."""
         mode = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
         # a carried position is a constant of the compiled code where the model's positions repeat (their
-        # equivalent positions); where they do not (RoPE, absolute embeddings), it would compile once per
-        # position up to dynamo's recompile limit and then run eagerly: there its ints become symbolic from their
-        # second value (automatic dynamic)
+        # equivalent positions); where they do not (RoPE, absolute embeddings, an OVQ dictionary that never fills), it
+        # would compile once per position up to dynamo's recompile limit and then run eagerly: there its ints become
+        # symbolic from their second value (automatic dynamic)
         dynamic = False if self.model.positions_repeat() else None
         if self.compile_scope == "blocks":
             for block in self.model.blocks:
